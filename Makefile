@@ -1,0 +1,64 @@
+# dsv4 — plain make. `make` builds build/libdsv4.a and build/dsv4; `make test` runs every test.
+# PORTABLE=1 drops -march=x86-64-v3 (the scalar kernels take over); CUDA=1 adds the CUDA backend.
+
+CC      ?= cc
+BUILD   ?= build
+HAVE_AVX2 := $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && grep -qw fma /proc/cpuinfo 2>/dev/null && echo 1)
+ifeq ($(PORTABLE),1)
+ARCH :=
+else ifeq ($(HAVE_AVX2),1)
+ARCH := -march=x86-64-v3
+else
+ARCH :=
+endif
+
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fopenmp $(ARCH) -Iinclude -Isrc -MMD -MP
+LDLIBS  += -fopenmp -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lpthread -lm
+
+LIB_SRC := $(wildcard src/core/*.c src/io/*.c src/kernels/cpu/*.c src/model/*.c src/text/*.c src/serve/*.c)
+CLI_SRC := $(wildcard src/cli/*.c)
+TEST_SRC := $(wildcard tests/unit/test_*.c)
+
+ifeq ($(CUDA),1)
+NVCC     ?= nvcc
+NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=sm_90 -Iinclude -Isrc
+CU_SRC   := $(wildcard src/kernels/cuda/*.cu)
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
+CFLAGS   += -DDSV4_CUDA
+LDLIBS   += -L/usr/local/cuda/lib64 -lcudart -lstdc++
+endif
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
+TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+
+all: $(BUILD)/libdsv4.a $(BUILD)/dsv4 $(TEST_BIN)
+
+$(BUILD)/libdsv4.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BUILD)/dsv4: $(CLI_OBJ) $(BUILD)/libdsv4.a
+	$(CC) $(CFLAGS) -o $@ $(CLI_OBJ) $(BUILD)/libdsv4.a $(LDLIBS)
+
+$(BUILD)/tests/%: tests/unit/%.c $(BUILD)/libdsv4.a tests/unit/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(BUILD)/libdsv4.a $(LDLIBS)
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c -o $@ $<
+
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+test: all
+	tests/run.sh
+
+.PHONY: all test clean
+clean:
+	rm -rf $(BUILD)
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)

@@ -1,0 +1,104 @@
+/* dsv4 — a native inference engine for the DeepSeek-V4 family.
+ *
+ * The public API: load a checkpoint, make sequences, run forward passes over batches of
+ * sequences. Everything is an opaque handle; every call that can fail takes a dsv4_err
+ * and returns a status (0 = ok) or NULL, leaving a message that names the file, tensor,
+ * key or field at fault. Library code never exits or aborts on bad input. */
+#ifndef DSV4_H
+#define DSV4_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- errors ---------------------------------------------------------------------- */
+enum {
+    DSV4_OK = 0,
+    DSV4_E_IO = 1,        /* a file could not be opened, read or mapped */
+    DSV4_E_FORMAT = 2,    /* a file's content is malformed (header, JSON, offsets) */
+    DSV4_E_MODEL = 3,     /* tensors or config do not make a valid model */
+    DSV4_E_ARG = 4,       /* a caller passed something invalid */
+    DSV4_E_NOMEM = 5,
+    DSV4_E_STATE = 6,     /* a sequence cannot do what was asked (rollback too far, ...) */
+    DSV4_E_UNSUPPORTED = 7,
+    DSV4_E_DEVICE = 8,    /* the chosen backend is not available */
+};
+
+typedef struct dsv4_err {
+    int code;
+    char msg[1024];
+} dsv4_err;
+
+/* ---- model ----------------------------------------------------------------------- */
+typedef struct dsv4_model dsv4_model;
+typedef struct dsv4_seq dsv4_seq;
+
+/* Numerics of the forward pass. FP32: fp32 activations and full-precision caches (the
+ * exact mode). REF: the V4.1 release reference's rounding (bf16 activations, fp8
+ * activation blocks, cache round trips). DEFAULT picks per model family. */
+typedef enum { DSV4_NUMERICS_DEFAULT = 0, DSV4_NUMERICS_FP32 = 1, DSV4_NUMERICS_REF = 2 } dsv4_numerics;
+
+typedef struct dsv4_load_opts {
+    int n_threads;          /* 0: all cores */
+    int progress;           /* 1: print load progress to stderr (when it is a terminal) */
+    dsv4_numerics numerics;
+    const char *device;     /* NULL or "cpu" or "cuda" */
+    int max_rollback;       /* tokens a sequence can be rolled back; 0: default (256) */
+} dsv4_load_opts;
+
+/* Loads a checkpoint folder (config.json + model.safetensors or sharded index). */
+dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err);
+void dsv4_model_free(dsv4_model *m);
+
+typedef struct dsv4_model_info {
+    const char *family;     /* "deepseek_v4" or "deepseek_v41" */
+    int vocab_size, hidden_size, n_layers, n_heads, head_dim;
+    int bos_id, eos_id;
+    int64_t max_position;
+    size_t weight_bytes;    /* bytes of weights as stored */
+} dsv4_model_info;
+void dsv4_model_get_info(const dsv4_model *m, dsv4_model_info *out);
+
+/* ---- sequences ------------------------------------------------------------------- */
+/* A sequence owns every cache one conversation needs (window rows, compressor windows,
+ * compressed entries, indexer keys). It belongs to one model. */
+dsv4_seq *dsv4_seq_new(dsv4_model *m, dsv4_err *err);
+void dsv4_seq_free(dsv4_seq *s);
+int64_t dsv4_seq_len(const dsv4_seq *s);
+dsv4_seq *dsv4_seq_copy(const dsv4_seq *s, dsv4_err *err);
+/* Serialises the state to a malloc'd buffer (*buf, *len); the bytes restore only into a
+ * sequence of the same model. */
+int dsv4_seq_save(const dsv4_seq *s, void **buf, size_t *len, dsv4_err *err);
+int dsv4_seq_restore(dsv4_seq *s, const void *buf, size_t len, dsv4_err *err);
+/* Rolls the sequence back to n_tokens (<= its length, and at most max_rollback tokens back
+ * from the furthest point reached since the last save/restore). */
+int dsv4_seq_truncate(dsv4_seq *s, int64_t n_tokens, dsv4_err *err);
+/* Bytes of state the sequence holds now. */
+size_t dsv4_seq_bytes(const dsv4_seq *s);
+
+/* ---- forward --------------------------------------------------------------------- */
+/* One step over several sequences: sequence i appends n_ids[i] tokens ids[i][0..]. Rows are
+ * computed independently of what else is in the batch (batch-invariant), so a sequence's
+ * logits do not depend on its neighbours or on how its prompt was chunked.
+ * logits: all_logits ? [sum n_ids, vocab] (row order: seq 0's tokens, then seq 1's, ...)
+ *                    : [n_seqs, vocab] (each sequence's last token). May be NULL. */
+typedef struct dsv4_batch {
+    int n_seqs;
+    dsv4_seq *const *seqs;
+    const int32_t *const *ids;
+    const int *n_ids;
+    int all_logits;
+    float *logits;
+} dsv4_batch;
+int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err);
+
+/* ---- misc ------------------------------------------------------------------------ */
+const char *dsv4_version(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,16 @@
+/* cli — `dsv4 <command>`: one file per command, each a thin wrapper over the library. */
+#ifndef DSV4_CLI_H
+#define DSV4_CLI_H
+
+typedef struct dsv4_cmd {
+    const char *name;
+    const char *summary;
+    int (*run)(int argc, char **argv); /* argv[0] is the command name */
+} dsv4_cmd;
+
+
+/* Shared option helpers: parse a comma-separated id list into a malloc'd array. */
+int cli_parse_ids(const char *s, int **ids, int *n);
+/* True when argv[i] is -h or --help. */
+int cli_is_help(const char *a);
+#endif

@@ -1,0 +1,73 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli/cli.h"
+#include "dsv4.h"
+
+static int cmd_version(int argc, char **argv)
+{
+    (void)argc;
+    (void)argv;
+    printf("dsv4 %s\n", dsv4_version());
+    return 0;
+}
+
+static const dsv4_cmd commands[] = {
+    {"version", "print the version", cmd_version},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "dsv4 %s — DeepSeek-V4 family inference\nusage: dsv4 <command> [options]  (dsv4 <command> -h for its options)\n\ncommands:\n",
+            dsv4_version());
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-12s %s\n", commands[i].name, commands[i].summary);
+}
+
+int cli_is_help(const char *a) { return !strcmp(a, "-h") || !strcmp(a, "--help"); }
+
+int cli_parse_ids(const char *s, int **ids, int *n)
+{
+    int cap = 16, k = 0;
+    int *v = malloc(cap * sizeof *v);
+    const char *p = s;
+    while (*p) {
+        char *end;
+        long x = strtol(p, &end, 10);
+        if (end == p || x < 0 || x > 0x7fffffff) {
+            free(v);
+            return -1;
+        }
+        if (k == cap)
+            v = realloc(v, (cap *= 2) * sizeof *v);
+        v[k++] = (int)x;
+        p = end;
+        if (*p == ',')
+            p++;
+        else if (*p) {
+            free(v);
+            return -1;
+        }
+    }
+    *ids = v;
+    *n = k;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || cli_is_help(argv[1])) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("dsv4 %s\n", dsv4_version());
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name))
+            return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "dsv4: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}
