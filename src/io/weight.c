@@ -1,0 +1,183 @@
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/core.h"
+#include "io/weight.h"
+
+static const char *wform_names[DSV4_WF_COUNT] = {"F32", "BF16", "F16", "FP8", "FP4", "EXL3"};
+const char *dsv4_wform_name(dsv4_wform f) { return f < DSV4_WF_COUNT ? wform_names[f] : "?"; }
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+static const char *shape_str(const dsv4_tensor *t, char *buf, size_t n)
+{
+    size_t o = snprintf(buf, n, "[");
+    for (int i = 0; i < t->ndim && o < n; i++)
+        o += snprintf(buf + o, n - o, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    if (o < n)
+        snprintf(buf + o, n - o, "]");
+    return buf;
+}
+
+static int scale_ok(const dsv4_tensor *s)
+{
+    return s->dtype == DSV4_DT_F32 || s->dtype == DSV4_DT_F8_E8M0;
+}
+
+int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k, const int fp8_block[2],
+                     dsv4_weight *out, dsv4_err *err)
+{
+    char name[512], sname[512], sh[96], sh2[96];
+    snprintf(name, sizeof name, "%s.weight", prefix);
+    snprintf(sname, sizeof sname, "%s.scale", prefix);
+    memset(out, 0, sizeof *out);
+    const dsv4_tensor *t = dsv4_st_find(st, name);
+    if (!t)
+        return dsv4_fail(err, DSV4_E_MODEL, "tensor %s: missing from the checkpoint", name);
+    out->name = t->name;
+    out->n = n;
+    out->k = k;
+    out->data = t->data;
+    out->bytes = t->nbytes;
+    const char *file = dsv4_st_file_path(st, t->file);
+    if (t->ndim != 2)
+        return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: shape %s, expected 2 dimensions [%lld, %lld]", file, name,
+                         shape_str(t, sh, sizeof sh), (long long)n, (long long)k);
+    switch (t->dtype) {
+    case DSV4_DT_F32:
+    case DSV4_DT_BF16:
+    case DSV4_DT_F16:
+        out->form = t->dtype == DSV4_DT_F32 ? DSV4_WF_F32 : t->dtype == DSV4_DT_BF16 ? DSV4_WF_BF16 : DSV4_WF_F16;
+        if (t->shape[0] != n || t->shape[1] != k)
+            return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: shape %s, expected [%lld, %lld]", file, name,
+                             shape_str(t, sh, sizeof sh), (long long)n, (long long)k);
+        return 0;
+    case DSV4_DT_F8_E4M3:
+    case DSV4_DT_I8:
+    case DSV4_DT_U8: {
+        int fp4 = t->dtype != DSV4_DT_F8_E4M3;
+        out->form = fp4 ? DSV4_WF_FP4 : DSV4_WF_FP8;
+        if (t->shape[0] != n || t->shape[1] != (fp4 ? k / 2 : k) || (fp4 && k % 2))
+            return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: shape %s, expected [%lld, %lld] for %s", file, name,
+                             shape_str(t, sh, sizeof sh), (long long)n, (long long)(fp4 ? k / 2 : k),
+                             fp4 ? "FP4 pairs" : "FP8");
+        const dsv4_tensor *s = dsv4_st_find(st, sname);
+        if (!s)
+            return dsv4_fail(err, DSV4_E_MODEL, "tensor %s: missing (the %s weight %s needs its block scales)", sname,
+                             fp4 ? "FP4" : "FP8", name);
+        if (!scale_ok(s) || s->ndim != 2)
+            return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: %s %s; scales must be F32 or F8_E8M0 with 2 dimensions",
+                             dsv4_st_file_path(st, s->file), sname, dsv4_dtype_name(s->dtype), shape_str(s, sh2, sizeof sh2));
+        out->scale = s->data;
+        out->scale_e8m0 = s->dtype == DSV4_DT_F8_E8M0;
+        out->bytes += s->nbytes;
+        int64_t sn = s->shape[0], sk = s->shape[1];
+        if (fp4) {
+            if (sn != n || sk <= 0 || k % sk)
+                return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: shape %s does not give one scale per row and an equal group along [%lld, %lld]",
+                                 dsv4_st_file_path(st, s->file), sname, shape_str(s, sh2, sizeof sh2), (long long)n, (long long)k);
+            out->bn = 1;
+            out->bk = (int)(k / sk);
+            return 0;
+        }
+        int64_t bn = fp8_block ? fp8_block[0] : 128, bk = fp8_block ? fp8_block[1] : 128;
+        if (cdiv(n, bn) != sn)
+            bn = cdiv(n, sn);
+        if (cdiv(k, bk) != sk)
+            bk = cdiv(k, sk);
+        if (sn <= 0 || sk <= 0 || cdiv(n, bn) != sn || cdiv(k, bk) != sk)
+            return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: shape %s fits no block size for the weight [%lld, %lld]",
+                             dsv4_st_file_path(st, s->file), sname, shape_str(s, sh2, sizeof sh2), (long long)n, (long long)k);
+        out->bn = (int)bn;
+        out->bk = (int)bk;
+        return 0;
+    }
+    default:
+        return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: dtype %s is not a weight form dsv4 reads (F32, BF16, F16, F8_E4M3, packed FP4 I8/U8)",
+                         file, name, dsv4_dtype_name(t->dtype));
+    }
+}
+
+static inline float scale_at(const dsv4_weight *w, int64_t i)
+{
+    return w->scale_e8m0 ? dsv4_e8m0_to_f32(((const uint8_t *)w->scale)[i]) : ((const float *)w->scale)[i];
+}
+
+void dsv4_weight_row(const dsv4_weight *w, int64_t r, float *out)
+{
+    int64_t k = w->k;
+    switch (w->form) {
+    case DSV4_WF_F32:
+        memcpy(out, (const float *)w->data + r * k, k * sizeof(float));
+        break;
+    case DSV4_WF_BF16: {
+        const uint16_t *p = (const uint16_t *)w->data + r * k;
+        for (int64_t i = 0; i < k; i++)
+            out[i] = dsv4_bf16_to_f32(p[i]);
+        break;
+    }
+    case DSV4_WF_F16: {
+        const uint16_t *p = (const uint16_t *)w->data + r * k;
+        for (int64_t i = 0; i < k; i++)
+            out[i] = dsv4_f16_to_f32(p[i]);
+        break;
+    }
+    case DSV4_WF_FP8: {
+        const uint8_t *p = (const uint8_t *)w->data + r * k;
+        int64_t sk = cdiv(k, w->bk), srow = (r / w->bn) * sk;
+        for (int64_t b = 0; b < sk; b++) {
+            float s = scale_at(w, srow + b);
+            int64_t e = (b + 1) * w->bk < k ? (b + 1) * w->bk : k;
+            for (int64_t i = b * w->bk; i < e; i++)
+                out[i] = dsv4_e4m3_lut[p[i]] * s;
+        }
+        break;
+    }
+    case DSV4_WF_FP4: {
+        const uint8_t *p = (const uint8_t *)w->data + r * (k / 2);
+        int64_t sk = k / w->bk;
+        for (int64_t b = 0; b < sk; b++) {
+            float s = scale_at(w, r * sk + b);
+            for (int64_t i = b * w->bk; i < (b + 1) * w->bk; i += 2) {
+                uint8_t q = p[i / 2];
+                out[i] = dsv4_e2m1_lut[q & 15] * s;
+                out[i + 1] = dsv4_e2m1_lut[q >> 4] * s;
+            }
+        }
+        break;
+    }
+    default:
+        memset(out, 0, k * sizeof(float));
+        break;
+    }
+}
+
+float *dsv4_tensor_f32(const dsv4_st *st, const char *name, int64_t numel, dsv4_err *err)
+{
+    const dsv4_tensor *t = dsv4_st_find(st, name);
+    if (!t) {
+        dsv4_fail(err, DSV4_E_MODEL, "tensor %s: missing from the checkpoint", name);
+        return NULL;
+    }
+    if (t->numel != numel) {
+        dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: %lld elements, expected %lld", dsv4_st_file_path(st, t->file), name,
+                  (long long)t->numel, (long long)numel);
+        return NULL;
+    }
+    float *v = dsv4_xmalloc(numel * sizeof(float), err);
+    if (!v)
+        return NULL;
+    for (int64_t i = 0; i < numel; i++) {
+        switch (t->dtype) {
+        case DSV4_DT_F32: v[i] = ((const float *)t->data)[i]; break;
+        case DSV4_DT_BF16: v[i] = dsv4_bf16_to_f32(((const uint16_t *)t->data)[i]); break;
+        case DSV4_DT_F16: v[i] = dsv4_f16_to_f32(((const uint16_t *)t->data)[i]); break;
+        default:
+            free(v);
+            dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: dtype %s, expected F32, BF16 or F16", dsv4_st_file_path(st, t->file),
+                      name, dsv4_dtype_name(t->dtype));
+            return NULL;
+        }
+    }
+    return v;
+}

@@ -1,0 +1,48 @@
+/* io/weight — a linear layer's weight as stored, with what the kernels need to decode it.
+ * Logical shape [n, k] = [out_features, in_features]: y = W x. Nothing is dequantized here. */
+#ifndef DSV4_WEIGHT_H
+#define DSV4_WEIGHT_H
+
+#include <stdint.h>
+#include "io/safetensors.h"
+
+typedef enum {
+    DSV4_WF_F32,
+    DSV4_WF_BF16,
+    DSV4_WF_F16,
+    DSV4_WF_FP8,   /* e4m3 [n, k] + power-of-two scale per (bn x bk) block */
+    DSV4_WF_FP4,   /* e2m1 pairs [n, k/2] (low nibble = even k) + scale per (1 x bk) group */
+    DSV4_WF_EXL3,  /* trellis-coded (see kernels/cpu/exl3.h) */
+    DSV4_WF_COUNT
+} dsv4_wform;
+
+const char *dsv4_wform_name(dsv4_wform f);
+
+typedef struct dsv4_exl3 dsv4_exl3;
+
+typedef struct dsv4_weight {
+    const char *name;       /* the weight tensor's name in the checkpoint (or the EXL3 layer prefix) */
+    dsv4_wform form;
+    int64_t n, k;
+    const void *data;
+    const void *scale;      /* FP8: [ceil(n/bn), ceil(k/bk)]; FP4: [n, k/bk] */
+    int scale_e8m0;         /* scales stored as e8m0 bytes, else f32 */
+    int bn, bk;
+    const dsv4_exl3 *exl3;
+    size_t bytes;           /* stored bytes, scales included */
+} dsv4_weight;
+
+/* Binds `prefix`.weight (+ .scale) of logical shape [n, k]. fp8_block: the checkpoint's
+ * weight_block_size [bn, bk] (used when the scale shape does not say otherwise). Fails
+ * naming the tensor when it is missing, mis-shaped or stored in a form no kernel reads. */
+int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k, const int fp8_block[2],
+                     dsv4_weight *out, dsv4_err *err);
+
+/* Decodes row r (k values) to fp32, exactly. */
+void dsv4_weight_row(const dsv4_weight *w, int64_t r, float *out);
+
+/* Reads a small tensor (norm weights, biases, hc params: F32/BF16/F16) into a new fp32
+ * array, checking its element count. */
+float *dsv4_tensor_f32(const dsv4_st *st, const char *name, int64_t numel, dsv4_err *err);
+
+#endif
