@@ -152,7 +152,7 @@ static void seams(dsv4_model *m, const char *name, const int32_t *ids, int T, in
 
 int main(int argc, char **argv)
 {
-    char root[4096];
+    char root[2048];
     snprintf(root, sizeof root, "%s/fixtures/v4", check_shared());
     const char *names[] = {"v4-tiny-a", "v4-tiny-b", "v4-tiny-v"};
     int n_names = 3;
@@ -160,7 +160,7 @@ int main(int argc, char **argv)
         n_names = argc - 1;
     }
     for (int fi = 0; fi < n_names; fi++) {
-        char dir[3800], path[4000];
+        char dir[2400], path[2600];
         if (argc > 1)
             snprintf(dir, sizeof dir, "%s", argv[fi + 1]);
         else
