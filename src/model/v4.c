@@ -11,15 +11,7 @@
 #include "core/core.h"
 #include "model/model.h"
 
-typedef struct fwd {
-    dsv4_model *m;
-    const dsv4_backend *be;
-    int R;
-    int64_t *pos;            /* [R] absolute position of each row */
-    int *row_seq;            /* [R] batch index of each row's sequence */
-    const int32_t *ids;      /* [R] token ids */
-    const dsv4_batch *b;
-} fwd;
+typedef dsv4_step fwd;
 
 static float *fbuf(size_t n, dsv4_err *err) { return dsv4_xmalloc(n * sizeof(float), err); }
 
@@ -230,14 +222,15 @@ static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 /* Routed experts (top-k of score + bias, or the hash table's experts) plus the shared
  * expert. Rows routed to an expert are gathered and projected together; each row's
- * weighted sum runs over its chosen experts in selection order. */
-static int moe(fwd *f, int li, const float *x, float *y, dsv4_err *err)
+ * weighted sum runs over its chosen experts in selection order. V4 weights each expert's
+ * output; V4.1 weights the expert's hidden activation before w2 (spec §8), and in REF
+ * numerics rounds that activation and each projection to bf16. x: [R, D], y: [R, D]. */
+int dsv4_moe(const dsv4_model *m, int li, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err)
 {
-    dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
-    const dsv4_backend *be = f->be;
     const dsv4_layer *L = &m->layers[li];
-    int R = f->R, D = c->dim, E = c->n_experts, K = c->n_active, I = c->moe_inter;
+    int D = c->dim, E = c->n_experts, K = c->n_active, I = c->moe_inter;
+    int v41 = c->family == DSV4_FAMILY_V41;
     float lim = (float)c->swiglu_limit;
     float *lg = fbuf((size_t)R * E, err), *Y = fbuf((size_t)R * K * D, err), *wts = fbuf((size_t)R * K, err);
     int *eid = malloc((size_t)R * K * sizeof(int)), *cnt = calloc(E, sizeof(int)), *rows = malloc((size_t)R * K * sizeof(int));
@@ -251,7 +244,7 @@ static int moe(fwd *f, int li, const float *x, float *y, dsv4_err *err)
         rc = err->code;
         goto out;
     }
-    be->linear(&L->gate, 0, E, x, R, D, lg, E);
+    dsv4_lin(m, &L->gate, 0, E, x, R, D, lg, E, DSV4_LIN_F32OUT | DSV4_LIN_NOQ);
     for (int r = 0; r < R; r++) {
         float *sc = lg + (int64_t)r * E;
         for (int e = 0; e < E; e++)
@@ -259,7 +252,7 @@ static int moe(fwd *f, int li, const float *x, float *y, dsv4_err *err)
         int *ch = eid + r * K;
         if (L->hash) {
             for (int k = 0; k < K; k++)
-                ch[k] = L->tid2eid[(int64_t)f->ids[r] * K + k];
+                ch[k] = L->tid2eid[(int64_t)ids[r] * K + k];
         } else {
             for (int k = 0; k < K; k++) { /* k-th best of score + bias, ties to the lower expert */
                 int best = -1;
@@ -298,27 +291,34 @@ static int moe(fwd *f, int li, const float *x, float *y, dsv4_err *err)
                 memcpy(xb + (int64_t)n * D, x + (int64_t)(i / K) * D, D * sizeof(float));
                 n++;
             }
-        be->linear(&L->w1[e], 0, I, xb, n, D, g, I);
-        be->linear(&L->w3[e], 0, I, xb, n, D, u, I);
-        be->swiglu(g, u, (int64_t)n * I, lim, g);
-        be->linear(&L->w2[e], 0, D, g, n, I, yb, D);
+        dsv4_lin(m, &L->w1[e], 0, I, xb, n, D, g, I, 0);
+        dsv4_lin(m, &L->w3[e], 0, I, xb, n, D, u, I, 0);
+        m->be->swiglu(g, u, (int64_t)n * I, lim, g);
+        if (v41)
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < I; j++)
+                    g[(int64_t)i * I + j] *= wts[rows[i]];
+        dsv4_rnd(m, g, (int64_t)n * I);
+        dsv4_lin(m, &L->w2[e], 0, D, g, n, I, yb, D, 0);
         for (int i = 0; i < n; i++)
             memcpy(Y + (int64_t)rows[i] * D, yb + (int64_t)i * D, D * sizeof(float));
     }
     if (c->n_shared > 0) {
-        be->linear(&L->sw1, 0, SI, x, R, D, g, SI);
-        be->linear(&L->sw3, 0, SI, x, R, D, u, SI);
-        be->swiglu(g, u, (int64_t)R * SI, lim, g);
-        be->linear(&L->sw2, 0, D, g, R, SI, ys, D);
+        dsv4_lin(m, &L->sw1, 0, SI, x, R, D, g, SI, 0);
+        dsv4_lin(m, &L->sw3, 0, SI, x, R, D, u, SI, 0);
+        m->be->swiglu(g, u, (int64_t)R * SI, lim, g);
+        dsv4_rnd(m, g, (int64_t)R * SI);
+        dsv4_lin(m, &L->sw2, 0, D, g, R, SI, ys, D, 0);
     } else
         memset(ys, 0, (size_t)R * D * sizeof(float));
     for (int r = 0; r < R; r++)
         for (int dd = 0; dd < D; dd++) {
             float s = 0;
             for (int k = 0; k < K; k++)
-                s += wts[r * K + k] * Y[((int64_t)r * K + k) * D + dd];
+                s += (v41 ? 1.0f : wts[r * K + k]) * Y[((int64_t)r * K + k) * D + dd];
             y[(int64_t)r * D + dd] = s + ys[(int64_t)r * D + dd];
         }
+    dsv4_rnd(m, y, (int64_t)R * D);
 out:
     free(lg);
     free(Y);
@@ -390,7 +390,9 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
             memcpy(X + ((int64_t)r * n + i) * D, X + (int64_t)r * n * D, D * sizeof(float));
     }
     float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
-    for (int li = 0; li < c->n_layers && !rc; li++) {
+    if (c->family == DSV4_FAMILY_V41)
+        rc = dsv4_v41_layers(&f, X, h, err);
+    for (int li = 0; li < c->n_layers && !rc && c->family == DSV4_FAMILY_V4; li++) {
         const dsv4_layer *L = &m->layers[li];
         be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre, post, comb, h);
         be->rmsnorm(h, R, D, L->attn_norm, eps, a);
@@ -399,7 +401,7 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
         be->hc_post(X, y, R, n, D, post, comb);
         be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre, post, comb, h);
         be->rmsnorm(h, R, D, L->ffn_norm, eps, a);
-        if ((rc = moe(&f, li, a, y, err)))
+        if ((rc = dsv4_moe(m, li, ids, R, a, y, err)))
             break;
         be->hc_post(X, y, R, n, D, post, comb);
     }
@@ -411,18 +413,23 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
             b->seqs[i]->hi = b->seqs[i]->len;
     }
     if (b->logits) {
-        /* Head rows: every row, or each sequence's last. */
-        int nr = 0;
+        /* Head rows: every row, or each sequence's last. V4.1's layers already left the
+         * final collapse in h; V4 collapses the selected rows with its head mix. */
+        int v41 = c->family == DSV4_FAMILY_V41, nr = 0;
         for (int i = 0, r = 0; i < b->n_seqs; i++) {
             for (int j = 0; j < b->n_ids[i]; j++, r++)
                 if (b->all_logits || j == b->n_ids[i] - 1) {
-                    if (nr != r)
+                    if (nr != r && v41)
+                        memmove(h + (int64_t)nr * D, h + (int64_t)r * D, (size_t)D * sizeof(float));
+                    else if (nr != r)
                         memmove(X + (int64_t)nr * n * D, X + (int64_t)r * n * D, (size_t)n * D * sizeof(float));
                     nr++;
                 }
         }
-        be->hc_pre(X, nr, n, D, m->hc_head_fn, m->hc_head_base, m->hc_head_scale, 0, hce, eps, pre, NULL, NULL, h);
+        if (!v41)
+            be->hc_pre(X, nr, n, D, m->hc_head_fn, m->hc_head_base, m->hc_head_scale, 0, hce, eps, pre, NULL, NULL, h);
         be->rmsnorm(h, nr, D, m->norm, eps, h);
+        dsv4_rnd(m, h, (int64_t)nr * D);
         be->linear(&m->head, 0, c->vocab, h, nr, D, b->logits, c->vocab);
     }
 out:

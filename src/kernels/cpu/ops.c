@@ -104,6 +104,24 @@ static void cpu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, 
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* One row's collapse: h[dd] = sum_i pre[i] X[i, dd], summed in stream order. */
+static void collapse_row(const float *x, int n, int D, const float *pr, float *hr)
+{
+    for (int dd = 0; dd < D; dd++) {
+        float s = 0;
+        for (int i = 0; i < n; i++)
+            s += pr[i] * x[(int64_t)i * D + dd];
+        hr[dd] = s;
+    }
+}
+
+static void cpu_hc_collapse(const float *X, int T, int n, int D, const float *pre, float *h)
+{
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++)
+        collapse_row(X + (int64_t)t * n * D, n, D, pre + (int64_t)t * n, h + (int64_t)t * D);
+}
+
 static void cpu_hc_pre(const float *X, int T, int n, int D, const float *fn, const float *base, const float *scale,
                        int iters, float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h)
 {
@@ -152,13 +170,8 @@ static void cpu_hc_pre(const float *X, int T, int n, int D, const float *fn, con
                 }
             }
         }
-        float *hr = h + (int64_t)t * D;
-        for (int dd = 0; dd < D; dd++) {
-            float s = 0;
-            for (int i = 0; i < n; i++)
-                s += pr[i] * x[(int64_t)i * D + dd];
-            hr[dd] = s;
-        }
+        if (h)
+            collapse_row(x, n, D, pr, h + (int64_t)t * D);
     }
 }
 
@@ -230,6 +243,7 @@ static const dsv4_backend cpu_backend = {
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .hc_pre = cpu_hc_pre,
+    .hc_collapse = cpu_hc_collapse,
     .hc_post = cpu_hc_post,
     .attend = cpu_attend,
     .swiglu = cpu_swiglu,

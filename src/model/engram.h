@@ -1,0 +1,31 @@
+/* model/engram — Engram's n-gram hashing (spec §9): the table layout (primes, offsets), the
+ * hash multipliers drawn exactly as numpy's default_rng(10007 * layer).integers(0, bound, 4),
+ * the per-position hash, and the rows of a table, resident or streamed. */
+#ifndef DSV4_ENGRAM_H
+#define DSV4_ENGRAM_H
+
+#include <stdint.h>
+#include "dsv4.h"
+
+/* numpy's PCG64 (XSL-RR 128/64) seeded through SeedSequence(seed), as default_rng(seed). */
+typedef struct dsv4_pcg64 {
+    __extension__ unsigned __int128 state, inc;
+} dsv4_pcg64;
+void dsv4_pcg64_seed(dsv4_pcg64 *g, uint64_t seed);
+uint64_t dsv4_pcg64_next(dsv4_pcg64 *g);
+/* Generator.integers(0, high, size=n, dtype=int64) for high > 2^32 (Lemire's bounded draw
+ * on 64-bit words, as numpy does for that range). Returns 0, or -1 if high is out of range. */
+int dsv4_rng_integers(dsv4_pcg64 *g, int64_t high, int n, int64_t *out);
+
+/* Table sizes: for each Engram layer l, n-gram size n = 2..max_ngram and head h, the next
+ * prime after engram_vocab_size - 1 (restarting per n-gram size) not used anywhere before.
+ * primes: [n_engram][(max_ngram - 1) * heads]. */
+void dsv4_engram_primes(int n_engram, int max_ngram, int heads, int64_t vocab_start, int64_t *primes);
+/* m[i] = 2 * integers(0, (INT64_MAX / compressed_vocab) / 2)[i] + 1, i < max_ngram. */
+int dsv4_engram_multipliers(int layer_id, int64_t compressed_vocab, int max_ngram, int64_t *mult);
+/* Row ids of one position. tok[s] = compressed id at position p - s (s < max_ngram), already
+ * padded; for n = 2..max_ngram, head h: ((xor over s < n of tok[s] * m[s]) mod prime) + offset. */
+void dsv4_engram_hash(const int64_t *tok, const int64_t *mult, const int64_t *prime, const int64_t *offset,
+                      int max_ngram, int heads, int64_t *ids);
+
+#endif
