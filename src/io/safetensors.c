@@ -156,7 +156,7 @@ static int load_file(dsv4_st *st, int fi, int (*only)(void *, const char *, cons
                      dsv4_err *err)
 {
     st_file *f = &st->files[fi];
-    if (map_file(f, err))
+    if (!f->map && map_file(f, err))
         return err->code;
     uint64_t hlen;
     memcpy(&hlen, f->map, 8);
@@ -286,6 +286,25 @@ dsv4_st *dsv4_st_open_file(const char *path, dsv4_err *err)
     }
     st->n_files = 1;
     st->files[0].path = strdup(path);
+    if (load_file(st, 0, NULL, NULL, err) || check_duplicates(st, err)) {
+        dsv4_st_close(st);
+        return NULL;
+    }
+    return st;
+}
+
+dsv4_st *dsv4_st_open_memory(void *map, size_t size, const char *label, dsv4_err *err)
+{
+    dsv4_st *st = st_new(1);
+    if (!st) {
+        munmap(map, size);
+        dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    st->n_files = 1;
+    st->files[0].path = strdup(label);
+    st->files[0].map = map;
+    st->files[0].size = size;
     if (load_file(st, 0, NULL, NULL, err) || check_duplicates(st, err)) {
         dsv4_st_close(st);
         return NULL;
