@@ -39,30 +39,121 @@ float dsv4_dot(const float *a, const float *b, int64_t n)
     return acc;
 }
 
-/* Rows of W are decoded to fp32 once (exact: every stored form widens without rounding)
- * and dotted with each input row; a thread owns whole output rows. */
+/* Decodes block b of row r (at most `len` values) into out as exact fp32 values that are
+ * the stored ones up to a power-of-two factor, which is returned (with the block's scale
+ * folded in). A row's dot product is then sum over blocks of dot(block, x) * factor: one fixed
+ * order for every row whatever the batch. */
+static float decode_block(const dsv4_weight *w, int64_t r, int64_t b, int64_t bk, int len, float *out)
+{
+    int64_t k = w->k, k0 = b * bk;
+    switch (w->form) {
+    case DSV4_WF_F32:
+        memcpy(out, (const float *)w->data + r * k + k0, len * sizeof(float));
+        return 1.0f;
+    case DSV4_WF_BF16: {
+        const uint16_t *p = (const uint16_t *)w->data + r * k + k0;
+        int i = 0;
+#ifdef __AVX2__
+        for (; i + 8 <= len; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + i))), 16)));
+#endif
+        for (; i < len; i++)
+            out[i] = dsv4_bf16_to_f32(p[i]);
+        return 1.0f;
+    }
+    case DSV4_WF_F16: {
+        const uint16_t *p = (const uint16_t *)w->data + r * k + k0;
+        for (int i = 0; i < len; i++)
+            out[i] = dsv4_f16_to_f32(p[i]);
+        return 1.0f;
+    }
+    case DSV4_WF_FP8: {
+        const uint8_t *p = (const uint8_t *)w->data + r * k + k0;
+        int64_t si = (r / w->bn) * ((k + w->bk - 1) / w->bk) + b;
+        float s = w->scale_e8m0 ? dsv4_e8m0_to_f32(((const uint8_t *)w->scale)[si]) : ((const float *)w->scale)[si];
+        int i = 0;
+#ifdef __AVX2__
+        /* e4m3 bits placed in an f16 (sign to bit 15, exponent and mantissa shifted by 7) give
+         * the value times 2^-8 exactly, subnormals included; NaN codes are a corrupt file. */
+        const __m128i m7f = _mm_set1_epi16(0x7f), m80 = _mm_set1_epi16(0x80);
+        for (; i + 8 <= len; i += 8) {
+            __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(p + i)));
+            __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, m80), 8), _mm_slli_epi16(_mm_and_si128(v, m7f), 7));
+            _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+        }
+        if (i == len)
+            return s * 256.0f;
+        for (int j = 0; j < i; j++)
+            out[j] *= 0.00390625f;
+#endif
+        for (; i < len; i++)
+            out[i] = dsv4_e4m3_lut[p[i]];
+        return s;
+    }
+    case DSV4_WF_FP4: {
+        const uint8_t *p = (const uint8_t *)w->data + r * (k / 2) + k0 / 2;
+        int64_t si = r * (k / w->bk) + b;
+        float s = w->scale_e8m0 ? dsv4_e8m0_to_f32(((const uint8_t *)w->scale)[si]) : ((const float *)w->scale)[si];
+        int i = 0;
+#ifdef __AVX2__
+        /* twice the e2m1 values are small integers: a byte shuffle decodes 16 codes at once */
+        const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12), m0f = _mm_set1_epi8(0x0f);
+        for (; i + 32 <= len; i += 32) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(p + i / 2));
+            __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(v, m0f));
+            __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m0f));
+            __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
+            _mm256_storeu_ps(out + i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0)));
+            _mm256_storeu_ps(out + i + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8))));
+            _mm256_storeu_ps(out + i + 16, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1)));
+            _mm256_storeu_ps(out + i + 24, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8))));
+        }
+        if (i == len)
+            return s * 0.5f;
+        for (int j = 0; j < i; j++)
+            out[j] *= 0.5f;
+#endif
+        for (; i < len; i += 2) {
+            uint8_t q = p[i / 2];
+            out[i] = dsv4_e2m1_lut[q & 15];
+            if (i + 1 < len)
+                out[i + 1] = dsv4_e2m1_lut[q >> 4];
+        }
+        return s;
+    }
+    default:
+        memset(out, 0, len * sizeof(float));
+        return 0.0f;
+    }
+}
+
+/* A thread owns whole output rows; for each row the blocks are decoded once and dotted with
+ * every input row (so prefill reads each weight once per step). */
 static void cpu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                        int64_t ldy)
 {
     int64_t k = w->k, nr = r1 - r0;
+    int64_t bk = (w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4) ? w->bk : 256;
+    int64_t nb = (k + bk - 1) / bk;
 #pragma omp parallel
     {
-        float *row = NULL;
-        if (w->form != DSV4_WF_F32)
-            row = malloc(k * sizeof(float));
+        float *blk = malloc(bk * sizeof(float)), *acc = malloc((size_t)T * sizeof(float));
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < nr; i++) {
-            const float *wr;
-            if (w->form == DSV4_WF_F32)
-                wr = (const float *)w->data + (r0 + i) * k;
-            else {
-                dsv4_weight_row(w, r0 + i, row);
-                wr = row;
+            for (int t = 0; t < T; t++)
+                acc[t] = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int len = (int)(k - b * bk < bk ? k - b * bk : bk);
+                float f = decode_block(w, r0 + i, b, bk, len, blk);
+                for (int t = 0; t < T; t++)
+                    acc[t] += dsv4_dot(blk, x + t * ldx + b * bk, len) * f;
             }
             for (int t = 0; t < T; t++)
-                y[t * ldy + i] = dsv4_dot(wr, x + t * ldx, k);
+                y[t * ldy + i] = acc[t];
         }
-        free(row);
+        free(blk);
+        free(acc);
     }
 }
 
