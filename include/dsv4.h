@@ -56,6 +56,9 @@ void dsv4_model_free(dsv4_model *m);
 /* A model with random weights at a release model's real shapes and storage forms, built in
  * memory (no file): preset "v4-flash"; n_layers of its compressed layers (CSA, HCA, ...). */
 dsv4_model *dsv4_model_synthetic(const char *preset, int n_layers, const dsv4_load_opts *opts, dsv4_err *err);
+/* Writes the same as a checkpoint folder (config.json + model.safetensors), presets
+ * "v4-flash" and "tiny" (real vocabulary, width 64, every layer kind). */
+int dsv4_synthetic_write(const char *preset, int n_layers, const char *dir, dsv4_err *err);
 
 typedef struct dsv4_model_info {
     const char *family;     /* "deepseek_v4" or "deepseek_v41" */

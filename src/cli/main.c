@@ -17,6 +17,7 @@ static const dsv4_cmd commands[] = {
     {"logits", "write float32 logits for every position of an id sequence", dsv4_cmd_logits},
     {"generate", "greedy generation from token ids", dsv4_cmd_generate},
     {"bench", "load, prefill and decode speed; --synthetic v4-flash for real shapes without a file", dsv4_cmd_bench},
+    {"synth", "write a random-weight checkpoint (tiny default, or V4-Flash shapes)", dsv4_cmd_synth},
     {"version", "print the version", cmd_version},
 };
 
