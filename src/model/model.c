@@ -444,6 +444,8 @@ static int model_bind(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     dsv4_progress_end(&b.prog);
     if (b.rc)
         return b.rc;
+    if (dsv4_engram_open(m, o->engram_tables, err))
+        return err->code;
     m->inv_freq_main = rope_table(&c->rope_main, c->rope_dim);
     m->inv_freq_compress = rope_table(&c->rope_compress, c->rope_dim);
     return 0;
@@ -549,6 +551,7 @@ void dsv4_model_free(dsv4_model *m)
             free(L->ik_norm);
         }
     free(m->layers);
+    dsv4_engram_close(m);
     for (int i = 0; m->engram && i < m->cfg.n_engram; i++) {
         free(m->engram[i].prime);
         free(m->engram[i].offset);

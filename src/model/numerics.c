@@ -68,7 +68,13 @@ void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1,
     }
     int q = (w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4) && !(flags & DSV4_LIN_NOQ);
     float *xq = NULL;
-    if (q && (xq = malloc((size_t)T * w->k * sizeof(float)))) {
+    if (q && !(xq = malloc((size_t)T * w->k * sizeof(float)))) {
+        for (int t = 0; t < T; t++) /* out of memory: never a silently unquantized product */
+            for (int64_t i = 0; i < r1 - r0; i++)
+                y[t * ldy + i] = NAN;
+        return;
+    }
+    if (q) {
         for (int t = 0; t < T; t++) {
             memcpy(xq + (int64_t)t * w->k, x + t * ldx, w->k * sizeof(float));
             dsv4_fp8_roundtrip(xq + (int64_t)t * w->k, w->k, 32);

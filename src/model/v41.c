@@ -11,6 +11,7 @@
  * row is computed the same way however the prompt was chunked. Shapes: R rows, D width,
  * n streams, H heads of d, rd rope dims, nI index heads of ci, r compression ratio. */
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/core.h"
@@ -26,6 +27,62 @@ typedef struct v41_shared {
     int *ncand;              /* [R] */
     int64_t *ehash;          /* [R, n_engram, cols] Engram row ids */
 } v41_shared;
+
+/* The step's Engram rows, fetched ahead: streamed tables are read on a thread, layer by
+ * layer, while the layers before each Engram layer compute. */
+typedef struct prefetch {
+    const dsv4_model *m;
+    int R;
+    const int64_t *ehash;
+    float *rows;             /* [n_engram, R * cols, head_dim] */
+    int done, rc;            /* Engram layers fetched; first error */
+    dsv4_err err;
+    uint64_t bytes;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} prefetch;
+
+static void *fetch_all(void *arg)
+{
+    prefetch *pf = arg;
+    const dsv4_config *c = &pf->m->cfg;
+    int cols = pf->m->engram[0].cols, ne = c->n_engram;
+    int64_t per = (int64_t)pf->R * cols;
+    int64_t *ids = malloc(per * sizeof(int64_t));
+    for (int ei = 0; ei < ne; ei++) {
+        int rc = 0;
+        if (!ids)
+            rc = dsv4_fail(&pf->err, DSV4_E_NOMEM, "out of memory fetching Engram rows");
+        for (int64_t i = 0; i < per && ids; i++)
+            ids[i] = pf->ehash[(i / cols * ne + ei) * cols + i % cols];
+        if (!rc)
+            rc = dsv4_engram_rows(pf->m, ei, ids, (int)per, pf->rows + ei * per * c->engram_head_dim, &pf->bytes, &pf->err);
+        pthread_mutex_lock(&pf->mu);
+        pf->done = rc ? ne : ei + 1;
+        pf->rc = rc;
+        pthread_cond_broadcast(&pf->cv);
+        pthread_mutex_unlock(&pf->mu);
+        if (rc)
+            break;
+    }
+    free(ids);
+    return NULL;
+}
+
+/* Waits for Engram layer ei's rows; returns its [R * cols, head_dim] block or NULL on error. */
+static const float *rows_of(prefetch *pf, int ei, dsv4_err *err)
+{
+    pthread_mutex_lock(&pf->mu);
+    while (pf->done <= ei)
+        pthread_cond_wait(&pf->cv, &pf->mu);
+    int rc = pf->rc;
+    pthread_mutex_unlock(&pf->mu);
+    if (rc) {
+        *err = pf->err;
+        return NULL;
+    }
+    return pf->rows + (int64_t)ei * pf->R * pf->m->engram[0].cols * pf->m->cfg.engram_head_dim;
+}
 
 typedef struct scored { float s; int64_t w; } scored;
 
@@ -69,19 +126,18 @@ static void engram_hashes(dsv4_step *f, v41_shared *sh)
 /* Engram at the input of its layer: the rows' table entries [cols * hd] projected to n keys
  * and one value [D]; each stream k gets value * sigmoid(signed sqrt of the normalised
  * (x_k * q_k * k_k) . key_k / sqrt(D)) added (spec §9.4). X: [R, n, D] in place. */
-static int engram_apply(dsv4_step *f, int ei, const v41_shared *sh, float *X, dsv4_err *err)
+static int engram_apply(dsv4_step *f, int ei, prefetch *pf, float *X, dsv4_err *err)
 {
     const dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
     const dsv4_engram *e = &m->engram[ei];
     int R = f->R, n = c->hc_mult, D = c->dim, hd = c->engram_head_dim, cols = e->cols;
     int64_t ew = (int64_t)cols * hd, kw = (int64_t)(n + 1) * D;
-    float *E = fbuf((size_t)R * ew, err), *kv = fbuf((size_t)R * kw, err);
-    int rc = err && err->code;
+    const float *rows = rows_of(pf, ei, err);
+    float *E = rows ? fbuf((size_t)R * ew, err) : NULL, *kv = rows ? fbuf((size_t)R * kw, err) : NULL;
+    int rc = !rows || (err && err->code);
     if (!rc) {
-        for (int r = 0; r < R; r++)
-            for (int k = 0; k < cols; k++)
-                dsv4_weight_row(&e->table, sh->ehash[((int64_t)r * c->n_engram + ei) * cols + k], E + r * ew + (int64_t)k * hd);
+        memcpy(E, rows, (size_t)R * ew * sizeof(float)); /* [R, cols * hd]: each row's entries side by side */
         dsv4_rnd(m, E, (int64_t)R * ew);
         dsv4_lin(m, &e->wkv, 0, kw, E, R, ew, kv, kw, 0);
         float eps = (float)c->norm_eps, isd = 1.0f / sqrtf((float)D);
@@ -368,9 +424,12 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
     sh.ncand = calloc(R, sizeof(int));
     sh.ehash = calloc((size_t)R * (c->n_engram ? c->n_engram * cols : 1), sizeof(int64_t));
     /* pre_in: the collapse weights the next site uses; post/comb: this site's mixes */
-    float *pin = fbuf((size_t)R * n, err), *pa = fbuf((size_t)R * n, err), *pf = fbuf((size_t)R * n, err);
+    float *pin = fbuf((size_t)R * n, err), *pre_a = fbuf((size_t)R * n, err), *pre_f = fbuf((size_t)R * n, err);
     float *post = fbuf((size_t)R * n, err), *comb = fbuf((size_t)R * n * n, err);
     float *a = fbuf((size_t)R * D, err), *y = fbuf((size_t)R * D, err);
+    prefetch pf = {.m = m, .R = R, .ehash = sh.ehash, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    pthread_t th;
+    int threaded = 0;
     int rc = (err && err->code) || !sh.topk || !sh.ntopk || !sh.cand || !sh.ncand || !sh.ehash;
     if (rc) {
         rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory for a V4.1 step of %d rows", R);
@@ -379,14 +438,22 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
     for (int r = 0; r < R; r++) /* one-hot start: the first site reads stream 0 */
         for (int i = 0; i < n; i++)
             pin[r * n + i] = i == 0;
-    if (c->n_engram)
+    if (c->n_engram) {
         engram_hashes(f, &sh);
+        if (!(pf.rows = fbuf((size_t)c->n_engram * R * cols * c->engram_head_dim, err))) {
+            rc = err->code;
+            goto out;
+        }
+        threaded = m->engram_streamed && !pthread_create(&th, NULL, fetch_all, &pf);
+        if (!threaded)
+            fetch_all(&pf);
+    }
     dsv4_rnd(m, X, (int64_t)R * n * D);
     for (int li = 0; li < c->n_layers && !rc; li++) {
         const dsv4_layer *L = &m->layers[li];
-        if (L->engram >= 0 && (rc = engram_apply(f, L->engram, &sh, X, err)))
+        if (L->engram >= 0 && (rc = engram_apply(f, L->engram, &pf, X, err)))
             break;
-        be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pa, post, comb, NULL);
+        be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre_a, post, comb, NULL);
         be->hc_collapse(X, R, n, D, pin, h);
         dsv4_rnd(m, h, (int64_t)R * D);
         be->rmsnorm(h, R, D, L->attn_norm, eps, a);
@@ -395,8 +462,8 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
             break;
         be->hc_post(X, y, R, n, D, post, comb);
         dsv4_rnd(m, X, (int64_t)R * n * D);
-        be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pf, post, comb, NULL);
-        be->hc_collapse(X, R, n, D, pa, h);
+        be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre_f, post, comb, NULL);
+        be->hc_collapse(X, R, n, D, pre_a, h);
         dsv4_rnd(m, h, (int64_t)R * D);
         be->rmsnorm(h, R, D, L->ffn_norm, eps, a);
         dsv4_rnd(m, a, (int64_t)R * D);
@@ -405,22 +472,28 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
         be->hc_post(X, y, R, n, D, post, comb);
         dsv4_rnd(m, X, (int64_t)R * n * D);
         float *sw = pin;
-        pin = pf;
-        pf = sw;
+        pin = pre_f;
+        pre_f = sw;
     }
     if (!rc) { /* the head reads the collapse with the last FFN site's pre */
         be->hc_collapse(X, R, n, D, pin, h);
         dsv4_rnd(m, h, (int64_t)R * D);
     }
+    if (threaded)
+        pthread_join(th, NULL);
+    m->engram_bytes += pf.bytes;
+    if (!rc && c->n_engram)
+        m->engram_tokens += (uint64_t)R;
 out:
+    free(pf.rows);
     free(sh.topk);
     free(sh.ntopk);
     free(sh.cand);
     free(sh.ncand);
     free(sh.ehash);
     free(pin);
-    free(pa);
-    free(pf);
+    free(pre_a);
+    free(pre_f);
     free(post);
     free(comb);
     free(a);

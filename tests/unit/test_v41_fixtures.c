@@ -127,6 +127,35 @@ static void ref_compare(const char *what, const float *got, const float *ref, co
     printf("  %-40s max|diff| %.2e before pos %d/%d, argmax %d/%d, mean|diff| %.3g\n", what, md, first, T, agree, T, mean);
 }
 
+/* Streamed tables (pread by row address, fetched ahead on a thread) give the resident
+ * tables' logits bit for bit, and the byte counter covers every row of every token. */
+static void streamed_check(const char *dir, const int32_t *ids, int T, int P, int V)
+{
+    dsv4_err err = {0};
+    float *a = malloc((size_t)T * V * sizeof(float)), *b = malloc((size_t)T * V * sizeof(float));
+    uint64_t bytes[2] = {0}, toks[2] = {0};
+    int st[2] = {0};
+    for (int k = 0; k < 2; k++) {
+        dsv4_load_opts lo = {.numerics = DSV4_NUMERICS_FP32, .engram_tables = k ? DSV4_ENGRAM_STREAMED : DSV4_ENGRAM_RESIDENT};
+        dsv4_model *m = dsv4_model_load(dir, &lo, &err);
+        CHECK(m != NULL, "load with engram_tables %d: %s", lo.engram_tables, err.msg);
+        if (!m)
+            continue;
+        CHECK(!run_decode(m, ids, T, P, k ? b : a, V), "engram_tables %d: forward failed", lo.engram_tables);
+        dsv4_engram_stats(m, &bytes[k], &toks[k], &st[k]);
+        dsv4_model_free(m);
+    }
+    CHECK(st[1] && !st[0], "streamed flag: resident %d, streamed %d", st[0], st[1]);
+    CHECK(!memcmp(a, b, (size_t)T * V * sizeof(float)), "streamed Engram tables differ from resident ones");
+    CHECK(toks[0] == (uint64_t)T && toks[1] == (uint64_t)T && bytes[0] > 0 && bytes[1] >= bytes[0],
+          "Engram counters: resident %llu B / %llu tokens, streamed %llu B / %llu tokens", (unsigned long long)bytes[0],
+          (unsigned long long)toks[0], (unsigned long long)bytes[1], (unsigned long long)toks[1]);
+    printf("  engram streamed == resident; bytes/token resident %.0f, streamed %.0f\n", (double)bytes[0] / T,
+           (double)bytes[1] / T);
+    free(a);
+    free(b);
+}
+
 int main(int argc, char **argv)
 {
     char def[2048];
@@ -195,6 +224,7 @@ int main(int argc, char **argv)
                         static const int chunks[] = {1, 2, 3, 7};
                         snprintf(what, sizeof what, "%.100s %s case0", name, mn);
                         seams(m, what, ids, T, V, chunks, 4);
+                        streamed_check(dir, ids, T, P, V);
                     }
                 }
                 free(got);
