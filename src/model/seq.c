@@ -171,6 +171,11 @@ static uint64_t layout_id(const dsv4_seq *s)
         h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
     for (int i = 0; i < c->n_layers; i++)
         h = (h ^ (uint64_t)(c->ratio[i] * 2 + s->m->layers[i].csa)) * 1099511628211ull;
+    if (c->family == DSV4_FAMILY_V41) { /* which layers own caches, and the Engram history */
+        for (int i = 0; i < c->n_layers; i++)
+            h = (h ^ (uint64_t)(s->m->layers[i].own_ent * 2 + s->m->layers[i].own_ikey)) * 1099511628211ull;
+        h = (h ^ (uint64_t)s->e_cap) * 1099511628211ull;
+    }
     return h;
 }
 

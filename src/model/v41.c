@@ -282,6 +282,7 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
     }
     const float **keys = NULL;
     scored *tmp = NULL, *btmp = NULL;
+    uint8_t *bmask = NULL;
     int rc = err && err->code;
     if (rc)
         goto out;
@@ -330,7 +331,8 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
     keys = malloc((W + c->index_topk + 1) * sizeof *keys);
     tmp = malloc((max_vis + 1) * sizeof *tmp);
     btmp = malloc((max_vis + 1) * sizeof *btmp);
-    if (!keys || !tmp || !btmp) {
+    bmask = malloc(max_vis + 1);
+    if (!keys || !tmp || !btmp || !bmask) {
         rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory in layer %d's attention", li);
         goto out;
     }
@@ -357,14 +359,18 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
                 index_scores(m, qi + (int64_t)r * nI * ci, wt + (int64_t)r * nI, s->L[L->ikey_src].ikey, nvis, tmp);
                 if (L->cand_source)
                     sh->ncand[r] = candidate_blocks(c, tmp, nvis, sh->cand + (int64_t)r * c->candidate_topk_blocks, btmp);
-                if (L->cand_filter) /* outside the kept blocks: -inf, chosen only to fill the k slots */
-                    for (int64_t w = 0; w < nvis; w++) {
-                        int keep = 0;
-                        for (int i = 0; i < sh->ncand[r] && !keep; i++)
-                            keep = sh->cand[(int64_t)r * c->candidate_topk_blocks + i] == w / c->candidate_block_size;
-                        if (!keep)
-                            tmp[w].s = -INFINITY;
+                if (L->cand_filter) { /* outside the kept blocks: -inf, chosen only to fill the k slots */
+                    int bs = c->candidate_block_size;
+                    memset(bmask, 0, (size_t)(nvis + bs - 1) / bs);
+                    for (int i = 0; i < sh->ncand[r]; i++) {
+                        int64_t blk = sh->cand[(int64_t)r * c->candidate_topk_blocks + i];
+                        if (blk * bs < nvis)
+                            bmask[blk] = 1;
                     }
+                    for (int64_t w = 0; w < nvis; w++)
+                        if (!bmask[w / bs])
+                            tmp[w].s = -INFINITY;
+                }
                 int n = nvis < K ? (int)nvis : K;
                 qsort(tmp, nvis, sizeof *tmp, by_score_then_lower);
                 int64_t *sel = sh->topk + (int64_t)r * K;
@@ -394,6 +400,7 @@ out:
     free(keys);
     free(tmp);
     free(btmp);
+    free(bmask);
     free(qr);
     free(q);
     free(kv);
