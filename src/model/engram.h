@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 #include "dsv4.h"
+#include "io/safetensors.h"
+#include "io/weight.h"
 
 /* numpy's PCG64 (XSL-RR 128/64) seeded through SeedSequence(seed), as default_rng(seed). */
 typedef struct dsv4_pcg64 {
@@ -27,5 +29,22 @@ int dsv4_engram_multipliers(int layer_id, int64_t compressed_vocab, int max_ngra
  * padded; for n = 2..max_ngram, head h: ((xor over s < n of tok[s] * m[s]) mod prime) + offset. */
 void dsv4_engram_hash(const int64_t *tok, const int64_t *mult, const int64_t *prime, const int64_t *offset,
                       int max_ngram, int heads, int64_t *ids);
+
+/* One table's rows: through the mapping (resident) or read by address (streamed: pread, and
+ * O_DIRECT aligned-block reads where the file system allows, bypassing the page cache). */
+typedef struct dsv4_etable {
+    dsv4_weight w;           /* [rows, head_dim] e4m3 + [rows, head_dim / 32] e8m0 */
+    int streamed;
+    int fd_w, fd_s, direct_w, direct_s;
+    int64_t off_w, off_s;    /* file offsets of the rows and of their scales */
+} dsv4_etable;
+/* Binds prefix.weight/.scale of [rows, head_dim]; streamed: opens the files (direct: try
+ * O_DIRECT too). */
+int dsv4_etable_open(dsv4_etable *t, const dsv4_st *st, const char *prefix, int64_t rows, int head_dim, int streamed,
+                     int direct, dsv4_err *err);
+/* Rows [n] decoded to fp32 into out [n, head_dim], bit-identical either way; the bytes read
+ * from the file (streamed) or touched in the mapping (resident) are added to *bytes. */
+int dsv4_etable_rows(const dsv4_etable *t, const int64_t *rows, int n, float *out, uint64_t *bytes, dsv4_err *err);
+void dsv4_etable_close(dsv4_etable *t);
 
 #endif

@@ -14,55 +14,48 @@
 
 #define DIO_ALIGN 4096
 
-static int open_pair(const char *path, int *fd, int *fdd)
+static int open_pair(const char *path, int direct, int *fd, int *fdd)
 {
     *fd = open(path, O_RDONLY);
-    *fdd = *fd < 0 ? -1 : open(path, O_RDONLY | O_DIRECT);
+    *fdd = *fd < 0 || !direct ? -1 : open(path, O_RDONLY | O_DIRECT);
     return *fd < 0 ? -1 : 0;
 }
 
-int dsv4_engram_open(dsv4_model *m, int mode, dsv4_err *err)
+int dsv4_etable_open(dsv4_etable *t, const dsv4_st *st, const char *prefix, int64_t rows, int head_dim, int streamed,
+                     int direct, dsv4_err *err)
 {
-    const dsv4_config *c = &m->cfg;
-    for (int i = 0; i < c->n_engram; i++)
-        m->engram[i].fd_w = m->engram[i].fd_s = m->engram[i].direct_w = m->engram[i].direct_s = -1;
-    if (!c->n_engram)
+    memset(t, 0, sizeof *t);
+    t->fd_w = t->fd_s = t->direct_w = t->direct_s = -1;
+    int fp8_block[2] = {1, 32};
+    if (dsv4_weight_bind(st, prefix, rows, head_dim, fp8_block, &t->w, err))
+        return err->code;
+    if (t->w.form != DSV4_WF_FP8 || t->w.bn != 1 || !t->w.scale_e8m0)
+        return dsv4_fail(err, DSV4_E_MODEL, "tensor %s: %s, expected F8_E4M3 rows with one F8_E8M0 scale row each", t->w.name,
+                         dsv4_wform_name(t->w.form));
+    if (!streamed)
         return 0;
-    if (mode == DSV4_ENGRAM_AUTO) {
-        double total = 0, ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-        for (int i = 0; i < c->n_engram; i++)
-            total += (double)m->engram[i].table.bytes;
-        mode = ram > 0 && total * 2 > ram ? DSV4_ENGRAM_STREAMED : DSV4_ENGRAM_RESIDENT;
-    }
-    if (mode != DSV4_ENGRAM_STREAMED)
-        return 0;
-    m->engram_streamed = 1;
-    for (int i = 0; i < c->n_engram; i++) {
-        dsv4_engram *e = &m->engram[i];
-        char sname[128];
-        snprintf(sname, sizeof sname, "layers.%d.engram.embed.scale", e->layer);
-        const dsv4_tensor *tw = dsv4_st_find(m->st, e->table.name), *ts = dsv4_st_find(m->st, sname);
-        if (!tw || !ts || e->table.bn != 1 || !e->table.scale_e8m0)
-            return dsv4_fail(err, DSV4_E_MODEL, "tensor %s: streaming needs one e8m0 scale row per table row", e->table.name);
-        e->off_w = dsv4_st_file_offset(m->st, tw);
-        e->off_s = dsv4_st_file_offset(m->st, ts);
-        const char *pw = dsv4_st_file_path(m->st, tw->file), *ps = dsv4_st_file_path(m->st, ts->file);
-        if (e->off_w < 0 || e->off_s < 0 || open_pair(pw, &e->fd_w, &e->direct_w) || open_pair(ps, &e->fd_s, &e->direct_s))
-            return dsv4_fail(err, DSV4_E_IO, "%s: cannot open the Engram table %s for streaming: %s", pw, e->table.name,
-                             strerror(errno));
-    }
+    t->streamed = 1;
+    char sname[512];
+    snprintf(sname, sizeof sname, "%s.scale", prefix);
+    const dsv4_tensor *tw = dsv4_st_find(st, t->w.name), *ts = dsv4_st_find(st, sname);
+    t->off_w = dsv4_st_file_offset(st, tw);
+    t->off_s = dsv4_st_file_offset(st, ts);
+    const char *pw = dsv4_st_file_path(st, tw->file), *ps = dsv4_st_file_path(st, ts->file);
+    if (t->off_w < 0 || t->off_s < 0 || open_pair(pw, direct, &t->fd_w, &t->direct_w) ||
+        open_pair(ps, direct, &t->fd_s, &t->direct_s))
+        return dsv4_fail(err, DSV4_E_IO, "%s: cannot open the Engram table %s for streaming: %s", pw, t->w.name, strerror(errno));
     return 0;
 }
 
-void dsv4_engram_close(dsv4_model *m)
+void dsv4_etable_close(dsv4_etable *t)
 {
-    for (int i = 0; m->engram && i < m->cfg.n_engram; i++) {
-        dsv4_engram *e = &m->engram[i];
-        int fds[4] = {e->fd_w, e->fd_s, e->direct_w, e->direct_s};
-        for (int k = 0; k < 4; k++)
-            if (fds[k] >= 0)
-                close(fds[k]);
-    }
+    if (!t->streamed) /* a resident (or never opened) table holds no descriptors */
+        return;
+    int fds[4] = {t->fd_w, t->fd_s, t->direct_w, t->direct_s};
+    for (int k = 0; k < 4; k++)
+        if (fds[k] >= 0)
+            close(fds[k]);
+    t->fd_w = t->fd_s = t->direct_w = t->direct_s = -1;
 }
 
 /* len bytes at file offset off into dst: through the O_DIRECT descriptor when there is one
@@ -81,37 +74,35 @@ static int64_t read_at(int fd, int fdd, void *blk, int64_t off, size_t len, void
     return got == (ssize_t)len ? got : -1;
 }
 
-int dsv4_engram_rows(const dsv4_model *m, int ei, const int64_t *rows, int n, float *out, uint64_t *bytes, dsv4_err *err)
+int dsv4_etable_rows(const dsv4_etable *t, const int64_t *rows, int n, float *out, uint64_t *bytes, dsv4_err *err)
 {
-    const dsv4_engram *e = &m->engram[ei];
-    int64_t hd = e->table.k, sb = hd / e->table.bk;
+    int64_t hd = t->w.k, sb = hd / t->w.bk;
     for (int i = 0; i < n; i++)
-        if (rows[i] < 0 || rows[i] >= e->table.n)
-            return dsv4_fail(err, DSV4_E_STATE, "Engram layer %d: row %lld outside the table of %lld rows", e->layer,
-                             (long long)rows[i], (long long)e->table.n);
-    if (!m->engram_streamed) {
+        if (rows[i] < 0 || rows[i] >= t->w.n)
+            return dsv4_fail(err, DSV4_E_STATE, "%s: row %lld outside the table of %lld rows", t->w.name, (long long)rows[i],
+                             (long long)t->w.n);
+    if (!t->streamed) {
         for (int i = 0; i < n; i++)
-            dsv4_weight_row(&e->table, rows[i], out + (int64_t)i * hd);
+            dsv4_weight_row(&t->w, rows[i], out + (int64_t)i * hd);
         *bytes += (uint64_t)n * (hd + sb);
         return 0;
     }
     /* one row [hd] + its scales [sb] as stored, decoded by the resident decoder */
-    size_t blen = (size_t)(hd + 2 * DIO_ALIGN);
+    size_t blen = ((size_t)hd + 2 * DIO_ALIGN + DIO_ALIGN - 1) / DIO_ALIGN * DIO_ALIGN;
     uint8_t *w = malloc(hd), *s = malloc(sb);
-    void *blk = aligned_alloc(DIO_ALIGN, (blen + DIO_ALIGN - 1) / DIO_ALIGN * DIO_ALIGN);
+    void *blk = aligned_alloc(DIO_ALIGN, blen);
     int rc = 0;
     if (!w || !s || !blk)
         rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory reading Engram rows");
-    dsv4_weight one = e->table;
+    dsv4_weight one = t->w;
     one.n = 1;
     one.data = w;
     one.scale = s;
     for (int i = 0; i < n && !rc; i++) {
-        int64_t a = read_at(e->fd_w, e->direct_w, blk, e->off_w + rows[i] * hd, (size_t)hd, w);
-        int64_t b = a < 0 ? -1 : read_at(e->fd_s, e->direct_s, blk, e->off_s + rows[i] * sb, (size_t)sb, s);
+        int64_t a = read_at(t->fd_w, t->direct_w, blk, t->off_w + rows[i] * hd, (size_t)hd, w);
+        int64_t b = a < 0 ? -1 : read_at(t->fd_s, t->direct_s, blk, t->off_s + rows[i] * sb, (size_t)sb, s);
         if (a < 0 || b < 0) {
-            rc = dsv4_fail(err, DSV4_E_IO, "%s: reading row %lld of %s: %s", dsv4_st_file_path(m->st, 0), (long long)rows[i],
-                           e->table.name, strerror(errno));
+            rc = dsv4_fail(err, DSV4_E_IO, "reading row %lld of %s: %s", (long long)rows[i], t->w.name, strerror(errno));
             break;
         }
         *bytes += (uint64_t)(a + b);
@@ -121,6 +112,34 @@ int dsv4_engram_rows(const dsv4_model *m, int ei, const int64_t *rows, int n, fl
     free(s);
     free(blk);
     return rc;
+}
+
+int dsv4_engram_open(dsv4_model *m, int mode, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    if (!c->n_engram)
+        return 0;
+    if (mode == DSV4_ENGRAM_AUTO) {
+        double total = 0, ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        for (int i = 0; i < c->n_engram; i++)
+            total += (double)c->engram_rows[i] * c->engram_head_dim * 33 / 32;
+        mode = ram > 0 && total * 2 > ram ? DSV4_ENGRAM_STREAMED : DSV4_ENGRAM_RESIDENT;
+    }
+    m->engram_streamed = mode == DSV4_ENGRAM_STREAMED;
+    for (int i = 0; i < c->n_engram; i++) {
+        char p[64];
+        snprintf(p, sizeof p, "layers.%d.engram.embed", m->engram[i].layer);
+        if (dsv4_etable_open(&m->engram[i].table, m->st, p, c->engram_rows[i], c->engram_head_dim, m->engram_streamed, 1, err))
+            return err->code;
+        m->weight_bytes += m->engram[i].table.w.bytes;
+    }
+    return 0;
+}
+
+void dsv4_engram_close(dsv4_model *m)
+{
+    for (int i = 0; m->engram && i < m->cfg.n_engram; i++)
+        dsv4_etable_close(&m->engram[i].table);
 }
 
 void dsv4_engram_stats(const dsv4_model *m, uint64_t *bytes, uint64_t *tokens, int *streamed)

@@ -363,7 +363,6 @@ static void bind_engram(binder *b)
                               c->engram_compressed_vocab);
             break;
         }
-        bw(b, &e->table, rows, hd, "layers.%d.engram.embed", li);
         bw(b, &e->wkv, (int64_t)(c->hc_mult + 1) * c->dim, (int64_t)cols * hd, "layers.%d.engram.wkv", li);
         float *q = bf(b, (int64_t)c->hc_mult * c->dim, "layers.%d.engram.q_weight", li);
         float *k = bf(b, (int64_t)c->hc_mult * c->dim, "layers.%d.engram.k_weight", li);
@@ -372,9 +371,6 @@ static void bind_engram(binder *b)
                 q[j] *= k[j];
         e->qk = q;
         free(k);
-        if (!b->rc && e->table.form != DSV4_WF_FP8)
-            b->rc = dsv4_fail(b->err, DSV4_E_MODEL, "tensor layers.%d.engram.embed.weight: %s, expected F8_E4M3 rows with scales", li,
-                              dsv4_wform_name(e->table.form));
     }
     free(primes);
 }

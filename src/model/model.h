@@ -7,6 +7,7 @@
 #include "io/safetensors.h"
 #include "io/weight.h"
 #include "kernels/backend.h"
+#include "model/engram.h"
 
 /* One compressor (attention's or the indexer's): width cd = d (HCA, one window) or 2d
  * (CSA, overlapping windows; entry w pools window w-1's first half and window w's second). */
@@ -55,12 +56,9 @@ typedef struct dsv4_engram {
     int64_t *prime;          /* [cols]: table size of each column */
     int64_t *offset;         /* [cols]: first row of each column in the table */
     int64_t mult[8];         /* [max_ngram]: odd hash multipliers */
-    dsv4_weight table;       /* [rows, head_dim] FP8 + per-32 scales */
+    dsv4_etable table;       /* [rows, head_dim] FP8 + per-32 scales */
     dsv4_weight wkv;         /* [(hc + 1) * D, cols * head_dim] */
     float *qk;               /* [hc, D]: q_weight * k_weight */
-    /* streamed tables: the file holding the rows and their scales, and where they start */
-    int fd_w, fd_s, direct_w, direct_s;
-    int64_t off_w, off_s;
 } dsv4_engram;
 
 struct dsv4_model {
@@ -138,11 +136,9 @@ void dsv4_fp4_roundtrip(float *x, int64_t n, int block, int e4m3_scale); /* e2m1
 
 /* The routed + shared expert FFN of layer li over R rows (v4.c); ids for hash routing. */
 int dsv4_moe(const dsv4_model *m, int li, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err);
-/* Engram tables (engram_io.c): open the streamed files per opts (AUTO picks by size),
- * fetch rows [n] of layer ei's table decoded to fp32 into out [n, head_dim] (bit-identical
- * either way), close. bytes: the bytes read are added to it. */
+/* Engram tables of the model: resident or streamed per opts (AUTO: streamed when the
+ * tables exceed half of RAM); engram_io.c. */
 int dsv4_engram_open(dsv4_model *m, int mode, dsv4_err *err);
-int dsv4_engram_rows(const dsv4_model *m, int ei, const int64_t *rows, int n, float *out, uint64_t *bytes, dsv4_err *err);
 void dsv4_engram_close(dsv4_model *m);
 
 /* The V4.1 layers (v41.c): X [R, n, D] in, out; h [R, D] the final collapse. */

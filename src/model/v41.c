@@ -56,7 +56,8 @@ static void *fetch_all(void *arg)
         for (int64_t i = 0; i < per && ids; i++)
             ids[i] = pf->ehash[(i / cols * ne + ei) * cols + i % cols];
         if (!rc)
-            rc = dsv4_engram_rows(pf->m, ei, ids, (int)per, pf->rows + ei * per * c->engram_head_dim, &pf->bytes, &pf->err);
+            rc = dsv4_etable_rows(&pf->m->engram[ei].table, ids, (int)per, pf->rows + ei * per * c->engram_head_dim, &pf->bytes,
+                                  &pf->err);
         pthread_mutex_lock(&pf->mu);
         pf->done = rc ? ne : ei + 1;
         pf->rc = rc;
