@@ -47,4 +47,16 @@ int dsv4_etable_open(dsv4_etable *t, const dsv4_st *st, const char *prefix, int6
 int dsv4_etable_rows(const dsv4_etable *t, const int64_t *rows, int n, float *out, uint64_t *bytes, dsv4_err *err);
 void dsv4_etable_close(dsv4_etable *t);
 
+/* Table identity. The release records no checksum for its tables; when the safetensors
+ * metadata of the file holding `<prefix>.weight` has the key "<prefix>.weight.fnv1a64" (16
+ * hex digits: FNV-1a 64 over the weight bytes, then the scale bytes), dsv4_etable_open
+ * verifies it and refuses a table that does not match (one pass over the table). */
+uint64_t dsv4_fnv1a64(uint64_t h, const void *p, size_t n);
+#define DSV4_FNV1A64_INIT 0xcbf29ce484222325ull
+/* Writes a synthetic table file (safetensors: prefix.weight e4m3 [rows, head_dim], prefix.scale
+ * e8m0 [rows, head_dim / 32], random finite values) with its checksum in the metadata; a
+ * nonzero `corrupt` records a wrong one. For tests and the streaming benchmark. */
+int dsv4_etable_synth(const char *path, const char *prefix, int64_t rows, int head_dim, uint64_t seed, int corrupt,
+                      dsv4_err *err);
+
 #endif

@@ -6,6 +6,7 @@
  * with the same decoder, so streamed == resident bit for bit. */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -13,6 +14,8 @@
 #include "model/model.h"
 
 #define DIO_ALIGN 4096
+
+static int verify_checksum(const dsv4_etable *t, const dsv4_st *st, dsv4_err *err);
 
 static int open_pair(const char *path, int direct, int *fd, int *fdd)
 {
@@ -32,6 +35,8 @@ int dsv4_etable_open(dsv4_etable *t, const dsv4_st *st, const char *prefix, int6
     if (t->w.form != DSV4_WF_FP8 || t->w.bn != 1 || !t->w.scale_e8m0)
         return dsv4_fail(err, DSV4_E_MODEL, "tensor %s: %s, expected F8_E4M3 rows with one F8_E8M0 scale row each", t->w.name,
                          dsv4_wform_name(t->w.form));
+    if (verify_checksum(t, st, err))
+        return err->code;
     if (!streamed)
         return 0;
     t->streamed = 1;
@@ -150,4 +155,103 @@ void dsv4_engram_stats(const dsv4_model *m, uint64_t *bytes, uint64_t *tokens, i
         *tokens = m->engram_tokens;
     if (streamed)
         *streamed = m->engram_streamed;
+}
+
+uint64_t dsv4_fnv1a64(uint64_t h, const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Random bytes for part k (0: e4m3 rows, never the NaN codes; 1: e8m0 scales near 2^0). */
+static void synth_fill(uint8_t *p, size_t n, int k, uint64_t *s)
+{
+    for (size_t i = 0; i < n; i++) {
+        uint8_t v = (uint8_t)splitmix(s);
+        p[i] = k ? (uint8_t)(120 + v % 8) : ((v & 0x7f) == 0x7f ? v ^ 1 : v);
+    }
+}
+
+int dsv4_etable_synth(const char *path, const char *prefix, int64_t rows, int head_dim, uint64_t seed, int corrupt,
+                      dsv4_err *err)
+{
+    int64_t nw = rows * head_dim, ns = rows * (head_dim / 32);
+    size_t chunk = (size_t)1 << 22;
+    uint8_t *buf = malloc(chunk);
+    if (!buf)
+        return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
+    /* the checksum first (the data is a pure function of the seed), then the file */
+    uint64_t h = DSV4_FNV1A64_INIT, s = seed;
+    for (int k = 0; k < 2; k++)
+        for (int64_t done = 0, n = k ? ns : nw; done < n; done += (int64_t)chunk) {
+            size_t m = (size_t)(n - done < (int64_t)chunk ? n - done : (int64_t)chunk);
+            synth_fill(buf, m, k, &s);
+            h = dsv4_fnv1a64(h, buf, m);
+        }
+    char hdr[1024];
+    int hl = snprintf(hdr, sizeof hdr,
+                      "{\"__metadata__\":{\"%s.weight.fnv1a64\":\"%016llx\"},"
+                      "\"%s.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[%lld,%d],\"data_offsets\":[0,%lld]},"
+                      "\"%s.scale\":{\"dtype\":\"F8_E8M0\",\"shape\":[%lld,%d],\"data_offsets\":[%lld,%lld]}}",
+                      prefix, (unsigned long long)(corrupt ? h ^ 1 : h), prefix, (long long)rows, head_dim, (long long)nw, prefix,
+                      (long long)rows, head_dim / 32, (long long)nw, (long long)(nw + ns));
+    while (hl % 8)
+        hdr[hl++] = ' ';
+    uint64_t hlen = (uint64_t)hl;
+    FILE *f = fopen(path, "wb");
+    int rc = !f || fwrite(&hlen, 8, 1, f) != 1 || fwrite(hdr, 1, hl, f) != (size_t)hl;
+    s = seed;
+    for (int k = 0; k < 2 && !rc; k++)
+        for (int64_t done = 0, n = k ? ns : nw; done < n && !rc; done += (int64_t)chunk) {
+            size_t m = (size_t)(n - done < (int64_t)chunk ? n - done : (int64_t)chunk);
+            synth_fill(buf, m, k, &s);
+            rc = fwrite(buf, 1, m, f) != m;
+        }
+    if (f && fclose(f))
+        rc = 1;
+    free(buf);
+    return rc ? dsv4_fail(err, DSV4_E_IO, "%s: cannot write the synthetic table: %s", path, strerror(errno)) : 0;
+}
+
+/* The recorded checksum of a table, if its file's metadata has one: 1 found, 0 none. */
+static int recorded_checksum(const dsv4_st *st, const dsv4_tensor *tw, uint64_t *out)
+{
+    const char *md = dsv4_st_metadata(st, tw->file);
+    char key[600];
+    snprintf(key, sizeof key, "\"%s.fnv1a64\"", tw->name);
+    const char *p = md ? strstr(md, key) : NULL;
+    if (!p)
+        return 0;
+    p += strlen(key);
+    while (*p == ':' || *p == ' ' || *p == '"')
+        p++;
+    *out = strtoull(p, NULL, 16);
+    return 1;
+}
+
+static int verify_checksum(const dsv4_etable *t, const dsv4_st *st, dsv4_err *err)
+{
+    const dsv4_tensor *tw = dsv4_st_find(st, t->w.name);
+    char sname[600];
+    snprintf(sname, sizeof sname, "%.*s.scale", (int)(strlen(t->w.name) - 7), t->w.name);
+    const dsv4_tensor *ts = dsv4_st_find(st, sname);
+    uint64_t want;
+    if (!tw || !ts || !recorded_checksum(st, tw, &want))
+        return 0;
+    uint64_t h = dsv4_fnv1a64(DSV4_FNV1A64_INIT, tw->data, tw->nbytes);
+    h = dsv4_fnv1a64(h, ts->data, ts->nbytes);
+    if (h != want)
+        return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: checksum %016llx does not match the recorded %016llx (a table from another revision?)",
+                         dsv4_st_file_path(st, tw->file), t->w.name, (unsigned long long)h, (unsigned long long)want);
+    return 0;
 }
