@@ -16,6 +16,7 @@ int dsv4_cmd_logits(int argc, char **argv);
 int dsv4_cmd_generate(int argc, char **argv);
 int dsv4_cmd_bench(int argc, char **argv);
 int dsv4_cmd_synth(int argc, char **argv);
+int dsv4_cmd_engram_bench(int argc, char **argv);
 
 /* The options every model-running command takes. */
 typedef struct cli_model_opts {

@@ -18,6 +18,7 @@ static const dsv4_cmd commands[] = {
     {"generate", "greedy generation from token ids", dsv4_cmd_generate},
     {"bench", "load, prefill and decode speed; --synthetic v4-flash for real shapes without a file", dsv4_cmd_bench},
     {"synth", "write a random-weight checkpoint (tiny default, or V4-Flash shapes)", dsv4_cmd_synth},
+    {"engram-bench", "Engram table rows/s, resident and streamed, cold and warm, on a synthetic table", dsv4_cmd_engram_bench},
     {"version", "print the version", cmd_version},
 };
 

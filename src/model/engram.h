@@ -54,9 +54,9 @@ void dsv4_etable_close(dsv4_etable *t);
 uint64_t dsv4_fnv1a64(uint64_t h, const void *p, size_t n);
 #define DSV4_FNV1A64_INIT 0xcbf29ce484222325ull
 /* Writes a synthetic table file (safetensors: prefix.weight e4m3 [rows, head_dim], prefix.scale
- * e8m0 [rows, head_dim / 32], random finite values) with its checksum in the metadata; a
- * nonzero `corrupt` records a wrong one. For tests and the streaming benchmark. */
-int dsv4_etable_synth(const char *path, const char *prefix, int64_t rows, int head_dim, uint64_t seed, int corrupt,
+ * e8m0 [rows, head_dim / 32], random finite values). checksum: 0 records none, 1 the right
+ * one, 2 a wrong one. For tests and the streaming benchmark. */
+int dsv4_etable_synth(const char *path, const char *prefix, int64_t rows, int head_dim, uint64_t seed, int checksum,
                       dsv4_err *err);
 
 #endif

@@ -38,7 +38,7 @@ static void streamed_table(const char *path)
     dsv4_err err = {0};
     int64_t R = 5000;
     int hd = 64;
-    CHECK(!dsv4_etable_synth(path, "layers.0.engram.embed", R, hd, 7, 0, &err), "synth: %s", err.msg);
+    CHECK(!dsv4_etable_synth(path, "layers.0.engram.embed", R, hd, 7, 1, &err), "synth: %s", err.msg);
     dsv4_st *st = dsv4_st_open_file(path, &err);
     CHECK(st != NULL, "open: %s", err.msg);
     if (!st)
@@ -69,7 +69,7 @@ static void streamed_table(const char *path)
     free(b);
     dsv4_st_close(st);
 
-    CHECK(!dsv4_etable_synth(path, "layers.0.engram.embed", R, hd, 7, 1, &err), "synth: %s", err.msg);
+    CHECK(!dsv4_etable_synth(path, "layers.0.engram.embed", R, hd, 7, 2, &err), "synth: %s", err.msg);
     st = dsv4_st_open_file(path, &err);
     dsv4_etable t;
     int rc = st ? dsv4_etable_open(&t, st, "layers.0.engram.embed", R, hd, 0, 0, &err) : -1;
