@@ -156,6 +156,51 @@ static void streamed_check(const char *dir, const int32_t *ids, int T, int P, in
     free(b);
 }
 
+/* Two sequences stepped together (prefill beside prefill, then decode beside decode, then one
+ * alone) give each one's solo logits bit for bit: per-row scratch and per-sequence state. */
+static void batch_check(dsv4_model *m, const char *what, const int32_t *const ids[2], const int T[2], const int P[2], int V)
+{
+    dsv4_err err = {0};
+    float *solo[2], *got[2];
+    dsv4_seq *s[2];
+    for (int k = 0; k < 2; k++) {
+        solo[k] = malloc((size_t)T[k] * V * sizeof(float));
+        got[k] = malloc((size_t)T[k] * V * sizeof(float));
+        run_decode(m, ids[k], T[k], P[k], solo[k], V);
+        s[k] = dsv4_seq_new(m, &err);
+    }
+    int done[2] = {0, 0}, rc = 0;
+    while ((done[0] < T[0] || done[1] < T[1]) && !rc) {
+        dsv4_seq *bs[2];
+        const int32_t *bi[2];
+        int bn[2], nb = 0, first[2];
+        for (int k = 0; k < 2; k++)
+            if (done[k] < T[k]) {
+                bs[nb] = s[k];
+                bi[nb] = ids[k] + done[k];
+                bn[nb] = done[k] ? 1 : P[k];
+                first[nb++] = k;
+            }
+        float *lg = malloc((size_t)(bn[0] + (nb > 1 ? bn[1] : 0)) * V * sizeof(float));
+        dsv4_batch b = {.n_seqs = nb, .seqs = bs, .ids = bi, .n_ids = bn, .all_logits = 1, .logits = lg};
+        rc = dsv4_forward(m, &b, &err);
+        for (int j = 0, off = 0; j < nb && !rc; off += bn[j], j++) {
+            int k = first[j];
+            memcpy(got[k] + (size_t)done[k] * V, lg + (size_t)off * V, (size_t)bn[j] * V * sizeof(float));
+            done[k] += bn[j];
+        }
+        free(lg);
+    }
+    CHECK(!rc, "%s: batched forward: %s", what, err.msg);
+    for (int k = 0; k < 2; k++) {
+        CHECK(!rc && !memcmp(solo[k], got[k], (size_t)T[k] * V * sizeof(float)), "%s: sequence %d batched differs from solo", what, k);
+        free(solo[k]);
+        free(got[k]);
+        dsv4_seq_free(s[k]);
+    }
+    printf("  %-40s batched == solo\n", what);
+}
+
 int main(int argc, char **argv)
 {
     char def[2048];
@@ -229,6 +274,22 @@ int main(int argc, char **argv)
                 }
                 free(got);
                 free(ids);
+            }
+            if (jc->child && jc->child->next && jc->child->next->next) { /* case0 beside case2 */
+                const cJSON *c0 = jc->child, *c2 = jc->child->next->next;
+                int T2[2] = {cJSON_GetArraySize(cJSON_GetObjectItem(c0, "ids")), cJSON_GetArraySize(cJSON_GetObjectItem(c2, "ids"))};
+                int P2[2] = {cJSON_GetObjectItem(c0, "prefill")->valueint, cJSON_GetObjectItem(c2, "prefill")->valueint};
+                int32_t *bi[2];
+                for (int k = 0; k < 2; k++) {
+                    bi[k] = malloc(T2[k] * sizeof(int32_t));
+                    for (int i = 0; i < T2[k]; i++)
+                        bi[k][i] = (int32_t)jint(cJSON_GetObjectItem(k ? c2 : c0, "ids"), i);
+                }
+                char what[64];
+                snprintf(what, sizeof what, "%s case0 beside case2", mn);
+                batch_check(m, what, (const int32_t *const *)bi, T2, P2, V);
+                free(bi[0]);
+                free(bi[1]);
             }
             dsv4_model_free(m);
         }
