@@ -1,6 +1,7 @@
 /* A human-readable summary of a loaded model: config, layer schedule, tensors by storage
  * form, and what a sequence's state costs per token of context. */
 #include <stdio.h>
+#include <unistd.h>
 #include <string.h>
 #include "core/core.h"
 #include "model/model.h"
@@ -42,6 +43,28 @@ void dsv4_model_print_info(const dsv4_model *m, FILE *f)
         fprintf(f, " with YaRN factor %g, original %g, beta %g/%g", c->rope_compress.factor, c->rope_compress.orig_max_pos,
                 c->rope_compress.beta_fast, c->rope_compress.beta_slow);
     fprintf(f, "\nnumerics  %s\n", m->numerics == DSV4_NUMERICS_REF ? "ref" : "fp32");
+    if (c->family == DSV4_FAMILY_V41) {
+        fprintf(f, "csa2      kv sources");
+        for (int i = 0; i < c->n_kv_source; i++)
+            fprintf(f, " %d", c->kv_source[i]);
+        fprintf(f, "; index sources");
+        for (int i = 0; i < c->n_index_source; i++)
+            fprintf(f, " %d", c->index_source[i]);
+        fprintf(f, "; candidate source %d (top %d blocks of %d)\n", c->candidate_source, c->candidate_topk_blocks,
+                c->candidate_block_size);
+    }
+    if (c->n_engram) { /* the memory admission plan: weights resident, tables by their mode */
+        double tb = 0, ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        for (int i = 0; i < c->n_engram; i++)
+            tb += (double)m->engram[i].table.w.bytes;
+        fprintf(f, "engram    layers");
+        for (int i = 0; i < c->n_engram; i++)
+            fprintf(f, " %d (%lld rows)", c->engram_layer[i], (long long)c->engram_rows[i]);
+        fprintf(f, "; 2..%d-grams x %d heads of %d; tables %.3f GB, %s\n", c->engram_max_ngram, c->engram_heads,
+                c->engram_head_dim, tb / 1e9, m->engram_streamed ? "streamed" : "resident");
+        fprintf(f, "memory    weights resident %.3f GB + tables %s %.3f GB; RAM %.1f GB\n", (m->weight_bytes - tb) / 1e9,
+                m->engram_streamed ? "on disk" : "mapped", tb / 1e9, ram / 1e9);
+    }
     fprintf(f, "layers   ");
     for (int i = 0; i < c->n_layers; i++) {
         const dsv4_layer *L = &m->layers[i];
