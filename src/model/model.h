@@ -3,6 +3,7 @@
 #define DSV4_MODEL_H
 
 #include "dsv4.h"
+#include "core/core.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "io/weight.h"
@@ -133,6 +134,14 @@ void dsv4_rnd(const dsv4_model *m, float *x, int64_t n);          /* REF: round 
 void dsv4_round_bf16(float *x, int64_t n);
 void dsv4_fp8_roundtrip(float *x, int64_t n, int block);          /* e4m3, ue8m0 scale per block */
 void dsv4_fp4_roundtrip(float *x, int64_t n, int block, int e4m3_scale); /* e2m1; e4m3 or ue8m0 scale */
+
+/* A scored entry for the family's top-k selections (v4.c): descending score, ties to the
+ * lower index. */
+typedef struct dsv4_scored { float s; int64_t w; } dsv4_scored;
+/* The min(k, nvis) best of tmp[0..nvis) (reordered) into sel, ascending entry order; returns the count. */
+int dsv4_topk_ascending(dsv4_scored *tmp, int64_t nvis, int k, int64_t *sel);
+void dsv4_sort_scored(dsv4_scored *v, int64_t n);
+static inline float *dsv4_fbuf(size_t n, dsv4_err *err) { return dsv4_xmalloc(n * sizeof(float), err); }
 
 /* The routed + shared expert FFN of layer li over R rows (v4.c); ids for hash routing. */
 int dsv4_moe(const dsv4_model *m, int li, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err);

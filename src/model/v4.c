@@ -13,7 +13,6 @@
 
 typedef dsv4_step fwd;
 
-static float *fbuf(size_t n, dsv4_err *err) { return dsv4_xmalloc(n * sizeof(float), err); }
 
 /* Compressed entry w of one compressor: per channel, softmax over the window's slots of
  * (z + ape) weighting c; then the weighted norm and the compressed rope at position w*m. */
@@ -54,11 +53,10 @@ static void emit_entry(const fwd *f, const dsv4_compressor *cp, const float *cri
     f->be->rope(out, 1, dim, 1, dim, m->cfg.rope_dim, m->inv_freq_compress, &p, 0);
 }
 
-typedef struct scored { float s; int64_t w; } scored;
-
+/* Descending score, ties to the lower index (normative for every top-k of the family). */
 static int by_score_then_lower(const void *a, const void *b)
 {
-    const scored *x = a, *y = b;
+    const dsv4_scored *x = a, *y = b;
     if (x->s != y->s)
         return x->s > y->s ? -1 : 1;
     return x->w < y->w ? -1 : x->w > y->w;
@@ -70,10 +68,23 @@ static int by_index(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+int dsv4_topk_ascending(dsv4_scored *tmp, int64_t nvis, int k, int64_t *sel)
+{
+    int64_t n = nvis < k ? nvis : k;
+    if (nvis > k)
+        qsort(tmp, nvis, sizeof *tmp, by_score_then_lower);
+    for (int64_t i = 0; i < n; i++)
+        sel[i] = tmp[i].w;
+    qsort(sel, n, sizeof *sel, by_index);
+    return (int)n;
+}
+
+void dsv4_sort_scored(dsv4_scored *v, int64_t n) { qsort(v, n, sizeof *v, by_score_then_lower); }
+
 /* Indexer selection for one query: the index_topk entries of highest score among the nvis
  * visible ones (ties to the lower entry), returned in ascending entry order. */
 static int index_select(const fwd *f, const float *qi, const float *wt, const float *ikey, int64_t nvis, int64_t *sel,
-                        scored *tmp)
+                        dsv4_scored *tmp)
 {
     const dsv4_config *c = &f->m->cfg;
     int nI = c->index_heads, ci = c->index_dim, k = c->index_topk;
@@ -87,13 +98,7 @@ static int index_select(const fwd *f, const float *qi, const float *wt, const fl
         tmp[w].s = s * isq;
         tmp[w].w = w;
     }
-    int64_t n = nvis < k ? nvis : k;
-    if (nvis > k)
-        qsort(tmp, nvis, sizeof *tmp, by_score_then_lower);
-    for (int64_t i = 0; i < n; i++)
-        sel[i] = tmp[i].w;
-    qsort(sel, n, sizeof *sel, by_index);
-    return (int)n;
+    return dsv4_topk_ascending(tmp, nvis, k, sel);
 }
 
 static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
@@ -107,18 +112,18 @@ static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
     float eps = (float)c->norm_eps;
     const float *freq = L->ratio ? m->inv_freq_compress : m->inv_freq_main;
     int cw = (1 + L->csa) * d, nI = c->index_heads, ci = c->index_dim;
-    float *qr = fbuf((size_t)R * c->q_lora, err), *q = fbuf((size_t)R * Hd, err), *kv = fbuf((size_t)R * d, err);
-    float *o = fbuf((size_t)R * Hd, err), *t = fbuf((size_t)R * c->o_groups * c->o_lora, err);
+    float *qr = dsv4_fbuf((size_t)R * c->q_lora, err), *q = dsv4_fbuf((size_t)R * Hd, err), *kv = dsv4_fbuf((size_t)R * d, err);
+    float *o = dsv4_fbuf((size_t)R * Hd, err), *t = dsv4_fbuf((size_t)R * c->o_groups * c->o_lora, err);
     float *cc = NULL, *zz = NULL, *ic = NULL, *iz = NULL, *qi = NULL, *wt = NULL;
     if (L->ratio) {
-        cc = fbuf((size_t)R * cw, err);
-        zz = fbuf((size_t)R * cw, err);
+        cc = dsv4_fbuf((size_t)R * cw, err);
+        zz = dsv4_fbuf((size_t)R * cw, err);
     }
     if (L->csa) {
-        ic = fbuf((size_t)R * 2 * ci, err);
-        iz = fbuf((size_t)R * 2 * ci, err);
-        qi = fbuf((size_t)R * nI * ci, err);
-        wt = fbuf((size_t)R * nI, err);
+        ic = dsv4_fbuf((size_t)R * 2 * ci, err);
+        iz = dsv4_fbuf((size_t)R * 2 * ci, err);
+        qi = dsv4_fbuf((size_t)R * nI * ci, err);
+        wt = dsv4_fbuf((size_t)R * nI, err);
     }
     int rc = err && err->code;
     if (rc)
@@ -156,7 +161,7 @@ static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
     }
     const float **keys = malloc((W + max_vis + 1) * sizeof *keys);
     int64_t *sel = malloc((max_vis + 1) * sizeof *sel);
-    scored *tmp = malloc((max_vis + 1) * sizeof *tmp);
+    dsv4_scored *tmp = malloc((max_vis + 1) * sizeof *tmp);
     float scale = 1.0f / sqrtf((float)d);
     for (int r = 0; r < R; r++) {
         dsv4_seq *s = f->b->seqs[f->row_seq[r]];
@@ -232,11 +237,11 @@ int dsv4_moe(const dsv4_model *m, int li, const int32_t *ids, int R, const float
     int D = c->dim, E = c->n_experts, K = c->n_active, I = c->moe_inter;
     int v41 = c->family == DSV4_FAMILY_V41;
     float lim = (float)c->swiglu_limit;
-    float *lg = fbuf((size_t)R * E, err), *Y = fbuf((size_t)R * K * D, err), *wts = fbuf((size_t)R * K, err);
+    float *lg = dsv4_fbuf((size_t)R * E, err), *Y = dsv4_fbuf((size_t)R * K * D, err), *wts = dsv4_fbuf((size_t)R * K, err);
     int *eid = malloc((size_t)R * K * sizeof(int)), *cnt = calloc(E, sizeof(int)), *rows = malloc((size_t)R * K * sizeof(int));
     int64_t SI = (int64_t)I * (c->n_shared > 0 ? c->n_shared : 1), HI = SI > I ? SI : I;
-    float *xb = fbuf((size_t)R * D, err), *g = fbuf((size_t)R * HI, err), *u = fbuf((size_t)R * HI, err);
-    float *yb = fbuf((size_t)R * D, err), *ys = fbuf((size_t)R * D, err);
+    float *xb = dsv4_fbuf((size_t)R * D, err), *g = dsv4_fbuf((size_t)R * HI, err), *u = dsv4_fbuf((size_t)R * HI, err);
+    float *yb = dsv4_fbuf((size_t)R * D, err), *ys = dsv4_fbuf((size_t)R * D, err);
     int rc = (err && err->code) || !eid || !cnt || !rows;
     if (rc) {
         if (!err->code)
@@ -368,9 +373,9 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
     f.pos = malloc(R * sizeof(int64_t));
     f.row_seq = malloc(R * sizeof(int));
     int32_t *ids = malloc(R * sizeof(int32_t));
-    float *X = fbuf((size_t)R * n * D, err), *h = fbuf((size_t)R * D, err), *a = fbuf((size_t)R * D, err);
-    float *y = fbuf((size_t)R * D, err), *pre = fbuf((size_t)R * n, err), *post = fbuf((size_t)R * n, err);
-    float *comb = fbuf((size_t)R * n * n, err);
+    float *X = dsv4_fbuf((size_t)R * n * D, err), *h = dsv4_fbuf((size_t)R * D, err), *a = dsv4_fbuf((size_t)R * D, err);
+    float *y = dsv4_fbuf((size_t)R * D, err), *pre = dsv4_fbuf((size_t)R * n, err), *post = dsv4_fbuf((size_t)R * n, err);
+    float *comb = dsv4_fbuf((size_t)R * n * n, err);
     int rc = (err && err->code) || !f.pos || !f.row_seq || !ids;
     if (rc) {
         rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory for a step of %d rows", R);

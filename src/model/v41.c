@@ -85,25 +85,6 @@ static const float *rows_of(prefetch *pf, int ei, dsv4_err *err)
     return pf->rows + (int64_t)ei * pf->R * pf->m->engram[0].cols * pf->m->cfg.engram_head_dim;
 }
 
-typedef struct scored { float s; int64_t w; } scored;
-
-/* Descending score, ties to the lower index (spec §7, normative for every top-k). */
-static int by_score_then_lower(const void *a, const void *b)
-{
-    const scored *x = a, *y = b;
-    if (x->s != y->s)
-        return x->s > y->s ? -1 : 1;
-    return x->w < y->w ? -1 : x->w > y->w;
-}
-
-static int by_index(const void *a, const void *b)
-{
-    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
-    return x < y ? -1 : x > y;
-}
-
-static float *fbuf(size_t n, dsv4_err *err) { return dsv4_xmalloc(n * sizeof(float), err); }
-
 /* Engram row ids of every row: the compressed id enters the sequence's history at its
  * position, then the look-backs (pad once they cross the sequence start). */
 static void engram_hashes(dsv4_step *f, v41_shared *sh)
@@ -135,7 +116,7 @@ static int engram_apply(dsv4_step *f, int ei, prefetch *pf, float *X, dsv4_err *
     int R = f->R, n = c->hc_mult, D = c->dim, hd = c->engram_head_dim, cols = e->cols;
     int64_t ew = (int64_t)cols * hd, kw = (int64_t)(n + 1) * D;
     const float *rows = rows_of(pf, ei, err);
-    float *E = rows ? fbuf((size_t)R * ew, err) : NULL, *kv = rows ? fbuf((size_t)R * kw, err) : NULL;
+    float *E = rows ? dsv4_fbuf((size_t)R * ew, err) : NULL, *kv = rows ? dsv4_fbuf((size_t)R * kw, err) : NULL;
     int rc = !rows || (err && err->code);
     if (!rc) {
         memcpy(E, rows, (size_t)R * ew * sizeof(float)); /* [R, cols * hd]: each row's entries side by side */
@@ -166,7 +147,7 @@ static int engram_apply(dsv4_step *f, int ei, prefetch *pf, float *X, dsv4_err *
 
 /* Index scores of one query over the nvis visible keys: sum_h w_h relu(q_h . k) (REF: bf16
  * per-head products, weighted terms and sum, as the reference's bf16 einsum). */
-static void index_scores(const dsv4_model *m, const float *qi, const float *wt, const float *ikey, int64_t nvis, scored *out)
+static void index_scores(const dsv4_model *m, const float *qi, const float *wt, const float *ikey, int64_t nvis, dsv4_scored *out)
 {
     const dsv4_config *c = &m->cfg;
     int nI = c->index_heads, ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
@@ -186,7 +167,7 @@ static void index_scores(const dsv4_model *m, const float *qi, const float *wt, 
 
 /* The candidate source's block filter for one query: block score = max over its entries,
  * the block of the newest visible entry forced in, the best `candidate_topk_blocks` kept. */
-static int candidate_blocks(const dsv4_config *c, const scored *sc, int64_t nvis, int64_t *blocks, scored *tmp)
+static int candidate_blocks(const dsv4_config *c, const dsv4_scored *sc, int64_t nvis, int64_t *blocks, dsv4_scored *tmp)
 {
     int bs = c->candidate_block_size;
     int64_t nb = (nvis + bs - 1) / bs;
@@ -197,7 +178,7 @@ static int candidate_blocks(const dsv4_config *c, const scored *sc, int64_t nvis
         tmp[b].s = b == (nvis - 1) / bs ? INFINITY : mx;
         tmp[b].w = b;
     }
-    qsort(tmp, nb, sizeof *tmp, by_score_then_lower);
+    dsv4_sort_scored(tmp, nb);
     int k = 0;
     for (int64_t i = 0; i < nb && k < c->candidate_topk_blocks; i++)
         if (tmp[i].s != -INFINITY)
@@ -270,19 +251,19 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
     int64_t Hd = (int64_t)H * d;
     float eps = (float)c->norm_eps;
     const float *freq = L->ratio ? m->inv_freq_compress : m->inv_freq_main;
-    float *qr = fbuf((size_t)R * c->q_lora, err), *q = fbuf((size_t)R * Hd, err), *kv = fbuf((size_t)R * d, err);
-    float *o = fbuf((size_t)R * Hd, err), *t = fbuf((size_t)R * c->o_groups * c->o_lora, err);
-    float *cc = NULL, *zz = NULL, *qi = NULL, *wt = NULL, *lat = fbuf(d, err), *kk = fbuf(ci > 0 ? ci : 1, err);
+    float *qr = dsv4_fbuf((size_t)R * c->q_lora, err), *q = dsv4_fbuf((size_t)R * Hd, err), *kv = dsv4_fbuf((size_t)R * d, err);
+    float *o = dsv4_fbuf((size_t)R * Hd, err), *t = dsv4_fbuf((size_t)R * c->o_groups * c->o_lora, err);
+    float *cc = NULL, *zz = NULL, *qi = NULL, *wt = NULL, *lat = dsv4_fbuf(d, err), *kk = dsv4_fbuf(ci > 0 ? ci : 1, err);
     if (L->own_ent) {
-        cc = fbuf((size_t)R * d, err);
-        zz = fbuf((size_t)R * d, err);
+        cc = dsv4_fbuf((size_t)R * d, err);
+        zz = dsv4_fbuf((size_t)R * d, err);
     }
     if (L->index_source) {
-        qi = fbuf((size_t)R * nI * ci, err);
-        wt = fbuf((size_t)R * nI, err);
+        qi = dsv4_fbuf((size_t)R * nI * ci, err);
+        wt = dsv4_fbuf((size_t)R * nI, err);
     }
     const float **keys = NULL;
-    scored *tmp = NULL, *btmp = NULL;
+    dsv4_scored *tmp = NULL, *btmp = NULL;
     uint8_t *bmask = NULL;
     int rc = err && err->code;
     if (rc)
@@ -372,13 +353,7 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
                         if (!bmask[w / bs])
                             tmp[w].s = -INFINITY;
                 }
-                int n = nvis < K ? (int)nvis : K;
-                qsort(tmp, nvis, sizeof *tmp, by_score_then_lower);
-                int64_t *sel = sh->topk + (int64_t)r * K;
-                for (int i = 0; i < n; i++)
-                    sel[i] = tmp[i].w;
-                qsort(sel, n, sizeof *sel, by_index);
-                sh->ntopk[r] = n;
+                sh->ntopk[r] = dsv4_topk_ascending(tmp, nvis, K, sh->topk + (int64_t)r * K);
             }
             const float *ent = s->L[L->kv_src].ent;
             for (int i = 0; i < sh->ntopk[r]; i++)
@@ -432,9 +407,9 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
     sh.ncand = calloc(R, sizeof(int));
     sh.ehash = calloc((size_t)R * (c->n_engram ? c->n_engram * cols : 1), sizeof(int64_t));
     /* pre_in: the collapse weights the next site uses; post/comb: this site's mixes */
-    float *pin = fbuf((size_t)R * n, err), *pre_a = fbuf((size_t)R * n, err), *pre_f = fbuf((size_t)R * n, err);
-    float *post = fbuf((size_t)R * n, err), *comb = fbuf((size_t)R * n * n, err);
-    float *a = fbuf((size_t)R * D, err), *y = fbuf((size_t)R * D, err);
+    float *pin = dsv4_fbuf((size_t)R * n, err), *pre_a = dsv4_fbuf((size_t)R * n, err), *pre_f = dsv4_fbuf((size_t)R * n, err);
+    float *post = dsv4_fbuf((size_t)R * n, err), *comb = dsv4_fbuf((size_t)R * n * n, err);
+    float *a = dsv4_fbuf((size_t)R * D, err), *y = dsv4_fbuf((size_t)R * D, err);
     prefetch pf = {.m = m, .R = R, .ehash = sh.ehash, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     pthread_t th;
     int threaded = 0;
@@ -448,7 +423,7 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
             pin[r * n + i] = i == 0;
     if (c->n_engram) {
         engram_hashes(f, &sh);
-        if (!(pf.rows = fbuf((size_t)c->n_engram * R * cols * c->engram_head_dim, err))) {
+        if (!(pf.rows = dsv4_fbuf((size_t)c->n_engram * R * cols * c->engram_head_dim, err))) {
             rc = err->code;
             goto out;
         }
