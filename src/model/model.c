@@ -474,6 +474,10 @@ static int model_check(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     m->numerics = o->numerics ? o->numerics : (c->family == DSV4_FAMILY_V41 ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32);
     if (c->family == DSV4_FAMILY_V4 && m->numerics != DSV4_NUMERICS_FP32)
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, "numerics 'ref' is defined for V4.1 checkpoints; V4 runs in fp32");
+    for (int i = 0; i < c->n_layers; i++)
+        if (c->ratio[i] > DSV4_MAX_RATIO)
+            return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: layer %d compresses by %d (at most %d)", m->dir, i, c->ratio[i],
+                             DSV4_MAX_RATIO);
     if (c->hc_mult > 16 || (c->n_heads * c->head_dim) % c->o_groups)
         return dsv4_fail(err, DSV4_E_MODEL, "%s: hc_mult %d or o_groups %d do not fit the attention shape", m->dir, c->hc_mult,
                          c->o_groups);

@@ -135,6 +135,13 @@ void dsv4_round_bf16(float *x, int64_t n);
 void dsv4_fp8_roundtrip(float *x, int64_t n, int block);          /* e4m3, ue8m0 scale per block */
 void dsv4_fp4_roundtrip(float *x, int64_t n, int block, int e4m3_scale); /* e2m1; e4m3 or ue8m0 scale */
 
+/* Largest compression ratio a compressor pools over (V4-Flash HCA: 128). */
+#define DSV4_MAX_RATIO 1024
+/* The pooled group w of a compressor (v4.c): per channel, softmax over the group's slots
+ * (with overlap: window w-1's first half and window w's second) of z (+ ape when present)
+ * weighting c. Rings [c_cap, (1 + overlap) * dim] by position mod c_cap; out [dim]. */
+void dsv4_pool_group(const dsv4_compressor *cp, const float *cring, const float *zring, int c_cap, int64_t w, float *out);
+
 /* A scored entry for the family's top-k selections (v4.c): descending score, ties to the
  * lower index. */
 typedef struct dsv4_scored { float s; int64_t w; } dsv4_scored;

@@ -14,27 +14,23 @@
 typedef dsv4_step fwd;
 
 
-/* Compressed entry w of one compressor: per channel, softmax over the window's slots of
- * (z + ape) weighting c; then the weighted norm and the compressed rope at position w*m. */
-static void emit_entry(const fwd *f, const dsv4_compressor *cp, const float *cring, const float *zring, int c_cap,
-                       int64_t w, float *out)
+void dsv4_pool_group(const dsv4_compressor *cp, const float *cring, const float *zring, int c_cap, int64_t w, float *out)
 {
-    const dsv4_model *m = f->m;
     int mr = cp->ratio, dim = cp->dim, cw = (1 + cp->overlap) * dim, off = cp->overlap ? dim : 0;
     int nslot = (cp->overlap && w > 0) ? 2 * mr : mr;
-    float *lg = malloc(2 * mr * sizeof(float)), *vv = malloc(2 * mr * sizeof(float));
+    float lg[2 * DSV4_MAX_RATIO], vv[2 * DSV4_MAX_RATIO];
     for (int ch = 0; ch < dim; ch++) {
         int s = 0;
         if (nslot == 2 * mr)
             for (int j = 0; j < mr; j++) {
                 int64_t tok = (w - 1) * mr + j, slot = tok % c_cap;
                 vv[s] = cring[slot * cw + ch];
-                lg[s++] = zring[slot * cw + ch] + cp->ape[(int64_t)j * cw + ch];
+                lg[s++] = zring[slot * cw + ch] + (cp->ape ? cp->ape[(int64_t)j * cw + ch] : 0.0f);
             }
         for (int j = 0; j < mr; j++) {
             int64_t tok = w * mr + j, slot = tok % c_cap;
             vv[s] = cring[slot * cw + off + ch];
-            lg[s++] = zring[slot * cw + off + ch] + cp->ape[(int64_t)j * cw + off + ch];
+            lg[s++] = zring[slot * cw + off + ch] + (cp->ape ? cp->ape[(int64_t)j * cw + off + ch] : 0.0f);
         }
         float mx = -INFINITY, den = 0, acc = 0;
         for (int i = 0; i < s; i++)
@@ -46,11 +42,18 @@ static void emit_entry(const fwd *f, const dsv4_compressor *cp, const float *cri
         }
         out[ch] = acc / den;
     }
-    free(lg);
-    free(vv);
-    f->be->rmsnorm(out, 1, dim, cp->norm, (float)m->cfg.norm_eps, out);
-    int64_t p = w * mr;
-    f->be->rope(out, 1, dim, 1, dim, m->cfg.rope_dim, m->inv_freq_compress, &p, 0);
+}
+
+/* Compressed entry w of one compressor: the pooled group, then the weighted norm and the
+ * compressed rope at position w*m. */
+static void emit_entry(const fwd *f, const dsv4_compressor *cp, const float *cring, const float *zring, int c_cap,
+                       int64_t w, float *out)
+{
+    const dsv4_model *m = f->m;
+    dsv4_pool_group(cp, cring, zring, c_cap, w, out);
+    f->be->rmsnorm(out, 1, cp->dim, cp->norm, (float)m->cfg.norm_eps, out);
+    int64_t p = w * cp->ratio;
+    f->be->rope(out, 1, cp->dim, 1, cp->dim, m->cfg.rope_dim, m->inv_freq_compress, &p, 0);
 }
 
 /* Descending score, ties to the lower index (normative for every top-k of the family). */

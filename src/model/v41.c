@@ -205,19 +205,7 @@ static void emit_group(dsv4_step *f, int li, dsv4_lstate *ls, int64_t w, const f
     int d = c->head_dim, r = L->ratio, ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
     float eps = (float)c->norm_eps;
     if (r > 1) {
-        int cap = dsv4_c_cap(m, L);
-        for (int ch = 0; ch < d; ch++) {
-            float mx = -INFINITY, den = 0, acc = 0;
-            for (int j = 0; j < r; j++)
-                mx = fmaxf(mx, ls->z[((w * r + j) % cap) * d + ch]);
-            for (int j = 0; j < r; j++) {
-                int64_t slot = (w * r + j) % cap;
-                float e = expf(ls->z[slot * d + ch] - mx);
-                den += e;
-                acc += e * ls->c[slot * d + ch];
-            }
-            lat[ch] = acc / den;
-        }
+        dsv4_pool_group(&L->comp, ls->c, ls->z, dsv4_c_cap(m, L), w, lat);
         dsv4_rnd(m, lat, d);
         f->be->rmsnorm(lat, 1, d, L->comp.norm, eps, lat);
         dsv4_rnd(m, lat, d);
