@@ -4,9 +4,10 @@
 #include <string.h>
 #include <cjson/cJSON.h>
 #include "cli/cli.h"
+#include "core/core.h"
 #include "text/tokenizer.h"
 
-static const char *tok_path(int argc, char **argv, int *skip_special, int *bad)
+static const char *tok_path(int argc, char **argv, int *skip_special, int *stream, int *bad)
 {
     const char *dir = NULL;
     *bad = 0;
@@ -15,6 +16,8 @@ static const char *tok_path(int argc, char **argv, int *skip_special, int *bad)
             dir = argv[++i];
         else if (skip_special && !strcmp(argv[i], "--skip-special"))
             *skip_special = 1;
+        else if (stream && !strcmp(argv[i], "--stream"))
+            *stream = 1;
         else
             *bad = 1;
     }
@@ -31,7 +34,7 @@ int cmd_tokenize(int argc, char **argv)
         return 0;
     }
     int bad;
-    const char *dir = tok_path(argc, argv, NULL, &bad);
+    const char *dir = tok_path(argc, argv, NULL, NULL, &bad);
     if (!dir || bad) {
         fprintf(stderr, "usage: dsv4 tokenize -t DIR  (see dsv4 tokenize -h)\n");
         return 2;
@@ -78,17 +81,56 @@ int cmd_tokenize(int argc, char **argv)
     return rc;
 }
 
+/* Decodes through the streaming detokenizer, joining its pieces. */
+static int decode_stream(const dsv4_tokenizer *t, const int32_t *ids, size_t n, int skip, char **out, size_t *out_len,
+                         dsv4_err *err)
+{
+    dsv4_detok d;
+    dsv4_detok_init(&d, t, skip);
+    size_t cap = 256, len = 0;
+    char *s = malloc(cap);
+    for (size_t i = 0; s && i <= n; i++) {
+        size_t k;
+        const char *piece = i < n ? dsv4_detok_push(&d, ids[i], &k, err) : dsv4_detok_flush(&d, &k);
+        if (!piece) {
+            free(s);
+            dsv4_detok_free(&d);
+            return err->code;
+        }
+        if (len + k + 1 > cap) {
+            cap = (len + k + 1) * 2;
+            char *q = realloc(s, cap);
+            if (!q) {
+                free(s);
+                s = NULL;
+                break;
+            }
+            s = q;
+        }
+        memcpy(s + len, piece, k);
+        len += k;
+    }
+    dsv4_detok_free(&d);
+    if (!s)
+        return dsv4_fail(err, DSV4_E_NOMEM, "decode: out of memory");
+    s[len] = 0;
+    *out = s;
+    *out_len = len;
+    return 0;
+}
+
 int cmd_detokenize(int argc, char **argv)
 {
     if (argc > 1 && cli_is_help(argv[1])) {
-        printf("usage: dsv4 detokenize -t DIR [--skip-special]\n"
+        printf("usage: dsv4 detokenize -t DIR [--skip-special] [--stream]\n"
                "  Reads one JSON array of ids per line on stdin and writes the decoded text of each as one\n"
                "  JSON string per line. --skip-special drops special tokens. Bytes that do not form UTF-8\n"
-               "  come out as U+FFFD. An id outside the vocabulary is an error.\n");
+               "  come out as U+FFFD. An id outside the vocabulary is an error. --stream decodes id by id\n"
+               "  with the streaming detokenizer (the output must be the same).\n");
         return 0;
     }
-    int bad, skip = 0;
-    const char *dir = tok_path(argc, argv, &skip, &bad);
+    int bad, skip = 0, stream = 0;
+    const char *dir = tok_path(argc, argv, &skip, &stream, &bad);
     if (!dir || bad) {
         fprintf(stderr, "usage: dsv4 detokenize -t DIR [--skip-special]  (see dsv4 detokenize -h)\n");
         return 2;
@@ -141,7 +183,7 @@ int cmd_detokenize(int argc, char **argv)
         }
         char *s;
         size_t len;
-        if (dsv4_tokenizer_decode(t, ids.v, ids.n, skip, &s, &len, &err)) {
+        if (stream ? decode_stream(t, ids.v, ids.n, skip, &s, &len, &err) : dsv4_tokenizer_decode(t, ids.v, ids.n, skip, &s, &len, &err)) {
             fprintf(stderr, "dsv4 detokenize: line %ld: %s\n", lineno, err.msg);
             rc = 1;
             break;
