@@ -8,25 +8,28 @@
 int cmd_parse_tools(int argc, char **argv)
 {
     int mode = -1; /* -1: auto, 0: chat, 1: thinking */
+    int v4 = 0;
     long chunk = 0;
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
-            printf("usage: dsv4 parse-tools [--thinking|--chat] [--chunk N]\n"
+            printf("usage: dsv4 parse-tools [--thinking|--chat] [--v4] [--chunk N]\n"
                    "  Reads one model output text (a JSON string) per line and writes\n"
                    "  {\"content\": ..., \"reasoning_content\": ...|null, \"tool_calls\": [{\"name\": ..., \"arguments\": {...}}]}\n"
                    "  per line, plus \"malformed\": N when N invokes were dropped as malformed or truncated.\n"
                    "  --thinking: the text starts inside <think> (thinking mode); --chat: it does not; default:\n"
                    "  thinking when the text holds </think>. --chunk N feeds the parser N bytes at a time (the\n"
-                   "  result must not depend on it).\n");
+                   "  result must not depend on it). --v4: the V4 (0731) tags (<｜DSML｜tool_calls> ...).\n");
             return 0;
         } else if (!strcmp(argv[i], "--thinking"))
             mode = 1;
         else if (!strcmp(argv[i], "--chat"))
             mode = 0;
+        else if (!strcmp(argv[i], "--v4"))
+            v4 = 1;
         else if (!strcmp(argv[i], "--chunk") && i + 1 < argc)
             chunk = strtol(argv[++i], NULL, 10);
         else {
-            fprintf(stderr, "usage: dsv4 parse-tools [--thinking|--chat] [--chunk N]  (see -h)\n");
+            fprintf(stderr, "usage: dsv4 parse-tools [--thinking|--chat] [--v4] [--chunk N]  (see -h)\n");
             return 2;
         }
     }
@@ -48,7 +51,7 @@ int cmd_parse_tools(int argc, char **argv)
         }
         int thinking = mode >= 0 ? mode : memmem(s, len, "</think>", 8) != NULL;
         dsv4_err err = {0};
-        dsv4_dsml *p = dsv4_dsml_new(thinking, &err);
+        dsv4_dsml *p = dsv4_dsml_new_family(thinking, v4, &err);
         dsv4_dsml_out o;
         dsv4_dsml_out_init(&o);
         int r = p ? 0 : 1;

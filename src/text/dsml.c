@@ -4,19 +4,29 @@
 #include "text/dsml.h"
 
 #define M_DSML "<｜DSML｜"
-#define M_CALLS "<｜DSML｜ calls>"
-#define M_CALLS_END "</｜DSML｜ calls>"
-#define M_INVOKE "<｜DSML｜ invoke"
-#define M_INVOKE_END "</｜DSML｜ invoke>"
-#define M_PARAM "<｜DSML｜ parameter"
-#define M_PARAM_END "</｜DSML｜ parameter>"
+#define M_CALLS (p->tags->calls)
+#define M_CALLS_END (p->tags->calls_end)
+#define M_INVOKE (p->tags->invoke)
+#define M_INVOKE_END (p->tags->invoke_end)
+#define M_PARAM (p->tags->param)
+#define M_PARAM_END (p->tags->param_end)
 #define M_THINK "<think>"
 #define M_THINK_END "</think>"
 #define M_EOS "<｜end▁of▁sentence｜>"
 
 enum { S_START, S_REASONING, S_CONTENT, S_BLOCK, S_DONE };
 
+typedef struct tags {
+    const char *calls, *calls_end, *invoke, *invoke_end, *param, *param_end;
+} tags;
+
+static const tags tags_v41 = {"<｜DSML｜ calls>", "</｜DSML｜ calls>", "<｜DSML｜ invoke", "</｜DSML｜ invoke>",
+                              "<｜DSML｜ parameter", "</｜DSML｜ parameter>"};
+static const tags tags_v4 = {"<｜DSML｜tool_calls>", "</｜DSML｜tool_calls>", "<｜DSML｜invoke", "</｜DSML｜invoke>",
+                             "<｜DSML｜parameter", "</｜DSML｜parameter>"};
+
 struct dsv4_dsml {
+    const tags *tags;
     int state;
     dsv4_buf pend; /* text received but not yet placed */
     size_t off;    /* start of the unprocessed part of pend */
@@ -40,7 +50,9 @@ void dsv4_dsml_out_free(dsv4_dsml_out *o)
     memset(o, 0, sizeof *o);
 }
 
-dsv4_dsml *dsv4_dsml_new(int in_reasoning, dsv4_err *err)
+dsv4_dsml *dsv4_dsml_new(int in_reasoning, dsv4_err *err) { return dsv4_dsml_new_family(in_reasoning, 0, err); }
+
+dsv4_dsml *dsv4_dsml_new_family(int in_reasoning, int v4, dsv4_err *err)
 {
     dsv4_dsml *p = calloc(1, sizeof *p);
     if (!p) {
@@ -48,6 +60,7 @@ dsv4_dsml *dsv4_dsml_new(int in_reasoning, dsv4_err *err)
         return NULL;
     }
     p->state = in_reasoning ? S_REASONING : S_START;
+    p->tags = v4 ? &tags_v4 : &tags_v41;
     return p;
 }
 
@@ -108,9 +121,10 @@ static char *ndup(const char *s, size_t n)
 
 /* One complete invoke, s[0..n) from "<｜DSML｜ invoke" to the end of its closing tag. Returns
  * the call object, or NULL when it is malformed. */
-static cJSON *parse_invoke(const char *s, size_t n)
+static cJSON *parse_invoke(const dsv4_dsml *p0, const char *s, size_t n)
 {
-    const char *end = s + n - strlen(M_INVOKE_END), *p = s + strlen(M_INVOKE);
+    const tags *tg = p0->tags;
+    const char *end = s + n - strlen(tg->invoke_end), *p = s + strlen(tg->invoke);
     const char *name;
     size_t nn;
     p = attr(p, end, "name", &name, &nn);
@@ -129,8 +143,8 @@ static cJSON *parse_invoke(const char *s, size_t n)
             p++;
         if (p == end)
             break;
-        size_t pl = strlen(M_PARAM);
-        if ((size_t)(end - p) < pl || memcmp(p, M_PARAM, pl))
+        size_t pl = strlen(tg->param);
+        if ((size_t)(end - p) < pl || memcmp(p, tg->param, pl))
             goto bad;
         const char *k, *sv = NULL;
         size_t kn, svn = 0;
@@ -143,7 +157,7 @@ static cJSON *parse_invoke(const char *s, size_t n)
         if (q >= end || *q != '>')
             goto bad;
         q++;
-        const char *ve = find(q, (size_t)(end - q), M_PARAM_END);
+        const char *ve = find(q, (size_t)(end - q), tg->param_end);
         if (!ve)
             goto bad;
         char *key = ndup(k, kn), *val = ndup(q, (size_t)(ve - q));
@@ -163,7 +177,7 @@ static cJSON *parse_invoke(const char *s, size_t n)
             cJSON_AddItemToObject(args, key, item);
         free(key);
         free(val);
-        p = ve + strlen(M_PARAM_END);
+        p = ve + strlen(tg->param_end);
     }
     cJSON_AddItemToObject(call, "arguments", args);
     return call;
@@ -299,7 +313,7 @@ static void step(dsv4_dsml *p, dsv4_dsml_out *o, int final)
                 return;
             }
             size_t len = (size_t)(e - s) + strlen(M_INVOKE_END);
-            cJSON *call = parse_invoke(s, len);
+            cJSON *call = parse_invoke(p, s, len);
             if (call)
                 cJSON_AddItemToArray(o->calls, call);
             else

@@ -31,6 +31,8 @@ typedef struct dsv4_dsml_out {
 /* in_reasoning: the generation started inside <think> (thinking mode), so text before
  * "</think>" is reasoning. With 0 the text is content, unless it opens with "<think>". */
 dsv4_dsml *dsv4_dsml_new(int in_reasoning, dsv4_err *err);
+/* v4: the older V4 (0731) tags, "<｜DSML｜tool_calls>" / "<｜DSML｜invoke" / "<｜DSML｜parameter". */
+dsv4_dsml *dsv4_dsml_new_family(int in_reasoning, int v4, dsv4_err *err);
 void dsv4_dsml_free(dsv4_dsml *p);
 int dsv4_dsml_feed(dsv4_dsml *p, const char *s, size_t n, dsv4_dsml_out *out, dsv4_err *err);
 /* Ends the stream: held-back text that cannot be markup comes out; an open block is dropped. */
