@@ -1011,7 +1011,37 @@ static int pretok(enc *e, int k, const unsigned char *s, size_t n)
     return pretok(e, k + 1, s + last, n - last);
 }
 
-static int is_space_byte(unsigned char c) { return c == ' ' || (c >= 9 && c <= 13); }
+/* Rust's char::is_whitespace (White_Space), which lstrip/rstrip follow. */
+static int is_white(uint32_t c)
+{
+    return (c >= 9 && c <= 13) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
+           c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+/* Start of the whitespace run ending at s[at], not before `from`. */
+static size_t white_back(const unsigned char *s, size_t from, size_t at)
+{
+    while (at > from) {
+        size_t p = at - 1;
+        while (p > from && (s[p] & 0xc0) == 0x80)
+            p--;
+        uint32_t cp;
+        if (dsv4_utf8_decode1(s + p, at - p, &cp) != (int)(at - p) || !is_white(cp))
+            break;
+        at = p;
+    }
+    return at;
+}
+
+/* End of the whitespace run starting at s[at]. */
+static size_t white_fwd(const unsigned char *s, size_t at, size_t n)
+{
+    uint32_t cp;
+    int k;
+    while (at < n && (k = dsv4_utf8_decode1(s + at, n - at, &cp)) > 0 && is_white(cp))
+        at += (size_t)k;
+    return at;
+}
 
 /* Leftmost-longest added token in s[from..n) by matcher m; returns its index in t->added or -1,
  * with the matched span (widened by lstrip/rstrip) in *ms, *me. */
@@ -1026,10 +1056,10 @@ static int find_added(const dsv4_tokenizer *t, const matcher *m, const unsigned 
             const added *a = &t->added[m->idx[j]];
             if (a->mlen <= n - i && !memcmp(s + i, a->m, a->mlen)) {
                 size_t st = i, en = i + a->mlen;
-                while (a->lstrip && st > from && is_space_byte(s[st - 1]))
-                    st--;
-                while (a->rstrip && en < n && is_space_byte(s[en]))
-                    en++;
+                if (a->lstrip)
+                    st = white_back(s, from, st);
+                if (a->rstrip)
+                    en = white_fwd(s, en, n);
                 *ms = st;
                 *me = en;
                 return m->idx[j];

@@ -130,6 +130,9 @@ int main(void)
     enc(t, "<ss><s> [x]", 11, &x);
     int32_t want2[] = {303, 300, 302};
     CHECK(ids_eq(&x, want2, 3), "added tokens");
+    enc(t, "<s>\t\xe3\x80\x80[x]", 10, &x); /* lstrip takes Unicode white space (U+3000) too */
+    int32_t want2b[] = {300, 302};
+    CHECK(ids_eq(&x, want2b, 2), "lstrip over a tab and U+3000");
     /* invalid UTF-8 encodes as U+FFFD */
     dsv4_ids y = {0};
     enc(t, "a\xff" "b\xe6\x97", 5, &x);
