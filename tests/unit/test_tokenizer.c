@@ -175,6 +175,36 @@ int main(void)
     free(text);
     CHECK(dsv4_tokenizer_decode(t, dec, 0, 0, &text, &tl, &err) == 0 && tl == 0, "decode nothing");
     free(text);
+    /* random bytes, mostly invalid UTF-8: no failure, and decode(encode(x)) is x with each maximal
+     * invalid subpart replaced by U+FFFD */
+    {
+        uint64_t r = 88172645463325252ull;
+        int bad = 0;
+        for (int it = 0; it < 20000; it++) {
+            unsigned char buf[64];
+            size_t n = 1 + it % 63;
+            for (size_t k = 0; k < n; k++) {
+                r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+                buf[k] = (unsigned char)(it & 1 ? r : 0x80 | (r & 0x7f)); /* odd: any byte; even: high bytes */
+            }
+            size_t cl;
+            char *clean = dsv4_utf8_sanitize((const char *)buf, n, &cl);
+            enc(t, (const char *)buf, n, &x);
+            char *back;
+            size_t bl;
+            if (!clean || dsv4_tokenizer_decode(t, x.v, x.n, 0, &back, &bl, &err)) {
+                bad++;
+                free(clean);
+                continue;
+            }
+            int inc;
+            if (bl != cl || memcmp(back, clean, cl) || dsv4_utf8_valid_prefix((unsigned char *)back, bl, &inc) != bl)
+                bad++;
+            free(back);
+            free(clean);
+        }
+        CHECK(bad == 0, "random bytes: %d of 20000 failed the invalid-UTF-8 rule", bad);
+    }
     dsv4_tokenizer_free(t);
 
     /* a normalizer: "<S>" (normalized) is matched as its normalized form "<s>" in the normalized
