@@ -516,7 +516,7 @@ static int render_args(dsv4_buf *b, const dialect *d, const cJSON *args)
     cJSON *parsed = NULL;
     const cJSON *a = args;
     for (int i = 0; i < 2 && cJSON_IsString(a); i++) {
-        cJSON *p = cJSON_Parse(a->valuestring);
+        cJSON *p = cJSON_ParseWithOpts(a->valuestring, NULL, 1);
         if (!p)
             break;
         cJSON_Delete(parsed);

@@ -168,7 +168,7 @@ static cJSON *parse_invoke(const dsv4_dsml *p0, const char *s, size_t n)
         }
         cJSON *item = NULL;
         if (!(sv && svn == 4 && !memcmp(sv, "true", 4)))
-            item = cJSON_Parse(val); /* typed (string="false") or untyped: JSON when it parses */
+            item = cJSON_ParseWithOpts(val, NULL, 1); /* typed (string="false") or untyped: JSON when it parses */
         if (!item)
             item = cJSON_CreateString(val);
         if (cJSON_GetObjectItemCaseSensitive(args, key))

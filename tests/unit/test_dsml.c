@@ -237,6 +237,12 @@ int main(void)
         CHECK(r.o.malformed == 1 && r.calls && !strcmp(r.calls, "[{\"name\":\"g\",\"arguments\":{\"v\":\"not json\"}}]"),
               "malformed: %s (%d)", r.calls, r.o.malformed);
         result_free(&r);
+        /* JSON followed by more text is not JSON */
+        const char *u = "<" D " calls>\n<" D " invoke name=\"g\">\n<" D " parameter name=\"v\" string=\"false\">1 2</" D
+                        " parameter>\n</" D " invoke>\n</" D " calls>";
+        parse(u, strlen(u), 0, 0, &r);
+        CHECK(r.calls && !strcmp(r.calls, "[{\"name\":\"g\",\"arguments\":{\"v\":\"1 2\"}}]"), "trailing text: %s", r.calls);
+        result_free(&r);
     }
 
     char buf[4096];
