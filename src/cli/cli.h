@@ -16,6 +16,7 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_render(int argc, char **argv);
 int cmd_parse_tools(int argc, char **argv);
 int cmd_token_map(int argc, char **argv);
+int cmd_normalize(int argc, char **argv);
 
 /* JSON string values with explicit lengths (the text may hold NUL). parse: line[0..n) must be
  * one JSON string (surrounding blanks allowed); *out is malloc'd UTF-8 (lone surrogates become

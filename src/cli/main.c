@@ -19,6 +19,7 @@ static const dsv4_cmd commands[] = {
     {"render", "chat requests to DeepSeek-V4.1 prompt text", cmd_render},
     {"parse-tools", "model output to content, reasoning and DSML tool calls", cmd_parse_tools},
     {"token-map", "the Engram compressed token map of a tokenizer", cmd_token_map},
+    {"normalize", "text lines through a Hugging Face normalizer", cmd_normalize},
 };
 
 static void usage(FILE *f)
