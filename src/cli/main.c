@@ -19,6 +19,12 @@ static const dsv4_cmd commands[] = {
     {"bench", "load, prefill and decode speed; --synthetic v4-flash for real shapes without a file", dsv4_cmd_bench},
     {"synth", "write a random-weight checkpoint (tiny default, or V4-Flash shapes)", dsv4_cmd_synth},
     {"version", "print the version", cmd_version},
+    {"tokenize", "text lines (JSON strings) to id lists", cmd_tokenize},
+    {"detokenize", "id lists to text lines (JSON strings)", cmd_detokenize},
+    {"render", "chat requests to DeepSeek-V4.1 prompt text", cmd_render},
+    {"parse-tools", "model output to content, reasoning and DSML tool calls", cmd_parse_tools},
+    {"token-map", "the Engram compressed token map of a tokenizer", cmd_token_map},
+    {"normalize", "text lines through a Hugging Face normalizer", cmd_normalize},
 };
 
 static void usage(FILE *f)
