@@ -14,6 +14,7 @@ static int cmd_version(int argc, char **argv)
 
 static const dsv4_cmd commands[] = {
     {"version", "print the version", cmd_version},
+    {"dequant", "write one weight as float32 [out, in]", cmd_dequant},
 };
 
 static void usage(FILE *f)

@@ -5,6 +5,7 @@
  * fp16 value. Everything per state is precomputed once: one fp32 LUT per codebook and, per
  * K, the (word, bit offset) of each tile element's state in row-major (r, c) order, so a
  * decode is two word loads, a funnel shift and a LUT load per weight. */
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -476,3 +477,75 @@ int dsv4_exl3_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k, 
 }
 
 void dsv4_exl3_free(dsv4_exl3 *e) { free(e); }
+
+/* ---------------------------------------------------------------- quantization_config */
+
+static char *slurp(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
+    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
+        free(s);
+        s = NULL;
+    }
+    if (s)
+        s[n] = 0;
+    fclose(f);
+    return s;
+}
+
+static int check_record(const char *path, const cJSON *qc, const dsv4_exl3 *e, dsv4_err *err)
+{
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(qc, "quant_method");
+    if (cJSON_IsString(m) && strcmp(m->valuestring, "exl3"))
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: quant_method '%s', but layer %s is stored as EXL3", path,
+                         m->valuestring, e->prefix);
+    const cJSON *ts = cJSON_GetObjectItemCaseSensitive(qc, "tensor_storage");
+    const cJSON *rec = cJSON_IsObject(ts) ? cJSON_GetObjectItemCaseSensitive(ts, e->prefix) : NULL;
+    if (!cJSON_IsObject(rec))
+        return 0;
+    const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(rec, "quant_format");
+    if (cJSON_IsString(fmt) && strcmp(fmt->valuestring, "exl3"))
+        return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor_storage.%s.quant_format is '%s' but %s.trellis exists", path,
+                         e->prefix, fmt->valuestring, e->prefix);
+    const cJSON *bpw = cJSON_GetObjectItemCaseSensitive(rec, "bits_per_weight");
+    if (cJSON_IsNumber(bpw) && bpw->valuedouble != e->K)
+        return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor_storage.%s.bits_per_weight is %g but %s.trellis holds K = %d", path,
+                         e->prefix, bpw->valuedouble, e->prefix, e->K);
+    static const char *keys[3] = {NULL, "mcg_multiplier", "mul1_multiplier"};
+    for (int cb = 1; cb < 3; cb++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(rec, keys[cb]);
+        if (v && e->cb != cb)
+            return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor_storage.%s has %s but the layer has no .%s tensor", path,
+                             e->prefix, keys[cb], cb == 1 ? "mcg" : "mul1");
+    }
+    return 0;
+}
+
+int dsv4_exl3_check_config(const char *dir, const dsv4_exl3 *e, dsv4_err *err)
+{
+    static const char *files[2] = {"quantization_config.json", "config.json"};
+    for (int f = 0; f < 2; f++) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, files[f]);
+        char *txt = slurp(path);
+        if (!txt)
+            continue;
+        cJSON *j = cJSON_Parse(txt);
+        free(txt);
+        if (!j) {
+            return dsv4_fail(err, DSV4_E_FORMAT, "%s: bad JSON", path);
+        }
+        const cJSON *qc = f ? cJSON_GetObjectItemCaseSensitive(j, "quantization_config") : j;
+        int rc = cJSON_IsObject(qc) ? check_record(path, qc, e, err) : 0;
+        cJSON_Delete(j);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}

@@ -41,6 +41,11 @@ struct dsv4_exl3 {
 int dsv4_exl3_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k, dsv4_exl3 **out, dsv4_err *err);
 void dsv4_exl3_free(dsv4_exl3 *e);
 
+/* Checks the layer against the checkpoint folder's quantization_config.json (its
+ * tensor_storage record: quant_format, bits_per_weight, codebook multiplier) and config.json's
+ * quantization_config (quant_method). Missing files or records pass. */
+int dsv4_exl3_check_config(const char *dir, const dsv4_exl3 *e, dsv4_err *err);
+
 /* The codebook: 16-bit trellis state -> its fp16 value (as float), exact. */
 float dsv4_exl3_codebook(int cb, uint32_t state);
 
