@@ -44,6 +44,10 @@ static float cb_value(int cb, uint32_t state)
     return dsv4_f16_to_f32(dsv4_f32_to_f16(v));
 }
 
+#ifdef __AVX2__
+static void plan_init(void);
+#endif
+
 static void tables_init(void)
 {
     for (int cb = 0; cb < 3; cb++)
@@ -59,6 +63,9 @@ static void tables_init(void)
             el_word[K][r * 16 + c] = start >> 5;
             el_off[K][r * 16 + c] = start & 31;
         }
+#ifdef __AVX2__
+    plan_init();
+#endif
 }
 
 static void tables(void) { pthread_once(&tables_once, tables_init); }
@@ -97,21 +104,49 @@ static void tile_decode_scalar(const uint16_t *tw, int K, const float *lut, floa
 }
 
 #ifdef __AVX2__
+/* The 8 elements (r, 8h..8h+7) of a tile sit at trellis positions 32 apart, so their states
+ * start 32·K bits = K words apart at one common bit offset. With the stream words regrouped as
+ * E[q][g] = word g·K + q, the 8 first words are E[q] rotated by g lanes (one vpermd), and so are
+ * the 8 next words: a row half needs two permutes and a funnel shift instead of two gathers. */
+typedef struct row_plan {
+    int8_t qh, gh, ql, gl, off;
+} row_plan;
+static row_plan plan[9][32]; /* [K][r*2 + h] */
+
+static void plan_init(void)
+{
+    for (int K = 1; K <= 8; K++)
+        for (int q = 0; q < 32; q++) {
+            int e = (q / 2) * 16 + (q % 2) * 8, w0 = el_word[K][e], w1 = (w0 + 1) % (8 * K);
+            plan[K][q] = (row_plan){(int8_t)(w0 % K), (int8_t)(w0 / K), (int8_t)(w1 % K), (int8_t)(w1 / K),
+                                    (int8_t)el_off[K][e]};
+        }
+}
+
 static void tile_decode_avx2(const uint16_t *tw, int K, const float *lut, float *out)
 {
-    uint32_t ext[65];
-    tile_words(tw, K, ext);
-    const int32_t *wi = el_word[K], *of = el_off[K];
-    const __m256i c32 = _mm256_set1_epi32(32);
-    for (int q = 0; q < 256; q += 8) {
-        __m256i idx = _mm256_loadu_si256((const __m256i *)(wi + q));
-        __m256i off = _mm256_loadu_si256((const __m256i *)(of + q));
-        __m256i hi = _mm256_i32gather_epi32((const int *)ext, idx, 4);
-        __m256i lo = _mm256_i32gather_epi32((const int *)(ext + 1), idx, 4);
-        /* a shift count of 32 gives 0 in srlv, so off = 0 needs no special case */
-        __m256i v = _mm256_or_si256(_mm256_sllv_epi32(hi, off), _mm256_srlv_epi32(lo, _mm256_sub_epi32(c32, off)));
-        __m256i st = _mm256_srli_epi32(v, 16);
-        _mm256_storeu_ps(out + q, _mm256_i32gather_ps(lut, st, 4));
+    uint16_t w[128];
+    uint32_t E[8][8];
+    memcpy(w, tw, 32 * (size_t)K);
+    for (int g = 0; g < 8; g++)
+        for (int q = 0; q < K; q++) {
+            int m = g * K + q;
+            E[q][g] = w[2 * m] | (uint32_t)w[2 * m + 1] << 16;
+        }
+    __m256i Ev[8], rot[8];
+    for (int q = 0; q < K; q++)
+        Ev[q] = _mm256_loadu_si256((const __m256i *)E[q]);
+    for (int g = 0; g < 8; g++)
+        rot[g] = _mm256_setr_epi32(g, (g + 1) & 7, (g + 2) & 7, (g + 3) & 7, (g + 4) & 7, (g + 5) & 7, (g + 6) & 7,
+                                   (g + 7) & 7);
+    const row_plan *pl = plan[K];
+    for (int q = 0; q < 32; q++) {
+        __m256i hi = _mm256_permutevar8x32_epi32(Ev[pl[q].qh], rot[pl[q].gh]);
+        __m256i lo = _mm256_permutevar8x32_epi32(Ev[pl[q].ql], rot[pl[q].gl]);
+        /* a shift by 32 gives 0, so offset 0 needs no special case */
+        __m256i v = _mm256_or_si256(_mm256_sll_epi32(hi, _mm_cvtsi32_si128(pl[q].off)),
+                                    _mm256_srl_epi32(lo, _mm_cvtsi32_si128(32 - pl[q].off)));
+        _mm256_storeu_ps(out + 8 * q, _mm256_i32gather_ps(lut, _mm256_srli_epi32(v, 16), 4));
     }
 }
 #endif
