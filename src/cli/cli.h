@@ -11,6 +11,7 @@ typedef struct dsv4_cmd {
 /* Commands (each in its cmd_<name>.c). */
 int cmd_dequant(int argc, char **argv);
 int cmd_bench_exl3(int argc, char **argv);
+int cmd_quantize(int argc, char **argv);
 
 /* Shared option helpers: parse a comma-separated id list into a malloc'd array. */
 int cli_parse_ids(const char *s, int **ids, int *n);

@@ -15,6 +15,7 @@ static int cmd_version(int argc, char **argv)
 static const dsv4_cmd commands[] = {
     {"version", "print the version", cmd_version},
     {"dequant", "write one weight as float32 [out, in]", cmd_dequant},
+    {"quantize", "make an EXL3 pack from a checkpoint", cmd_quantize},
     {"bench-exl3", "time the EXL3 matvec against memory bandwidth", cmd_bench_exl3},
 };
 

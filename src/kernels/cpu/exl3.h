@@ -69,4 +69,34 @@ void dsv4_exl3_linear(const dsv4_weight *w, const float *x, int T, float *y);
 /* The same computation on the plain C path (bitwise equal to the AVX2 path: both use fma). */
 void dsv4_exl3_linear_scalar(const dsv4_weight *w, const float *x, int T, float *y);
 
+/* ---- quantizer (exl3_quant.c) */
+
+/* A Viterbi workspace for one thread (about 0.8 MB + 2^(24-K) bytes). */
+typedef struct dsv4_exl3_enc dsv4_exl3_enc;
+dsv4_exl3_enc *dsv4_exl3_enc_new(int K, int cb, dsv4_err *err);
+void dsv4_exl3_enc_free(dsv4_exl3_enc *e);
+/* Encodes one tile: target[r*16 + c] (codebook units) -> words[16K] as stored, and the values
+ * they decode to in decoded[r*16 + c]. The walk is tail-biting and minimises the squared error
+ * up to the search's cost perturbation (< 2^-15 relative). Returns the squared error. */
+double dsv4_exl3_enc_tile(dsv4_exl3_enc *e, const float *target, uint16_t *words, float *decoded);
+/* Standard deviation of the codebook over all 65536 states. */
+float dsv4_exl3_codebook_std(int cb);
+
+typedef struct dsv4_exl3_qstats {
+    double err2, ref2;          /* sum of squared errors of W, and of W itself */
+    double tile_se, tile_ref2;  /* the same in the rotated, normalised (codebook) domain */
+    double secs;
+    int64_t tiles;
+} dsv4_exl3_qstats;
+
+/* Quantizes the weight w (any bound form, logical [n, k]) to K bits with codebook cb:
+ * W = diag(suh) H Ŵ H diag(svh) with random signs (from seed) in suh and svh, the per-output
+ * RMS folded into svh and one global scale into suh, so Ŵ has the codebook's spread.
+ * Outputs (padded kp, np = multiples of 128): trellis [kp/16][np/16][16K] words, suh [kp] and
+ * svh [np] as fp16 bits. progress (may be NULL) is called with tiles done after each 128
+ * output columns. Threads split the tiles of a column block. */
+int dsv4_exl3_quantize(const dsv4_weight *w, int K, int cb, uint64_t seed, uint16_t *trellis, uint16_t *suh,
+                       uint16_t *svh, dsv4_exl3_qstats *stats, void (*progress)(void *, int64_t), void *ctx,
+                       dsv4_err *err);
+
 #endif
