@@ -1,4 +1,5 @@
 /* dsv4 bench-exl3 — EXL3 matvec speed on this CPU against its memory bandwidth. */
+#include <math.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,11 +12,15 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: dsv4 bench-exl3 [--bits 2,3,4] [--shape OUTxIN]... [--rows T] [--time S]\n"
+            "       dsv4 bench-exl3 --quant TILES [--bits 1,2,...,8] [--codebook 3inst|mcg|mul1]\n"
             "  Times dsv4_exl3_linear on random trellises (3INST codebook; the decode cost is the same for\n"
             "  all three) at V4-Flash shapes [2048x4096, 4096x2048, 1024x4096] unless --shape is given,\n"
             "  for one row and for T rows (default 64). Reports effective GB/s of packed weight read per\n"
             "  matvec and its fraction of the copy bandwidth measured in the same run (a 512 MiB memcpy,\n"
-            "  counting bytes read + written). Threads: OMP_NUM_THREADS (default all cores).\n");
+            "  counting bytes read + written). Threads: OMP_NUM_THREADS (default all cores).\n"
+            "  --quant: encodes TILES i.i.d. Gaussian 16x16 tiles per K on one thread (the quantizer's\n"
+            "  Viterbi search) and prints the MSE relative to the variance, the rate-distortion bound\n"
+            "  2^-2K for a Gaussian source, and tiles/s on one core.\n");
 }
 
 /* Copy bandwidth in GB/s (read + write bytes), best of 5 over 256 MiB buffers, all threads. */
@@ -69,12 +74,55 @@ static double time_linear(const dsv4_weight *w, const float *x, int T, float *y,
     return ts[n / 2];
 }
 
+static double gauss(uint64_t *s)
+{
+    uint64_t a = (*s = *s * 6364136223846793005ull + 1442695040888963407ull) >> 11;
+    uint64_t b = (*s = *s * 6364136223846793005ull + 1442695040888963407ull) >> 11;
+    double u1 = (a + 1.0) / 9007199254740993.0, u2 = b / 9007199254740992.0;
+    return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* Gaussian tiles through the Viterbi encoder, one thread. */
+static int bench_quant(const int *bits, int nbits, int cb, int tiles)
+{
+    printf("codebook %s, %d Gaussian tiles per K, one thread\n", cb == 0 ? "3inst" : cb == 1 ? "mcg" : "mul1", tiles);
+    printf("%2s %10s %10s %8s %10s\n", "K", "mse/var", "2^-2K", "ratio", "tiles/s");
+    float sd = dsv4_exl3_codebook_std(cb);
+    for (int b = 0; b < nbits; b++) {
+        dsv4_err err = {0};
+        dsv4_exl3_enc *e = dsv4_exl3_enc_new(bits[b], cb, &err);
+        if (!e) {
+            fprintf(stderr, "dsv4 bench-exl3: %s\n", err.msg);
+            return 1;
+        }
+        uint64_t rs = 42;
+        double se = 0, s2 = 0, t = 0;
+        for (int i = 0; i < tiles; i++) {
+            float tile[256], dec[256];
+            uint16_t words[128];
+            for (int j = 0; j < 256; j++) {
+                tile[j] = (float)(sd * gauss(&rs));
+                s2 += (double)tile[j] * tile[j];
+            }
+            double t0 = dsv4_now();
+            se += dsv4_exl3_enc_tile(e, tile, words, dec);
+            t += dsv4_now() - t0;
+        }
+        dsv4_exl3_enc_free(e);
+        double d = se / s2, bound = pow(2.0, -2.0 * bits[b]);
+        printf("%2d %10.5f %10.5f %8.3f %10.1f\n", bits[b], d, bound, d / bound, tiles / t);
+        fflush(stdout);
+    }
+    return 0;
+}
+
 int cmd_bench_exl3(int argc, char **argv)
 {
     int bits[8] = {2, 3, 4}, nbits = 3, T = 64;
     long long shapes[16][2] = {{2048, 4096}, {4096, 2048}, {1024, 4096}};
     int nshapes = 3, custom = 0;
     double secs = 1.0;
+    int quant = 0, qcb = DSV4_EXL3_3INST, bits_given = 0;
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
             usage(stdout);
@@ -86,6 +134,7 @@ int cmd_bench_exl3(int argc, char **argv)
                 return 2;
             }
             nbits = n;
+            bits_given = 1;
             for (int j = 0; j < n; j++)
                 bits[j] = ids[j];
             free(ids);
@@ -110,6 +159,19 @@ int cmd_bench_exl3(int argc, char **argv)
                 fprintf(stderr, "dsv4 bench-exl3: --rows wants a positive count\n");
                 return 2;
             }
+        } else if (i + 1 < argc && !strcmp(argv[i], "--quant")) {
+            quant = atoi(argv[++i]);
+            if (quant < 1) {
+                fprintf(stderr, "dsv4 bench-exl3: --quant wants a positive tile count\n");
+                return 2;
+            }
+        } else if (i + 1 < argc && !strcmp(argv[i], "--codebook")) {
+            const char *c = argv[++i];
+            qcb = !strcmp(c, "3inst") ? 0 : !strcmp(c, "mcg") ? 1 : !strcmp(c, "mul1") ? 2 : -1;
+            if (qcb < 0) {
+                fprintf(stderr, "dsv4 bench-exl3: --codebook is 3inst, mcg or mul1\n");
+                return 2;
+            }
         } else if (i + 1 < argc && !strcmp(argv[i], "--time")) {
             secs = atof(argv[++i]);
         } else {
@@ -117,6 +179,12 @@ int cmd_bench_exl3(int argc, char **argv)
             usage(stderr);
             return 2;
         }
+    }
+    if (quant) {
+        if (!bits_given)
+            for (nbits = 0; nbits < 8; nbits++)
+                bits[nbits] = nbits + 1;
+        return bench_quant(bits, nbits, qcb, quant);
     }
     double bw = copy_bw();
     printf("threads %d, copy bandwidth %.1f GB/s (read + write)\n", omp_get_max_threads(), bw);

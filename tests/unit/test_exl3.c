@@ -236,6 +236,121 @@ static void test_random_layers(void)
     }
 }
 
+static double gauss(void)
+{
+    double u1 = (rnd() + 1.0) / 2147483650.0, u2 = rnd() / 2147483648.0;
+    return sqrt(-2 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+/* Viterbi encoder: the words it returns decode (through the reader) to the values it reports,
+ * and its MSE on Gaussian tiles (scaled to the codebook's std, clipped at 3 sigma so the rare
+ * targets beyond a codebook's range do not dominate) is near what the trellis can do.
+ * Bounds: the mean over 24 tiles per K with the codebook used here (0.283 0.0707 0.0194
+ * 0.00488 0.00126 0.000416 0.000214 0.000021 of the variance; DSV4_TEST_TILES=24
+ * DSV4_TEST_VERBOSE=1 prints them) times ~1.3 for the spread over the 3 tiles tested; a
+ * greedy or broken search is several times worse. */
+static void test_encoder(void)
+{
+    static const double bound[9] = {0, 0.37, 0.092, 0.025, 0.0064, 0.0017, 0.00055, 0.00028, 0.000028};
+    for (int K = 1; K <= 8; K++) {
+        int cb = K % 3;
+        dsv4_err err = {0};
+        dsv4_exl3_enc *enc = dsv4_exl3_enc_new(K, cb, &err);
+        CHECK(enc != NULL, "%s", err.msg);
+        if (!enc)
+            continue;
+        float sd = dsv4_exl3_codebook_std(cb);
+        double se = 0, s2 = 0;
+        int bad = 0;
+        int ntiles = getenv("DSV4_TEST_TILES") ? atoi(getenv("DSV4_TEST_TILES")) : 3;
+        for (int t = 0; t < ntiles; t++) {
+            float tile[256], dec[256], got[256];
+            uint16_t words[128];
+            for (int i = 0; i < 256; i++) {
+                double g = gauss();
+                tile[i] = (float)(sd * (g > 3 ? 3 : g < -3 ? -3 : g));
+                s2 += (double)tile[i] * tile[i];
+            }
+            se += dsv4_exl3_enc_tile(enc, tile, words, dec);
+            dsv4_exl3 view = {.prefix = "enc", .K = K, .cb = cb, .kp = 16, .np = 16, .trellis = words};
+            dsv4_exl3_tile(&view, 0, 0, got);
+            bad += memcmp(got, dec, sizeof got) != 0;
+        }
+        dsv4_exl3_enc_free(enc);
+        CHECK(!bad, "K=%d: %d encoded tiles decode to other values than the encoder reports", K, bad);
+        if (getenv("DSV4_TEST_VERBOSE"))
+            fprintf(stderr, "encoder K=%d cb=%d: MSE %.6f of the variance\n", K, cb, se / s2);
+        CHECK(se / s2 <= bound[K], "K=%d cb=%d: Gaussian MSE %.5f of the variance, bound %.5f", K, cb, se / s2, bound[K]);
+    }
+}
+
+/* A whole layer: an F32 Gaussian weight [100, 200] (padded to 128 x 256) quantized to K=3 and
+ * read back through the EXL3 binding: the dequant error matches what the quantizer reported
+ * (its float rotations vs dequant's double: 1e-3 relative) and is the trellis' Gaussian error
+ * (sqrt(0.020) = 0.141, bound 0.16); norms of columns survive the folding into svh. */
+static void test_quantize_layer(void)
+{
+    const int64_t n = 100, k = 200, kp = 256, np = 128;
+    const int K = 3, cb = DSV4_EXL3_MCG;
+    dsv4_err err = {0};
+    float *wv = malloc(n * k * sizeof(float));
+    for (int64_t i = 0; i < n * k; i++)
+        wv[i] = (float)(0.02 * gauss() * (1 + (i / k) % 7)); /* rows of different scales */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/dsv4_test_exl3q_%d.safetensors", (int)getpid());
+    dsv4_st_out t = {"w.weight", DSV4_DT_F32, 2, {n, k}, wv};
+    dsv4_st *st = NULL;
+    dsv4_weight w = {0}, q = {0};
+    if (dsv4_st_write(path, &t, 1, NULL, &err) || !(st = dsv4_st_open_file(path, &err)) ||
+        dsv4_weight_bind(st, "w", n, k, NULL, &w, &err)) {
+        CHECK(0, "%s", err.msg);
+        unlink(path);
+        free(wv);
+        dsv4_st_close(st);
+        return;
+    }
+    unlink(path);
+    uint16_t *tr = malloc((kp / 16) * (np / 16) * 16 * K * 2), *suh = malloc(kp * 2), *svh = malloc(np * 2);
+    dsv4_exl3_qstats qs;
+    int rc = dsv4_exl3_quantize(&w, K, cb, 7, tr, suh, svh, &qs, NULL, NULL, &err);
+    CHECK(!rc, "%s", err.msg);
+    uint32_t mult = DSV4_EXL3_MCG_MULT;
+    dsv4_st_out o[4] = {
+        {"q.trellis", DSV4_DT_I16, 3, {kp / 16, np / 16, 16 * K}, tr},
+        {"q.suh", DSV4_DT_F16, 1, {kp}, suh},
+        {"q.svh", DSV4_DT_F16, 1, {np}, svh},
+        {"q.mcg", DSV4_DT_I32, 0, {0}, &mult},
+    };
+    dsv4_st *qst = NULL;
+    if (!rc && !dsv4_st_write(path, o, 4, NULL, &err) && (qst = dsv4_st_open_file(path, &err)) &&
+        !dsv4_weight_bind(qst, "q", n, k, NULL, &q, &err)) {
+        float *d = malloc(n * k * sizeof(float));
+        dsv4_exl3_dequant(q.exl3, 0, d);
+        double e2 = 0, r2 = 0;
+        for (int64_t i = 0; i < n * k; i++) {
+            e2 += (double)(d[i] - wv[i]) * (d[i] - wv[i]);
+            r2 += (double)wv[i] * wv[i];
+        }
+        double rel = sqrt(e2 / r2), rep = sqrt(qs.err2 / qs.ref2);
+        CHECK(fabs(rel - rep) <= 1e-3 * rep, "quantized layer: dequant error %.6f, the quantizer reported %.6f", rel, rep);
+        CHECK(rel <= 0.16, "quantized layer: relative error %.4f, bound 0.16", rel);
+        CHECK(qs.tiles == (kp / 16) * (np / 16), "quantized layer: %lld tiles, expected %lld", (long long)qs.tiles,
+              (long long)((kp / 16) * (np / 16)));
+        free(d);
+    } else {
+        CHECK(0, "%s", err.msg);
+    }
+    unlink(path);
+    dsv4_weight_release(&q);
+    dsv4_st_close(qst);
+    dsv4_weight_release(&w);
+    dsv4_st_close(st);
+    free(tr);
+    free(suh);
+    free(svh);
+    free(wv);
+}
+
 static void test_files(const char *dir)
 {
     char path[4096], prefix[256];
@@ -273,5 +388,7 @@ int main(int argc, char **argv)
     test_codebook();
     test_tile_layout();
     test_random_layers();
+    test_encoder();
+    test_quantize_layer();
     return check_summary("exl3");
 }
