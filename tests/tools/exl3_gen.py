@@ -8,6 +8,10 @@ gen OUT_DIR: writes OUT_DIR/exl3.safetensors (random EXL3 layers: every K 1..8 x
   Also OUT_DIR/bad/*.safetensors: variants the loader must refuse, with the tensor it must name,
   and OUT_DIR/dense.safetensors: FP8 (F32 and E8M0 block scales), FP4, BF16, F16, F32 weights
   with their exact expected values NAME.f32, listed in dense.txt.
+ckpt OUT_DIR: a small checkpoint for `dsv4 quantize` (BF16 Gaussian linears, one FP8 linear with
+  block scales, a norm, a router, embeddings, a head), its linears listed in layers.txt.
+checkpack SRC DST BITS HEAD_BITS CODEBOOK: checks the pack dsv4 quantize made from it.
+relerr A B BOUND: ||A - B|| / ||B|| of two float32 files <= BOUND.
 cmp EXPECTED GOT KIND: compares a dsv4 dequant output (float32) with an expected file;
   KIND inner: bit-exact; KIND full: |got - ref| <= 2^-24 |ref| + 1e-12 max|ref| (one fp32
   rounding of a value computed in double). Exit 0 on match, 1 with a report otherwise.
@@ -203,6 +207,108 @@ def gen_dense(out):
         f.write("\n".join(names) + "\n")
 
 
+def read_st(path):
+    """-> {name: (dtype, shape, raw bytes)} of one .safetensors file"""
+    with open(path, "rb") as f:
+        b = f.read()
+    n = struct.unpack("<Q", b[:8])[0]
+    hdr = json.loads(b[8:8 + n])
+    base = 8 + n
+    return {k: (v["dtype"], v["shape"], b[base + v["data_offsets"][0]:base + v["data_offsets"][1]])
+            for k, v in hdr.items() if k != "__metadata__"}
+
+
+# the quantize test checkpoint: name -> (kind, n, k); kind q = quantized, h = head, c = copied
+CKPT = {"embed.weight": ("c", 64, 256), "layers.0.attn_norm.weight": ("c", 256, 0),
+        "layers.0.attn.wq_a.weight": ("q", 128, 256), "layers.0.attn.wo_b.weight": ("q", 256, 128),
+        "layers.0.ffn.experts.3.w2.weight": ("q", 256, 64), "layers.0.ffn.gate.weight": ("c", 8, 256),
+        "head.weight": ("h", 64, 256)}
+
+
+def gen_ckpt(out):
+    """a small FP8-style checkpoint (BF16 Gaussian weights, one FP8 weight with block scales)"""
+    rng = random.Random(11)
+    os.makedirs(out, exist_ok=True)
+    T = []
+    e4m3_vals = sorted((e4m3(b), b) for b in range(256) if b & 0x7f != 0x7f)
+    for name, (kind, n, k) in CKPT.items():
+        if k == 0:
+            v = [1.0 + 0.1 * rng.gauss(0, 1) for _ in range(n)]
+            T.append((name, "F32", [n], struct.pack("<%df" % n, *v)))
+        elif name.endswith("wo_b.weight"):
+            q = []
+            for _ in range(n * k):
+                x = rng.gauss(0, 1) * 64
+                q.append(min(e4m3_vals, key=lambda t: abs(t[0] - x))[1])
+            T.append((name, "F8_E4M3", [n, k], bytes(q)))
+            T.append((name[:-7] + ".scale", "F32", [2, 1], struct.pack("<2f", 2.0 ** -10, 2.0 ** -9)))
+        else:
+            v = [rng.gauss(0, 0.02) * (1 + r % 5) for r in range(n) for _ in range(k)]
+            u = [x >> 16 for x in struct.unpack("<%dI" % len(v), struct.pack("<%df" % len(v), *v))]
+            T.append((name, "BF16", [n, k], struct.pack("<%dH" % len(u), *u)))
+    write_st(os.path.join(out, "model.safetensors"), T)
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump({"hidden_size": 256, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}, f)
+    with open(os.path.join(out, "tokenizer.json"), "w") as f:
+        f.write("{}\n")
+    with open(os.path.join(out, "layers.txt"), "w") as f:
+        for name, (kind, n, k) in CKPT.items():
+            if kind != "c":
+                f.write("%s %d %d %s\n" % (name[:-7], n, k, kind))
+
+
+def check_pack(src, dst, bits, head_bits, cbname):
+    """the pack's files and tensors: copies byte-identical, quantized layers complete, configs"""
+    problems = []
+    a, b = read_st(os.path.join(src, "model.safetensors")), read_st(os.path.join(dst, "model.safetensors"))
+    for name, (kind, n, k) in CKPT.items():
+        pre = name[:-7]
+        if kind == "c":
+            if b.get(name) != a[name]:
+                problems.append("%s not copied as stored" % name)
+            continue
+        K = head_bits if kind == "h" else bits
+        want = {pre + ".trellis": ("I16", [-(-k // 128) * 8, -(-n // 128) * 8, 16 * K]),
+                pre + ".suh": ("F16", [-(-k // 128) * 128]), pre + ".svh": ("F16", [-(-n // 128) * 128])}
+        if cbname != "3inst":
+            want[pre + "." + cbname] = ("I32", [])
+        for t, (dt, shape) in want.items():
+            if t not in b or b[t][:2] != (dt, shape):
+                problems.append("%s: %s, expected %s %s" % (t, b.get(t, ("missing",))[:2], dt, shape))
+        if name in b or pre + ".scale" in b:
+            problems.append("%s: the source weight or its scale is still in the pack" % pre)
+    cfg = json.load(open(os.path.join(dst, "config.json")))
+    qc = cfg.get("quantization_config", {})
+    if qc.get("quant_method") != "exl3" or qc.get("bits") != bits or qc.get("head_bits") != head_bits:
+        problems.append("config.json quantization_config: %r" % qc)
+    if qc.get("original_quantization_config", {}).get("quant_method") != "fp8":
+        problems.append("config.json lost the original quantization_config")
+    qj = json.load(open(os.path.join(dst, "quantization_config.json")))
+    for name, (kind, n, k) in CKPT.items():
+        rec = qj.get("tensor_storage", {}).get(name[:-7])
+        if kind != "c" and (not rec or rec.get("bits_per_weight") != (head_bits if kind == "h" else bits)):
+            problems.append("quantization_config.json: record of %s: %r" % (name[:-7], rec))
+    if not os.path.exists(os.path.join(dst, "tokenizer.json")):
+        problems.append("tokenizer.json not copied")
+    for p in problems:
+        print("  " + p)
+    return 1 if problems else 0
+
+
+def relerr(a, b, bound):
+    """||A - B|| / ||B|| for two float32 files, against a bound"""
+    x = struct.unpack("<%df" % (os.path.getsize(a) // 4), open(a, "rb").read())
+    y = struct.unpack("<%df" % (os.path.getsize(b) // 4), open(b, "rb").read())
+    if len(x) != len(y):
+        print("  %s has %d values, %s %d" % (a, len(x), b, len(y)))
+        return 1
+    e = (sum((p - q) ** 2 for p, q in zip(x, y)) / sum(q * q for q in y)) ** 0.5
+    if e > bound:
+        print("  %s: relative error %.5f > %.5f" % (a, e, bound))
+        return 1
+    return 0
+
+
 def cmp(expected, got, kind):
     with open(got, "rb") as f:
         g = f.read()
@@ -239,6 +345,12 @@ if __name__ == "__main__":
         gen(sys.argv[2])
     elif len(sys.argv) == 5 and sys.argv[1] == "cmp":
         sys.exit(cmp(sys.argv[2], sys.argv[3], sys.argv[4]))
+    elif len(sys.argv) == 3 and sys.argv[1] == "ckpt":
+        gen_ckpt(sys.argv[2])
+    elif len(sys.argv) == 7 and sys.argv[1] == "checkpack":
+        sys.exit(check_pack(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]))
+    elif len(sys.argv) == 5 and sys.argv[1] == "relerr":
+        sys.exit(relerr(sys.argv[2], sys.argv[3], float(sys.argv[4])))
     else:
         print(__doc__)
         sys.exit(2)
