@@ -1,0 +1,329 @@
+/* CPU backend: the reference ops, AVX2/FMA where the build has it, scalar otherwise.
+ * Threads (OpenMP) split output rows; every row is reduced in one fixed order. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
+#include "core/core.h"
+#include "kernels/backend.h"
+
+float dsv4_dot(const float *a, const float *b, int64_t n)
+{
+    int64_t i = 0;
+#ifdef __AVX2__
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8)
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    __m256 s = _mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3));
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_shuffle_ps(h, h, 1));
+    float acc = _mm_cvtss_f32(h);
+#else
+    float p[8] = {0};
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            p[j] += a[i + j] * b[i + j];
+    float acc = ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+#endif
+    for (; i < n; i++)
+        acc += a[i] * b[i];
+    return acc;
+}
+
+/* Decodes block b of row r (at most `len` values) into out as exact fp32 values that are
+ * the stored ones up to a power-of-two factor, which is returned (with the block's scale
+ * folded in). A row's dot product is then sum over blocks of dot(block, x) * factor: one fixed
+ * order for every row whatever the batch. */
+static float decode_block(const dsv4_weight *w, int64_t r, int64_t b, int64_t bk, int len, float *out)
+{
+    int64_t k = w->k, k0 = b * bk;
+    switch (w->form) {
+    case DSV4_WF_F32:
+        memcpy(out, (const float *)w->data + r * k + k0, len * sizeof(float));
+        return 1.0f;
+    case DSV4_WF_BF16: {
+        const uint16_t *p = (const uint16_t *)w->data + r * k + k0;
+        int i = 0;
+#ifdef __AVX2__
+        for (; i + 8 <= len; i += 8)
+            _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(
+                                          _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + i))), 16)));
+#endif
+        for (; i < len; i++)
+            out[i] = dsv4_bf16_to_f32(p[i]);
+        return 1.0f;
+    }
+    case DSV4_WF_F16: {
+        const uint16_t *p = (const uint16_t *)w->data + r * k + k0;
+        for (int i = 0; i < len; i++)
+            out[i] = dsv4_f16_to_f32(p[i]);
+        return 1.0f;
+    }
+    case DSV4_WF_FP8: {
+        const uint8_t *p = (const uint8_t *)w->data + r * k + k0;
+        int64_t si = (r / w->bn) * ((k + w->bk - 1) / w->bk) + b;
+        float s = w->scale_e8m0 ? dsv4_e8m0_to_f32(((const uint8_t *)w->scale)[si]) : ((const float *)w->scale)[si];
+        int i = 0;
+#ifdef __AVX2__
+        /* e4m3 bits placed in an f16 (sign to bit 15, exponent and mantissa shifted by 7) give
+         * the value times 2^-8 exactly, subnormals included; NaN codes are a corrupt file. */
+        const __m128i m7f = _mm_set1_epi16(0x7f), m80 = _mm_set1_epi16(0x80);
+        for (; i + 8 <= len; i += 8) {
+            __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(p + i)));
+            __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, m80), 8), _mm_slli_epi16(_mm_and_si128(v, m7f), 7));
+            _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+        }
+        if (i == len)
+            return s * 256.0f;
+        for (int j = 0; j < i; j++)
+            out[j] *= 0.00390625f;
+#endif
+        for (; i < len; i++)
+            out[i] = dsv4_e4m3_lut[p[i]];
+        return s;
+    }
+    case DSV4_WF_FP4: {
+        const uint8_t *p = (const uint8_t *)w->data + r * (k / 2) + k0 / 2;
+        int64_t si = r * (k / w->bk) + b;
+        float s = w->scale_e8m0 ? dsv4_e8m0_to_f32(((const uint8_t *)w->scale)[si]) : ((const float *)w->scale)[si];
+        int i = 0;
+#ifdef __AVX2__
+        /* twice the e2m1 values are small integers: a byte shuffle decodes 16 codes at once */
+        const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12), m0f = _mm_set1_epi8(0x0f);
+        for (; i + 32 <= len; i += 32) {
+            __m128i v = _mm_loadu_si128((const __m128i *)(p + i / 2));
+            __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(v, m0f));
+            __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m0f));
+            __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
+            _mm256_storeu_ps(out + i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0)));
+            _mm256_storeu_ps(out + i + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8))));
+            _mm256_storeu_ps(out + i + 16, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1)));
+            _mm256_storeu_ps(out + i + 24, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8))));
+        }
+        if (i == len)
+            return s * 0.5f;
+        for (int j = 0; j < i; j++)
+            out[j] *= 0.5f;
+#endif
+        for (; i < len; i += 2) {
+            uint8_t q = p[i / 2];
+            out[i] = dsv4_e2m1_lut[q & 15];
+            if (i + 1 < len)
+                out[i + 1] = dsv4_e2m1_lut[q >> 4];
+        }
+        return s;
+    }
+    default:
+        memset(out, 0, len * sizeof(float));
+        return 0.0f;
+    }
+}
+
+/* A thread owns whole output rows; for each row the blocks are decoded once and dotted with
+ * every input row (so prefill reads each weight once per step). */
+static void cpu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                       int64_t ldy)
+{
+    int64_t k = w->k, nr = r1 - r0;
+    int64_t bk = (w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4) ? w->bk : 256;
+    int64_t nb = (k + bk - 1) / bk;
+#pragma omp parallel
+    {
+        float *blk = malloc(bk * sizeof(float)), *acc = malloc((size_t)T * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < nr; i++) {
+            for (int t = 0; t < T; t++)
+                acc[t] = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int len = (int)(k - b * bk < bk ? k - b * bk : bk);
+                float f = decode_block(w, r0 + i, b, bk, len, blk);
+                for (int t = 0; t < T; t++)
+                    acc[t] += dsv4_dot(blk, x + t * ldx + b * bk, len) * f;
+            }
+            for (int t = 0; t < T; t++)
+                y[t * ldy + i] = acc[t];
+        }
+        free(blk);
+        free(acc);
+    }
+}
+
+static void cpu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, float eps, float *y)
+{
+#pragma omp parallel for schedule(static) if (rows * dim > 65536)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * dim;
+        float *yr = y + r * dim;
+        float ss = dsv4_dot(xr, xr, dim);
+        float inv = 1.0f / sqrtf(ss / dim + eps);
+        for (int i = 0; i < dim; i++)
+            yr[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+    }
+}
+
+static void cpu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq, const int64_t *pos,
+                     int inverse)
+{
+    int half = rd / 2;
+    float *cs = malloc(2 * half * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < half; i++) {
+            float ang = (float)pos[t] * inv_freq[i];
+            cs[2 * i] = cosf(ang);
+            cs[2 * i + 1] = inverse ? -sinf(ang) : sinf(ang);
+        }
+        for (int h = 0; h < heads; h++) {
+            float *v = x + t * stride + (int64_t)h * d + (d - rd);
+            for (int i = 0; i < half; i++) {
+                float a = v[2 * i], b = v[2 * i + 1], c = cs[2 * i], s = cs[2 * i + 1];
+                v[2 * i] = a * c - b * s;
+                v[2 * i + 1] = a * s + b * c;
+            }
+        }
+    }
+    free(cs);
+}
+
+static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static void cpu_hc_pre(const float *X, int T, int n, int D, const float *fn, const float *base, const float *scale,
+                       int iters, float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h)
+{
+    int nm = post ? (2 + n) * n : n;
+    int64_t nd = (int64_t)n * D;
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        const float *x = X + t * nd;
+        float m[64];
+        float inv = 1.0f / sqrtf(dsv4_dot(x, x, nd) / nd + norm_eps);
+        for (int j = 0; j < nm; j++)
+            m[j] = dsv4_dot(fn + j * nd, x, nd) * inv;
+        float *pr = pre + t * n;
+        for (int i = 0; i < n; i++)
+            pr[i] = sigmoidf(m[i] * scale[0] + base[i]) + hc_eps;
+        if (post) {
+            float *po = post + t * n, *c = comb + (int64_t)t * n * n;
+            for (int i = 0; i < n; i++)
+                po[i] = 2.0f * sigmoidf(m[n + i] * scale[1] + base[n + i]);
+            for (int j = 0; j < n; j++) {
+                float mx = -INFINITY, s = 0;
+                for (int k = 0; k < n; k++) {
+                    c[j * n + k] = m[2 * n + j * n + k] * scale[2] + base[2 * n + j * n + k];
+                    mx = fmaxf(mx, c[j * n + k]);
+                }
+                for (int k = 0; k < n; k++)
+                    s += (c[j * n + k] = expf(c[j * n + k] - mx));
+                for (int k = 0; k < n; k++)
+                    c[j * n + k] = c[j * n + k] / s + hc_eps;
+            }
+            for (int it = 0; it < iters; it++) {
+                if (it > 0)
+                    for (int j = 0; j < n; j++) {
+                        float s = 0;
+                        for (int k = 0; k < n; k++)
+                            s += c[j * n + k];
+                        for (int k = 0; k < n; k++)
+                            c[j * n + k] /= s + hc_eps;
+                    }
+                for (int k = 0; k < n; k++) {
+                    float s = 0;
+                    for (int j = 0; j < n; j++)
+                        s += c[j * n + k];
+                    for (int j = 0; j < n; j++)
+                        c[j * n + k] /= s + hc_eps;
+                }
+            }
+        }
+        float *hr = h + (int64_t)t * D;
+        for (int dd = 0; dd < D; dd++) {
+            float s = 0;
+            for (int i = 0; i < n; i++)
+                s += pr[i] * x[(int64_t)i * D + dd];
+            hr[dd] = s;
+        }
+    }
+}
+
+static void cpu_hc_post(float *X, const float *y, int T, int n, int D, const float *post, const float *comb)
+{
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++) {
+        float *x = X + (int64_t)t * n * D;
+        const float *yr = y + (int64_t)t * D, *po = post + t * n, *c = comb + (int64_t)t * n * n;
+        float old[16];
+        for (int dd = 0; dd < D; dd++) {
+            for (int j = 0; j < n; j++)
+                old[j] = x[(int64_t)j * D + dd];
+            for (int k = 0; k < n; k++) {
+                float s = po[k] * yr[dd];
+                for (int j = 0; j < n; j++)
+                    s += c[j * n + k] * old[j];
+                x[(int64_t)k * D + dd] = s;
+            }
+        }
+    }
+}
+
+static void cpu_attend(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink,
+                       float *out)
+{
+#pragma omp parallel if (H * nk * d > 262144)
+    {
+        float *p = malloc((nk + 1) * sizeof(float));
+#pragma omp for schedule(static)
+        for (int h = 0; h < H; h++) {
+            const float *qh = q + (int64_t)h * d;
+            float mx = sink[h];
+            for (int i = 0; i < nk; i++) {
+                p[i] = dsv4_dot(qh, keys[i], d) * scale;
+                mx = fmaxf(mx, p[i]);
+            }
+            float den = expf(sink[h] - mx);
+            for (int i = 0; i < nk; i++)
+                den += (p[i] = expf(p[i] - mx));
+            float *o = out + (int64_t)h * d;
+            memset(o, 0, d * sizeof(float));
+            for (int i = 0; i < nk; i++) {
+                float w = p[i] / den;
+                const float *k = keys[i];
+                for (int j = 0; j < d; j++)
+                    o[j] += w * k[j];
+            }
+        }
+        free(p);
+    }
+}
+
+static void cpu_swiglu(const float *g, const float *u, int64_t n, float limit, float *h)
+{
+    for (int64_t i = 0; i < n; i++) {
+        float a = g[i], b = u[i];
+        if (limit > 0) {
+            a = fminf(a, limit);
+            b = fminf(fmaxf(b, -limit), limit);
+        }
+        h[i] = a / (1.0f + expf(-a)) * b;
+    }
+}
+
+static const dsv4_backend cpu_backend = {
+    .name = "cpu",
+    .linear = cpu_linear,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .hc_pre = cpu_hc_pre,
+    .hc_post = cpu_hc_post,
+    .attend = cpu_attend,
+    .swiglu = cpu_swiglu,
+};
+
+const dsv4_backend *dsv4_backend_cpu(void) { return &cpu_backend; }

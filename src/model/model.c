@@ -1,0 +1,349 @@
+/* Loading: config, tensors bound to slots (as stored, no conversion of large weights), rope
+ * tables. Every missing or mis-shaped tensor fails naming it. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/core.h"
+#include "model/model.h"
+
+typedef struct binder {
+    dsv4_model *m;
+    dsv4_err *err;
+    dsv4_progress prog;
+    int rc;
+} binder;
+
+static void bw(binder *b, dsv4_weight *w, int64_t n, int64_t k, const char *fmt, ...)
+    __attribute__((format(printf, 5, 6)));
+static void bw(binder *b, dsv4_weight *w, int64_t n, int64_t k, const char *fmt, ...)
+{
+    if (b->rc)
+        return;
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    b->rc = dsv4_weight_bind(b->m->st, name, n, k, b->m->cfg.fp8_block, w, b->err);
+    if (!b->rc) {
+        b->m->weight_bytes += w->bytes;
+        dsv4_progress_step(&b->prog, 1);
+    }
+}
+
+static float *bf(binder *b, int64_t numel, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static float *bf(binder *b, int64_t numel, const char *fmt, ...)
+{
+    if (b->rc)
+        return NULL;
+    char name[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    float *v = dsv4_tensor_f32(b->m->st, name, numel, b->err);
+    if (!v)
+        b->rc = b->err->code;
+    else {
+        b->m->weight_bytes += dsv4_st_find(b->m->st, name)->nbytes;
+        dsv4_progress_step(&b->prog, 1);
+    }
+    return v;
+}
+
+static void bind_compressor(binder *b, dsv4_compressor *c, const char *pfx, int ratio, int dim, int overlap)
+{
+    const dsv4_config *cf = &b->m->cfg;
+    int cw = (1 + overlap) * dim;
+    c->ratio = ratio;
+    c->dim = dim;
+    c->overlap = overlap;
+    bw(b, &c->wkv, cw, cf->dim, "%s.wkv", pfx);
+    bw(b, &c->wgate, cw, cf->dim, "%s.wgate", pfx);
+    c->ape = bf(b, (int64_t)ratio * cw, "%s.ape", pfx);
+    c->norm = bf(b, dim, "%s.norm.weight", pfx);
+}
+
+static void bind_tid2eid(binder *b, dsv4_layer *L, int li)
+{
+    if (b->rc)
+        return;
+    const dsv4_config *c = &b->m->cfg;
+    char name[128];
+    snprintf(name, sizeof name, "layers.%d.ffn.gate.tid2eid", li);
+    const dsv4_tensor *t = dsv4_st_find(b->m->st, name);
+    if (!t) {
+        b->rc = dsv4_fail(b->err, DSV4_E_MODEL, "tensor %s: missing (layer %d is hash-routed)", name, li);
+        return;
+    }
+    if ((t->dtype != DSV4_DT_I32 && t->dtype != DSV4_DT_I64) || t->ndim != 2 || t->shape[0] != c->vocab ||
+        t->shape[1] != c->n_active) {
+        b->rc = dsv4_fail(b->err, DSV4_E_MODEL, "%s: tensor %s: expected I32 or I64 [%d, %d], found %s with %d dims",
+                          dsv4_st_file_path(b->m->st, t->file), name, c->vocab, c->n_active, dsv4_dtype_name(t->dtype), t->ndim);
+        return;
+    }
+    L->tid2eid = malloc(t->numel * sizeof(int32_t));
+    for (int64_t i = 0; i < t->numel; i++) {
+        int64_t v = t->dtype == DSV4_DT_I32 ? ((const int32_t *)t->data)[i] : ((const int64_t *)t->data)[i];
+        if (v < 0 || v >= c->n_experts) {
+            b->rc = dsv4_fail(b->err, DSV4_E_MODEL, "%s: tensor %s: entry %lld names expert %lld of %d",
+                              dsv4_st_file_path(b->m->st, t->file), name, (long long)i, (long long)v, c->n_experts);
+            return;
+        }
+        L->tid2eid[i] = (int32_t)v;
+    }
+    dsv4_progress_step(&b->prog, 1);
+}
+
+static void bind_layer(binder *b, int li)
+{
+    dsv4_model *m = b->m;
+    const dsv4_config *c = &m->cfg;
+    dsv4_layer *L = &m->layers[li];
+    int D = c->dim, H = c->n_heads, d = c->head_dim, n = c->hc_mult, nm = (2 + n) * n;
+    L->ratio = c->ratio[li];
+    char p[64];
+    snprintf(p, sizeof p, "layers.%d", li);
+    L->attn_norm = bf(b, D, "%s.attn_norm.weight", p);
+    L->ffn_norm = bf(b, D, "%s.ffn_norm.weight", p);
+    L->hc_attn_fn = bf(b, (int64_t)nm * n * D, "%s.hc_attn_fn", p);
+    L->hc_attn_base = bf(b, nm, "%s.hc_attn_base", p);
+    L->hc_attn_scale = bf(b, 3, "%s.hc_attn_scale", p);
+    L->hc_ffn_fn = bf(b, (int64_t)nm * n * D, "%s.hc_ffn_fn", p);
+    L->hc_ffn_base = bf(b, nm, "%s.hc_ffn_base", p);
+    L->hc_ffn_scale = bf(b, 3, "%s.hc_ffn_scale", p);
+    bw(b, &L->wq_a, c->q_lora, D, "%s.attn.wq_a", p);
+    L->q_norm = bf(b, c->q_lora, "%s.attn.q_norm.weight", p);
+    bw(b, &L->wq_b, (int64_t)H * d, c->q_lora, "%s.attn.wq_b", p);
+    bw(b, &L->wkv, d, D, "%s.attn.wkv", p);
+    L->kv_norm = bf(b, d, "%s.attn.kv_norm.weight", p);
+    bw(b, &L->wo_a, (int64_t)c->o_groups * c->o_lora, (int64_t)H * d / c->o_groups, "%s.attn.wo_a", p);
+    bw(b, &L->wo_b, D, (int64_t)c->o_groups * c->o_lora, "%s.attn.wo_b", p);
+    L->sink = bf(b, H, "%s.attn.attn_sink", p);
+    if (L->ratio > 0) {
+        L->csa = c->csa[li];
+        char cp[96];
+        snprintf(cp, sizeof cp, "%s.attn.compressor", p);
+        bind_compressor(b, &L->comp, cp, L->ratio, d, L->csa);
+        if (L->csa) {
+            if (c->index_topk <= 0 || c->index_heads <= 0 || c->index_dim < c->rope_dim) {
+                if (!b->rc)
+                    b->rc = dsv4_fail(b->err, DSV4_E_MODEL, "layer %d has an indexer but the config's index_topk/index_n_heads/index_head_dim are missing or too small", li);
+                return;
+            }
+            snprintf(cp, sizeof cp, "%s.attn.indexer.compressor", p);
+            bind_compressor(b, &L->icomp, cp, L->ratio, c->index_dim, 1);
+            bw(b, &L->iwq_b, (int64_t)c->index_heads * c->index_dim, c->q_lora, "%s.attn.indexer.wq_b", p);
+            bw(b, &L->iweights, c->index_heads, D, "%s.attn.indexer.weights_proj", p);
+        }
+    }
+    int E = c->n_experts;
+    bw(b, &L->gate, E, D, "%s.ffn.gate", p);
+    L->hash = c->hash_layer[li];
+    if (L->hash)
+        bind_tid2eid(b, L, li);
+    else
+        L->gate_bias = bf(b, E, "%s.ffn.gate.bias", p);
+    L->w1 = calloc(E, sizeof(dsv4_weight));
+    L->w2 = calloc(E, sizeof(dsv4_weight));
+    L->w3 = calloc(E, sizeof(dsv4_weight));
+    for (int e = 0; e < E; e++) {
+        bw(b, &L->w1[e], c->moe_inter, D, "%s.ffn.experts.%d.w1", p, e);
+        bw(b, &L->w2[e], D, c->moe_inter, "%s.ffn.experts.%d.w2", p, e);
+        bw(b, &L->w3[e], c->moe_inter, D, "%s.ffn.experts.%d.w3", p, e);
+    }
+    if (c->n_shared > 0) {
+        int64_t si = (int64_t)c->moe_inter * c->n_shared;
+        bw(b, &L->sw1, si, D, "%s.ffn.shared_experts.w1", p);
+        bw(b, &L->sw2, D, si, "%s.ffn.shared_experts.w2", p);
+        bw(b, &L->sw3, si, D, "%s.ffn.shared_experts.w3", p);
+    }
+}
+
+/* inv_freq[i] for i < rd/2, as transformers builds it (fp32 powers); YaRN blends the
+ * interpolated and extrapolated frequencies with a linear ramp between the correction dims. */
+static float *rope_table(const dsv4_rope_cfg *r, int rd)
+{
+    int half = rd / 2;
+    float *f = malloc(half * sizeof(float));
+    double lo = 0, hi = 0;
+    if (r->yarn) {
+        double b = r->theta, L0 = r->orig_max_pos;
+        double cl = rd * log(L0 / (r->beta_fast * 2 * M_PI)) / (2 * log(b));
+        double ch = rd * log(L0 / (r->beta_slow * 2 * M_PI)) / (2 * log(b));
+        lo = fmax(floor(cl), 0);
+        hi = fmin(ceil(ch), rd - 1);
+        if (lo == hi)
+            hi += 0.001;
+    }
+    for (int i = 0; i < half; i++) {
+        float pf = powf((float)r->theta, (float)(2 * i) / (float)rd);
+        float ext = 1.0f / pf;
+        if (!r->yarn) {
+            f[i] = ext;
+            continue;
+        }
+        float interp = 1.0f / ((float)r->factor * pf);
+        float ramp = (float)((i - lo) / (hi - lo));
+        ramp = fminf(fmaxf(ramp, 0.0f), 1.0f);
+        float e = 1.0f - ramp;
+        f[i] = interp * (1.0f - e) + ext * e;
+    }
+    return f;
+}
+
+/* Binds every tensor of m->st to its slot and builds the rope tables; m->cfg is set. */
+static int model_bind(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    m->layers = calloc(c->n_layers, sizeof(dsv4_layer));
+    if (!m->layers)
+        return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
+    binder b = {.m = m, .err = err};
+    int per_layer = 20 + 3 * c->n_experts;
+    dsv4_progress_begin(&b.prog, "loading", (uint64_t)per_layer * c->n_layers + 6, o->progress);
+    bw(&b, &m->embed, c->vocab, c->dim, "embed");
+    bw(&b, &m->head, c->vocab, c->dim, "head");
+    m->norm = bf(&b, c->dim, "norm.weight");
+    m->hc_head_fn = bf(&b, (int64_t)c->hc_mult * c->hc_mult * c->dim, "hc_head_fn");
+    m->hc_head_base = bf(&b, c->hc_mult, "hc_head_base");
+    m->hc_head_scale = bf(&b, 1, "hc_head_scale");
+    for (int i = 0; i < c->n_layers && !b.rc; i++)
+        bind_layer(&b, i);
+    b.prog.total = b.prog.done;
+    dsv4_progress_end(&b.prog);
+    if (b.rc)
+        return b.rc;
+    m->inv_freq_main = rope_table(&c->rope_main, c->rope_dim);
+    m->inv_freq_compress = rope_table(&c->rope_compress, c->rope_dim);
+    return 0;
+}
+
+/* Settles options and checks what the config asks for against what this build runs. */
+static dsv4_model *model_new(const dsv4_load_opts *o, const char *dir, dsv4_err *err)
+{
+    dsv4_err_clear(err);
+    if (o->device && strcmp(o->device, "cpu")) {
+        dsv4_fail(err, DSV4_E_DEVICE, "device '%s' is not available in this build (it has: cpu)", o->device);
+        return NULL;
+    }
+    dsv4_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    m->dir = strdup(dir);
+    m->be = dsv4_backend_cpu();
+    m->max_rollback = o->max_rollback > 0 ? o->max_rollback : 256;
+    if (o->n_threads > 0)
+        omp_set_num_threads(o->n_threads);
+    return m;
+}
+
+static int model_check(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    m->numerics = o->numerics ? o->numerics : (c->family == DSV4_FAMILY_V41 ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32);
+    if (c->family == DSV4_FAMILY_V41)
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: DeepSeek-V4.1 checkpoints are not supported by this build yet", m->dir);
+    if (m->numerics != DSV4_NUMERICS_FP32)
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "numerics 'ref' is defined for V4.1 checkpoints; V4 runs in fp32");
+    if (c->hc_mult > 16 || (c->n_heads * c->head_dim) % c->o_groups)
+        return dsv4_fail(err, DSV4_E_MODEL, "%s: hc_mult %d or o_groups %d do not fit the attention shape", m->dir, c->hc_mult,
+                         c->o_groups);
+    return 0;
+}
+
+dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err)
+{
+    dsv4_load_opts o = {0};
+    if (opts)
+        o = *opts;
+    dsv4_model *m = model_new(&o, dir, err);
+    if (!m)
+        return NULL;
+    if (dsv4_config_load(dir, &m->cfg, err) || model_check(m, &o, err) || !(m->st = dsv4_st_open_dir(dir, err)) ||
+        model_bind(m, &o, err)) {
+        dsv4_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size_t st_len, const char *label,
+                                   const dsv4_load_opts *opts, dsv4_err *err)
+{
+    dsv4_load_opts o = {0};
+    if (opts)
+        o = *opts;
+    dsv4_model *m = model_new(&o, label, err);
+    if (!m)
+        return NULL;
+    if (dsv4_config_parse(config_json, label, &m->cfg, err) || model_check(m, &o, err) ||
+        !(m->st = dsv4_st_open_memory(st_image, st_len, label, err)) || model_bind(m, &o, err)) {
+        dsv4_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static void free_compressor(dsv4_compressor *c)
+{
+    free(c->ape);
+    free(c->norm);
+}
+
+void dsv4_model_free(dsv4_model *m)
+{
+    if (!m)
+        return;
+    if (m->layers)
+        for (int i = 0; i < m->cfg.n_layers; i++) {
+            dsv4_layer *L = &m->layers[i];
+            free(L->attn_norm);
+            free(L->ffn_norm);
+            free(L->hc_attn_fn);
+            free(L->hc_attn_base);
+            free(L->hc_attn_scale);
+            free(L->hc_ffn_fn);
+            free(L->hc_ffn_base);
+            free(L->hc_ffn_scale);
+            free(L->q_norm);
+            free(L->kv_norm);
+            free(L->sink);
+            free_compressor(&L->comp);
+            free_compressor(&L->icomp);
+            free(L->gate_bias);
+            free(L->tid2eid);
+            free(L->w1);
+            free(L->w2);
+            free(L->w3);
+        }
+    free(m->layers);
+    free(m->norm);
+    free(m->hc_head_fn);
+    free(m->hc_head_base);
+    free(m->hc_head_scale);
+    free(m->inv_freq_main);
+    free(m->inv_freq_compress);
+    dsv4_st_close(m->st);
+    free(m->dir);
+    free(m);
+}
+
+void dsv4_model_get_info(const dsv4_model *m, dsv4_model_info *out)
+{
+    const dsv4_config *c = &m->cfg;
+    out->family = c->family == DSV4_FAMILY_V41 ? "deepseek_v41" : "deepseek_v4";
+    out->vocab_size = c->vocab;
+    out->hidden_size = c->dim;
+    out->n_layers = c->n_layers;
+    out->n_heads = c->n_heads;
+    out->head_dim = c->head_dim;
+    out->bos_id = c->bos_id;
+    out->eos_id = c->eos_id;
+    out->max_position = c->max_pos;
+    out->weight_bytes = m->weight_bytes;
+}

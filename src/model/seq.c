@@ -1,0 +1,236 @@
+/* Sequence state: per layer a ring of window rows, rings of compressor inputs, and the
+ * emitted compressed entries / indexer keys. Everything the next token needs is here, so a
+ * sequence can be copied, saved to bytes, restored and rolled back.
+ *
+ * Rollback: rings hold `need + max_rollback` rows, so rows for any length n >= hi - max_rollback
+ * are still present (hi = furthest length reached); entries past n / ratio are dropped and
+ * re-emitted identically when the tokens come again. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/core.h"
+#include "model/model.h"
+
+static int c_cap_of(const dsv4_model *m, const dsv4_layer *L)
+{
+    return (1 + L->csa) * L->ratio + m->max_rollback;
+}
+
+static int cw_of(const dsv4_layer *L, const dsv4_config *c) { return (1 + L->csa) * c->head_dim; }
+
+dsv4_seq *dsv4_seq_new(dsv4_model *m, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    dsv4_seq *s = calloc(1, sizeof *s);
+    if (!s) {
+        dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    s->m = m;
+    s->kv_cap = c->window + m->max_rollback;
+    s->L = calloc(c->n_layers, sizeof *s->L);
+    int ok = s->L != NULL;
+    for (int i = 0; i < c->n_layers && ok; i++) {
+        const dsv4_layer *L = &m->layers[i];
+        dsv4_lstate *ls = &s->L[i];
+        ok = (ls->kv = calloc((size_t)s->kv_cap * c->head_dim, sizeof(float))) != NULL;
+        if (L->ratio > 0 && ok) {
+            size_t n = (size_t)c_cap_of(m, L) * cw_of(L, c);
+            ok = (ls->c = calloc(n, sizeof(float))) && (ls->z = calloc(n, sizeof(float)));
+            if (L->csa && ok) {
+                size_t ni = (size_t)c_cap_of(m, L) * 2 * c->index_dim;
+                ok = (ls->ic = calloc(ni, sizeof(float))) && (ls->iz = calloc(ni, sizeof(float)));
+            }
+        }
+    }
+    if (!ok) {
+        dsv4_seq_free(s);
+        dsv4_fail(err, DSV4_E_NOMEM, "out of memory creating a sequence");
+        return NULL;
+    }
+    return s;
+}
+
+void dsv4_seq_free(dsv4_seq *s)
+{
+    if (!s)
+        return;
+    if (s->L)
+        for (int i = 0; i < s->m->cfg.n_layers; i++) {
+            dsv4_lstate *ls = &s->L[i];
+            free(ls->kv);
+            free(ls->c);
+            free(ls->z);
+            free(ls->ent);
+            free(ls->ic);
+            free(ls->iz);
+            free(ls->ikey);
+        }
+    free(s->L);
+    free(s);
+}
+
+int64_t dsv4_seq_len(const dsv4_seq *s) { return s->len; }
+
+/* Makes room for the entries that n_tokens of context emit. */
+int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err)
+{
+    const dsv4_config *c = &s->m->cfg;
+    for (int i = 0; i < c->n_layers; i++) {
+        const dsv4_layer *L = &s->m->layers[i];
+        dsv4_lstate *ls = &s->L[i];
+        if (!L->ratio)
+            continue;
+        int64_t need = n_tokens / L->ratio;
+        if (need <= ls->ent_cap)
+            continue;
+        int64_t cap = ls->ent_cap ? ls->ent_cap : 16;
+        while (cap < need)
+            cap *= 2;
+        float *e = realloc(ls->ent, (size_t)cap * c->head_dim * sizeof(float));
+        if (!e)
+            return dsv4_fail(err, DSV4_E_NOMEM, "out of memory growing the compressed cache to %lld entries", (long long)cap);
+        ls->ent = e;
+        if (L->csa) {
+            float *k = realloc(ls->ikey, (size_t)cap * c->index_dim * sizeof(float));
+            if (!k)
+                return dsv4_fail(err, DSV4_E_NOMEM, "out of memory growing the indexer keys to %lld entries", (long long)cap);
+            ls->ikey = k;
+        }
+        ls->ent_cap = cap;
+    }
+    return 0;
+}
+
+/* Walks every buffer of the state in a fixed order; used by save, restore, copy and bytes. */
+typedef void (*visit_fn)(void *ctx, float *buf, size_t n_floats);
+
+static void visit(dsv4_seq *s, visit_fn f, void *ctx)
+{
+    const dsv4_config *c = &s->m->cfg;
+    for (int i = 0; i < c->n_layers; i++) {
+        const dsv4_layer *L = &s->m->layers[i];
+        dsv4_lstate *ls = &s->L[i];
+        f(ctx, ls->kv, (size_t)s->kv_cap * c->head_dim);
+        if (!L->ratio)
+            continue;
+        size_t n = (size_t)c_cap_of(s->m, L) * cw_of(L, c), ne = (size_t)(s->len / L->ratio);
+        f(ctx, ls->c, n);
+        f(ctx, ls->z, n);
+        f(ctx, ls->ent, ne * c->head_dim);
+        if (L->csa) {
+            size_t ni = (size_t)c_cap_of(s->m, L) * 2 * c->index_dim;
+            f(ctx, ls->ic, ni);
+            f(ctx, ls->iz, ni);
+            f(ctx, ls->ikey, ne * c->index_dim);
+        }
+    }
+}
+
+static void count_fn(void *ctx, float *buf, size_t n)
+{
+    (void)buf;
+    *(size_t *)ctx += n * sizeof(float);
+}
+
+size_t dsv4_seq_bytes(const dsv4_seq *s)
+{
+    size_t n = 0;
+    visit((dsv4_seq *)s, count_fn, &n);
+    return n;
+}
+
+typedef struct { uint8_t *p; const uint8_t *q; } cursor;
+static void put_fn(void *ctx, float *buf, size_t n)
+{
+    cursor *c = ctx;
+    memcpy(c->p, buf, n * sizeof(float));
+    c->p += n * sizeof(float);
+}
+static void get_fn(void *ctx, float *buf, size_t n)
+{
+    cursor *c = ctx;
+    memcpy(buf, c->q, n * sizeof(float));
+    c->q += n * sizeof(float);
+}
+
+#define SEQ_MAGIC "DSV4SEQ1"
+
+/* A fingerprint of what the state layout depends on, so bytes never restore into another model. */
+static uint64_t layout_id(const dsv4_seq *s)
+{
+    const dsv4_config *c = &s->m->cfg;
+    uint64_t h = 1469598103934665603ull;
+    int v[] = {c->n_layers, c->head_dim, c->window, c->index_dim, s->kv_cap, s->m->max_rollback, c->vocab, c->dim};
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++)
+        h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
+    for (int i = 0; i < c->n_layers; i++)
+        h = (h ^ (uint64_t)(c->ratio[i] * 2 + s->m->layers[i].csa)) * 1099511628211ull;
+    return h;
+}
+
+int dsv4_seq_save(const dsv4_seq *s, void **buf, size_t *len, dsv4_err *err)
+{
+    size_t body = dsv4_seq_bytes(s), n = 8 + 3 * 8 + body;
+    uint8_t *b = dsv4_xmalloc(n, err);
+    if (!b)
+        return err->code;
+    uint64_t hdr[3] = {layout_id(s), (uint64_t)s->len, (uint64_t)s->hi};
+    memcpy(b, SEQ_MAGIC, 8);
+    memcpy(b + 8, hdr, sizeof hdr);
+    cursor c = {.p = b + 32};
+    visit((dsv4_seq *)s, put_fn, &c);
+    *buf = b;
+    *len = n;
+    return 0;
+}
+
+int dsv4_seq_restore(dsv4_seq *s, const void *buf, size_t len, dsv4_err *err)
+{
+    const uint8_t *b = buf;
+    uint64_t hdr[3];
+    if (len < 32 || memcmp(b, SEQ_MAGIC, 8))
+        return dsv4_fail(err, DSV4_E_ARG, "sequence bytes: not a saved dsv4 sequence");
+    memcpy(hdr, b + 8, sizeof hdr);
+    if (hdr[0] != layout_id(s))
+        return dsv4_fail(err, DSV4_E_ARG, "sequence bytes: saved from a different model or rollback setting");
+    int64_t old_len = s->len;
+    s->len = (int64_t)hdr[1];
+    if (dsv4_seq_reserve(s, s->len, err) || dsv4_seq_bytes(s) != len - 32) {
+        s->len = old_len;
+        if (!err || !err->code)
+            dsv4_fail(err, DSV4_E_ARG, "sequence bytes: %zu bytes do not match the saved length", len);
+        return err ? err->code : DSV4_E_ARG;
+    }
+    s->hi = (int64_t)hdr[2];
+    cursor c = {.q = b + 32};
+    visit(s, get_fn, &c);
+    return 0;
+}
+
+dsv4_seq *dsv4_seq_copy(const dsv4_seq *s, dsv4_err *err)
+{
+    void *b;
+    size_t n;
+    if (dsv4_seq_save(s, &b, &n, err))
+        return NULL;
+    dsv4_seq *d = dsv4_seq_new(s->m, err);
+    if (d && dsv4_seq_restore(d, b, n, err)) {
+        dsv4_seq_free(d);
+        d = NULL;
+    }
+    free(b);
+    return d;
+}
+
+int dsv4_seq_truncate(dsv4_seq *s, int64_t n, dsv4_err *err)
+{
+    if (n < 0 || n > s->len)
+        return dsv4_fail(err, DSV4_E_ARG, "cannot truncate a sequence of %lld tokens to %lld", (long long)s->len, (long long)n);
+    if (n < s->hi - s->m->max_rollback)
+        return dsv4_fail(err, DSV4_E_STATE,
+                         "cannot roll back to %lld tokens: the caches keep %d tokens of history behind the furthest point (%lld); restore a saved state instead",
+                         (long long)n, s->m->max_rollback, (long long)s->hi);
+    s->len = n;
+    return 0;
+}
