@@ -11,9 +11,9 @@ typedef struct dsv4_cmd {
 } dsv4_cmd;
 
 /* Commands (each in its cmd_<name>.c). */
-int cmd_dequant(int argc, char **argv);
-int cmd_bench_exl3(int argc, char **argv);
-int cmd_quantize(int argc, char **argv);
+int dsv4_cmd_dequant(int argc, char **argv);
+int dsv4_cmd_bench_exl3(int argc, char **argv);
+int dsv4_cmd_quantize(int argc, char **argv);
 
 int dsv4_cmd_info(int argc, char **argv);
 int dsv4_cmd_logits(int argc, char **argv);

@@ -116,7 +116,7 @@ static int bench_quant(const int *bits, int nbits, int cb, int tiles)
     return 0;
 }
 
-int cmd_bench_exl3(int argc, char **argv)
+int dsv4_cmd_bench_exl3(int argc, char **argv)
 {
     int bits[8] = {2, 3, 4}, nbits = 3, T = 64;
     long long shapes[16][2] = {{2048, 4096}, {4096, 2048}, {1024, 4096}};

@@ -46,7 +46,7 @@ static int resolve(const dsv4_st *st, const char *name, char *prefix, size_t cap
     return 0;
 }
 
-int cmd_dequant(int argc, char **argv)
+int dsv4_cmd_dequant(int argc, char **argv)
 {
     const char *model = NULL, *tensor = NULL, *outp = NULL, *shape = NULL;
     int inner = 0;

@@ -177,7 +177,7 @@ static uint64_t name_hash(const char *s, uint64_t seed)
     return h;
 }
 
-int cmd_quantize(int argc, char **argv)
+int dsv4_cmd_quantize(int argc, char **argv)
 {
     const char *src = NULL, *dst = NULL, *cbname = "mul1";
     int bits = 0, head_bits = 6;

@@ -19,9 +19,9 @@ static const dsv4_cmd commands[] = {
     {"bench", "load, prefill and decode speed; --synthetic v4-flash for real shapes without a file", dsv4_cmd_bench},
     {"synth", "write a random-weight checkpoint (tiny default, or V4-Flash shapes)", dsv4_cmd_synth},
     {"version", "print the version", cmd_version},
-    {"dequant", "write one weight as float32 [out, in]", cmd_dequant},
-    {"quantize", "make an EXL3 pack from a checkpoint", cmd_quantize},
-    {"bench-exl3", "time the EXL3 matvec against memory bandwidth", cmd_bench_exl3},
+    {"dequant", "write one weight as float32 [out, in]", dsv4_cmd_dequant},
+    {"quantize", "make an EXL3 pack from a checkpoint", dsv4_cmd_quantize},
+    {"bench-exl3", "time the EXL3 matvec against memory bandwidth", dsv4_cmd_bench_exl3},
 };
 
 static void usage(FILE *f)
