@@ -162,7 +162,7 @@ static void test_tile_layout(void)
 }
 
 /* matvec == dense x within MV_TOL; T rows at once == one row at a time, bitwise; AVX2 ==
- * scalar, bitwise; 1 thread == 2 threads, bitwise. */
+ * scalar, bitwise; 1 thread == 2 threads, bitwise; a row range == the same rows of the whole. */
 static void check_matvec(const char *what, const dsv4_weight *w, int T)
 {
     int64_t n = w->n, k = w->k;
@@ -183,6 +183,19 @@ static void check_matvec(const char *what, const dsv4_weight *w, int T)
     CHECK(!memcmp(y, y1, T * n * sizeof(float)), "%s: %d rows at once differ from one row at a time", what, T);
     CHECK(!memcmp(y, ys, T * n * sizeof(float)), "%s: the SIMD and scalar paths differ", what);
     CHECK(!memcmp(y, yt, T * n * sizeof(float)), "%s: the result depends on the thread count", what);
+    /* rows [r0, r1) through the backend's form (strided x and y) == those rows of the full product */
+    int64_t r0 = n / 3, r1 = n - n / 5, ldx = k + 3, ldy = r1 - r0 + 2;
+    float *xs = malloc(T * ldx * sizeof(float)), *yr = malloc(T * ldy * sizeof(float));
+    for (int t = 0; t < T; t++)
+        memcpy(xs + t * ldx, x + t * k, k * sizeof(float));
+    dsv4_exl3_linear_rows(w, r0, r1, xs, T, ldx, yr, ldy);
+    int rows_bad = 0;
+    for (int t = 0; t < T; t++)
+        rows_bad += memcmp(yr + t * ldy, y + t * n + r0, (r1 - r0) * sizeof(float)) != 0;
+    CHECK(!rows_bad, "%s: rows [%lld, %lld) differ from the full product in %d of %d input rows", what, (long long)r0,
+          (long long)r1, rows_bad, T);
+    free(xs);
+    free(yr);
     double worst = 0;
     for (int t = 0; t < T; t++) {
         double xn = 0;

@@ -283,7 +283,8 @@ static void tile_fma_avx2(const float *tile, const float *xr, size_t xstride, in
 }
 #endif
 
-static void exl3_linear(const dsv4_exl3 *e, const float *x, int T, float *y, int simd)
+static void exl3_linear(const dsv4_exl3 *e, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                        int64_t ldy, int simd)
 {
     tables();
     void (*decode)(const uint16_t *, int, const float *, float *) = tile_decode_scalar;
@@ -296,13 +297,14 @@ static void exl3_linear(const dsv4_exl3 *e, const float *x, int T, float *y, int
 #else
     (void)simd;
 #endif
-    const int64_t kp = e->kp, k = e->k, n = e->n;
+    const int64_t kp = e->kp, k = e->k;
     const float s128 = 1.0f / sqrtf(128.0f);
     float *xh = malloc((size_t)T * kp * sizeof(float));
     if (!xh) {
         dsv4_log("exl3 %s: out of memory for %d rows; output set to NaN", e->prefix, T);
-        for (int64_t i = 0; i < (int64_t)T * n; i++)
-            y[i] = NAN;
+        for (int t = 0; t < T; t++)
+            for (int64_t c = r0; c < r1; c++)
+                y[t * ldy + c - r0] = NAN;
         return;
     }
     /* input side: zero padding, ⊙ suh, H per 128 block */
@@ -310,19 +312,19 @@ static void exl3_linear(const dsv4_exl3 *e, const float *x, int T, float *y, int
     for (int t = 0; t < T; t++) {
         float *v = xh + (int64_t)t * kp;
         for (int64_t i = 0; i < kp; i++)
-            v[i] = i < k ? x[(int64_t)t * k + i] * e->suh[i] : 0.0f;
+            v[i] = i < k ? x[(int64_t)t * ldx + i] * e->suh[i] : 0.0f;
         for (int64_t b = 0; b < kp; b += 128) {
             fwht128(v + b);
             for (int i = 0; i < 128; i++)
                 v[b + i] *= s128;
         }
     }
-    const int64_t nb = (n + 127) / 128, nchunk = (T + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
+    const int64_t b0 = r0 / 128, nb = (r1 + 127) / 128 - b0, nchunk = (T + ROWS_PER_TASK - 1) / ROWS_PER_TASK;
     const int K = e->K;
     const float *lut = cb_lut[e->cb];
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t task = 0; task < nb * nchunk; task++) {
-        int64_t b = task % nb, t0 = task / nb * ROWS_PER_TASK;
+        int64_t b = b0 + task % nb, t0 = task / nb * ROWS_PER_TASK;
         int nt = T - t0 < ROWS_PER_TASK ? (int)(T - t0) : ROWS_PER_TASK;
         float acc[ROWS_PER_TASK][128], tile[256];
         memset(acc, 0, sizeof acc);
@@ -331,12 +333,12 @@ static void exl3_linear(const dsv4_exl3 *e, const float *x, int T, float *y, int
                 decode(tile_ptr(e, i, 8 * b + jj), K, lut, tile);
                 fma16(tile, xh + t0 * kp + 16 * i, kp, nt, &acc[0][16 * jj], 128);
             }
-        int64_t c0 = 128 * b, c1 = c0 + 128 < n ? c0 + 128 : n;
+        int64_t c0 = 128 * b, lo = c0 > r0 ? c0 : r0, hi = c0 + 128 < r1 ? c0 + 128 : r1;
         for (int t = 0; t < nt; t++) {
             float *a = acc[t];
             fwht128(a);
-            float *yr = y + (t0 + t) * n;
-            for (int64_t c = c0; c < c1; c++) {
+            float *yr = y + (t0 + t) * ldy - r0;
+            for (int64_t c = lo; c < hi; c++) {
                 float v = a[c - c0] * s128 * e->svh[c];
                 yr[c] = e->bias ? v + e->bias[c] : v;
             }
@@ -345,11 +347,20 @@ static void exl3_linear(const dsv4_exl3 *e, const float *x, int T, float *y, int
     free(xh);
 }
 
-void dsv4_exl3_linear(const dsv4_weight *w, const float *x, int T, float *y) { exl3_linear(w->exl3, x, T, y, 1); }
+void dsv4_exl3_linear(const dsv4_weight *w, const float *x, int T, float *y)
+{
+    exl3_linear(w->exl3, 0, w->n, x, T, w->k, y, w->n, 1);
+}
 
 void dsv4_exl3_linear_scalar(const dsv4_weight *w, const float *x, int T, float *y)
 {
-    exl3_linear(w->exl3, x, T, y, 0);
+    exl3_linear(w->exl3, 0, w->n, x, T, w->k, y, w->n, 0);
+}
+
+void dsv4_exl3_linear_rows(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                           int64_t ldy)
+{
+    exl3_linear(w->exl3, r0, r1, x, T, ldx, y, ldy, 1);
 }
 
 /* ---------------------------------------------------------------- binding */

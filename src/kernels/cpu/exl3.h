@@ -66,6 +66,10 @@ void dsv4_exl3_row(const dsv4_exl3 *e, int64_t c, float *out);
  * Each row's result is bitwise the same whatever T and the thread count (threads split
  * 128-wide output blocks and groups of rows). Uses AVX2 when built with it. */
 void dsv4_exl3_linear(const dsv4_weight *w, const float *x, int T, float *y);
+/* Output rows [r0, r1) only (r1 <= n), as the backend's linear op: x rows of stride ldx, y rows
+ * [r1 - r0] of stride ldy. Each computed row is bitwise the one dsv4_exl3_linear gives. */
+void dsv4_exl3_linear_rows(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                           int64_t ldy);
 /* The same computation on the plain C path (bitwise equal to the AVX2 path: both use fma). */
 void dsv4_exl3_linear_scalar(const dsv4_weight *w, const float *x, int T, float *y);
 
