@@ -6,6 +6,7 @@
 #include <string.h>
 #include "cli/cli.h"
 #include "core/core.h"
+#include "kernels/backend.h"
 #include "kernels/cpu/exl3.h"
 
 static void usage(FILE *f)
@@ -17,7 +18,8 @@ static void usage(FILE *f)
             "  all three) at V4-Flash shapes [2048x4096, 4096x2048, 1024x4096] unless --shape is given,\n"
             "  for one row and for T rows (default 64). Reports effective GB/s of packed weight read per\n"
             "  matvec and its fraction of the copy bandwidth measured in the same run (a 512 MiB memcpy,\n"
-            "  counting bytes read + written). Threads: OMP_NUM_THREADS (default all cores).\n"
+            "  counting bytes read + written), beside the FP8 form of each shape (e4m3 + 128x128 scales)\n"
+            "  through the same CPU backend. Threads: OMP_NUM_THREADS (default all cores).\n"
             "  --quant: encodes TILES i.i.d. Gaussian 16x16 tiles per K on one thread (the quantizer's\n"
             "  Viterbi search) and prints the MSE relative to the variance, the rate-distortion bound\n"
             "  2^-2K for a Gaussian source, and tiles/s on one core.\n");
@@ -53,16 +55,18 @@ static double copy_bw(void)
     return best;
 }
 
-/* Seconds per call of dsv4_exl3_linear, the median over enough calls to fill `secs`. */
+/* Seconds per call of the CPU backend's linear (EXL3 goes to dsv4_exl3_linear_rows), the
+ * median over enough calls to fill `secs`. */
 static double time_linear(const dsv4_weight *w, const float *x, int T, float *y, double secs)
 {
+    const dsv4_backend *be = dsv4_backend_cpu();
     double ts[256];
     int n = 0;
     double t_end = dsv4_now() + secs;
-    dsv4_exl3_linear(w, x, T, y);
+    be->linear(w, 0, w->n, x, T, w->k, y, w->n);
     while (n < 256 && (n < 3 || dsv4_now() < t_end)) {
         double t0 = dsv4_now();
-        dsv4_exl3_linear(w, x, T, y);
+        be->linear(w, 0, w->n, x, T, w->k, y, w->n);
         ts[n++] = dsv4_now() - t0;
     }
     for (int i = 1; i < n; i++)
@@ -188,9 +192,43 @@ int dsv4_cmd_bench_exl3(int argc, char **argv)
     }
     double bw = copy_bw();
     printf("threads %d, copy bandwidth %.1f GB/s (read + write)\n", omp_get_max_threads(), bw);
-    printf("%-11s %2s %9s %10s %8s %7s %12s %10s\n", "shape", "K", "MiB", "us/matvec", "GB/s", "of bw", "Gweights/s",
+    printf("%-11s %4s %9s %10s %8s %7s %12s %10s\n", "shape", "K", "MiB", "us/matvec", "GB/s", "of bw", "Gweights/s",
            "T-row x");
-    for (int s = 0; s < nshapes; s++)
+    for (int s = 0; s < nshapes; s++) {
+        /* the FP8 form of the same shape (e4m3 + 128x128 f32 block scales) for comparison */
+        {
+            int64_t n = shapes[s][0], k = shapes[s][1], sn = (n + 127) / 128, sk = (k + 127) / 128;
+            uint8_t *q = malloc((size_t)n * k);
+            float *sc = malloc(sn * sk * sizeof(float)), *x = malloc((size_t)T * k * sizeof(float));
+            float *y = malloc((size_t)T * n * sizeof(float));
+            if (!q || !sc || !x || !y) {
+                fprintf(stderr, "dsv4 bench-exl3: out of memory\n");
+                free(q);
+                free(sc);
+                free(x);
+                free(y);
+                return 1;
+            }
+            uint32_t r = 777;
+            for (int64_t i = 0; i < n * k; i++)
+                q[i] = (uint8_t)(((r = r * 1664525u + 1013904223u) >> 24) & 0x77);
+            for (int64_t i = 0; i < sn * sk; i++)
+                sc[i] = 1.0f / 256;
+            for (int64_t i = 0; i < (int64_t)T * k; i++)
+                x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
+            dsv4_weight w = {.name = "bench-fp8", .form = DSV4_WF_FP8, .n = n, .k = k, .data = q, .scale = sc,
+                             .bn = 128, .bk = 128, .bytes = (size_t)n * k + sn * sk * 4};
+            double t1 = time_linear(&w, x, 1, y, secs), tT = time_linear(&w, x, T, y, secs);
+            double gbs = w.bytes / t1 / 1e9;
+            char sh[32];
+            snprintf(sh, sizeof sh, "%lldx%lld", (long long)n, (long long)k);
+            printf("%-11s %4s %9.2f %10.1f %8.2f %6.1f%% %12.2f %9.1fx\n", sh, "fp8", w.bytes / 1048576.0, t1 * 1e6, gbs,
+                   100 * gbs / bw, (double)n * k / t1 / 1e9, t1 * T / tT);
+            free(q);
+            free(sc);
+            free(x);
+            free(y);
+        }
         for (int b = 0; b < nbits; b++) {
             int64_t n = shapes[s][0], k = shapes[s][1];
             int K = bits[b];
@@ -222,7 +260,7 @@ int dsv4_cmd_bench_exl3(int argc, char **argv)
             double gbs = nw * 2 / t1 / 1e9;
             char sh[32];
             snprintf(sh, sizeof sh, "%lldx%lld", (long long)n, (long long)k);
-            printf("%-11s %2d %9.2f %10.1f %8.2f %6.1f%% %12.2f %9.1fx\n", sh, K, nw * 2 / 1048576.0, t1 * 1e6, gbs,
+            printf("%-11s %4d %9.2f %10.1f %8.2f %6.1f%% %12.2f %9.1fx\n", sh, K, nw * 2 / 1048576.0, t1 * 1e6, gbs,
                    100 * gbs / bw, (double)n * k / t1 / 1e9, t1 * T / tT);
             fflush(stdout);
             free(tr);
@@ -230,6 +268,7 @@ int dsv4_cmd_bench_exl3(int argc, char **argv)
             free(x);
             free(y);
         }
+    }
     printf("T-row x: rows per second with %d rows at once over rows per second one at a time\n", T);
     return 0;
 }
