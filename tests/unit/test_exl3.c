@@ -249,6 +249,38 @@ static void test_random_layers(void)
     }
 }
 
+/* Every one of the 65536 states through the SIMD decode (which computes 3INST/MCG instead of
+ * looking them up): K=8 tiles whose odd positions hold the states (a << 8) | v for all a, v;
+ * the fused product must equal the scalar (table) path bitwise for every codebook. */
+static void test_all_states(void)
+{
+    const int K = 8;
+    const int64_t kp = 512, np = 256;
+    uint16_t *tr = malloc((size_t)512 * 16 * K * 2);
+    for (int q = 0; q < 512; q++) {
+        uint32_t codes[256];
+        for (int p = 0; p < 256; p++)
+            codes[p] = p % 2 ? (uint32_t)(q / 256 * 128 + (p - 1) / 2) : (uint32_t)(q % 256);
+        pack_codes(codes, K, tr + (size_t)q * 16 * K);
+    }
+    for (int cb = 0; cb < 3; cb++) {
+        layer L;
+        if (make_layer(&L, K, cb, kp, np, 0, 0, 0, tr))
+            continue;
+        float *x = malloc(3 * kp * sizeof(float)), *y = malloc(3 * np * sizeof(float)), *ys = malloc(3 * np * sizeof(float));
+        for (int64_t i = 0; i < 3 * kp; i++)
+            x[i] = rndf();
+        dsv4_exl3_linear(&L.w, x, 3, y);
+        dsv4_exl3_linear_scalar(&L.w, x, 3, ys);
+        CHECK(!memcmp(y, ys, 3 * np * sizeof(float)), "codebook %d: SIMD and scalar decode differ over all states", cb);
+        free(x);
+        free(y);
+        free(ys);
+        drop_layer(&L);
+    }
+    free(tr);
+}
+
 static double gauss(void)
 {
     double u1 = (rnd() + 1.0) / 2147483650.0, u2 = rnd() / 2147483648.0;
@@ -401,6 +433,7 @@ int main(int argc, char **argv)
     test_codebook();
     test_tile_layout();
     test_random_layers();
+    test_all_states();
     test_encoder();
     test_quantize_layer();
     return check_summary("exl3");
