@@ -249,8 +249,7 @@ static void test_random_layers(void)
     }
 }
 
-/* Every one of the 65536 states through the SIMD decode (which computes 3INST/MCG instead of
- * looking them up): K=8 tiles whose odd positions hold the states (a << 8) | v for all a, v;
+/* Every one of the 65536 states through the SIMD decode: K=8 tiles whose odd positions hold the states (a << 8) | v for all a, v;
  * the fused product must equal the scalar (table) path bitwise for every codebook. */
 static void test_all_states(void)
 {

@@ -92,9 +92,8 @@ static inline void tile_words(const uint16_t *tw, int K, uint32_t *ext)
     ext[8 * K] = ext[0];
 }
 
-static void tile_decode_scalar(const uint16_t *tw, int K, int cb, const float *lut, float *out)
+static void tile_decode_scalar(const uint16_t *tw, int K, const float *lut, float *out)
 {
-    (void)cb;
     uint32_t ext[65];
     tile_words(tw, K, ext);
     const int32_t *wi = el_word[K], *of = el_off[K];
@@ -124,31 +123,7 @@ static void plan_init(void)
         }
 }
 
-/* 8 states to codebook values. 3INST/MCG are computed, not looked up (no scattered loads): the
- * two fp16 halves are always normal (exponent field 12..15 after the mask), so their fp32 bit
- * patterns are a shift and a rebias; their sum is exact and a multiple of 2^-13, hence 0 or a
- * normal fp16 value, and rounding it to fp16 is rounding the fp32 mantissa to 10 bits, ties to
- * even. MUL1 stays a table lookup. */
-static inline __m256 cb_avx2(__m256i st, int cb, const float *lut)
-{
-    if (cb == DSV4_EXL3_MUL1)
-        return _mm256_i32gather_ps(lut, st, 4);
-    __m256i x = cb == DSV4_EXL3_MCG
-                    ? _mm256_mullo_epi32(st, _mm256_set1_epi32((int)DSV4_EXL3_MCG_MULT))
-                    : _mm256_add_epi32(_mm256_mullo_epi32(st, _mm256_set1_epi32((int)INST3_MULT)),
-                                       _mm256_set1_epi32((int)INST3_ADD));
-    x = _mm256_xor_si256(_mm256_and_si256(x, _mm256_set1_epi32((int)0x8fff8fffu)), _mm256_set1_epi32(0x3b603b60));
-    const __m256i rebias = _mm256_set1_epi32(0x38000000);
-    __m256i lo = _mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x8000)), 16),
-                                 _mm256_add_epi32(_mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7fff)), 13), rebias));
-    __m256i hi = _mm256_or_si256(_mm256_and_si256(x, _mm256_set1_epi32((int)0x80000000u)),
-                                 _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(x, 3), _mm256_set1_epi32(0x0fffe000)), rebias));
-    __m256i b = _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(lo), _mm256_castsi256_ps(hi)));
-    b = _mm256_add_epi32(b, _mm256_add_epi32(_mm256_set1_epi32(0x0fff), _mm256_and_si256(_mm256_srli_epi32(b, 13), _mm256_set1_epi32(1))));
-    return _mm256_castsi256_ps(_mm256_and_si256(b, _mm256_set1_epi32(~0x1fff)));
-}
-
-static void tile_decode_avx2(const uint16_t *tw, int K, int cb, const float *lut, float *out)
+static void tile_decode_avx2(const uint16_t *tw, int K, const float *lut, float *out)
 {
     uint16_t w[128];
     uint32_t E[8][8];
@@ -171,7 +146,7 @@ static void tile_decode_avx2(const uint16_t *tw, int K, int cb, const float *lut
         /* a shift by 32 gives 0, so offset 0 needs no special case */
         __m256i v = _mm256_or_si256(_mm256_sll_epi32(hi, _mm_cvtsi32_si128(pl[q].off)),
                                     _mm256_srl_epi32(lo, _mm_cvtsi32_si128(32 - pl[q].off)));
-        _mm256_storeu_ps(out + 8 * q, cb_avx2(_mm256_srli_epi32(v, 16), cb, lut));
+        _mm256_storeu_ps(out + 8 * q, _mm256_i32gather_ps(lut, _mm256_srli_epi32(v, 16), 4));
     }
 }
 #endif
@@ -179,7 +154,7 @@ static void tile_decode_avx2(const uint16_t *tw, int K, int cb, const float *lut
 void dsv4_exl3_tile(const dsv4_exl3 *e, int64_t i, int64_t j, float *out)
 {
     tables();
-    tile_decode_scalar(tile_ptr(e, i, j), e->K, e->cb, cb_lut[e->cb], out);
+    tile_decode_scalar(tile_ptr(e, i, j), e->K, cb_lut[e->cb], out);
 }
 
 /* ---------------------------------------------------------------- Hadamard */
@@ -216,7 +191,7 @@ static void dequant_strip(const dsv4_exl3 *e, int64_t b, int inner, double *stri
     float tile[256];
     for (int64_t i = 0; i < e->kp / 16; i++)
         for (int jj = 0; jj < 8; jj++) {
-            tile_decode_scalar(tile_ptr(e, i, 8 * b + jj), e->K, e->cb, cb_lut[e->cb], tile);
+            tile_decode_scalar(tile_ptr(e, i, 8 * b + jj), e->K, cb_lut[e->cb], tile);
             for (int r = 0; r < 16; r++)
                 for (int c = 0; c < 16; c++)
                     strip[(16 * i + r) * 128 + 16 * jj + c] = tile[r * 16 + c];
@@ -312,7 +287,7 @@ static void exl3_linear(const dsv4_exl3 *e, int64_t r0, int64_t r1, const float 
                         int64_t ldy, int simd)
 {
     tables();
-    void (*decode)(const uint16_t *, int, int, const float *, float *) = tile_decode_scalar;
+    void (*decode)(const uint16_t *, int, const float *, float *) = tile_decode_scalar;
     void (*fma16)(const float *, const float *, size_t, int, float *, size_t) = tile_fma_scalar;
 #ifdef __AVX2__
     if (simd) {
@@ -355,7 +330,7 @@ static void exl3_linear(const dsv4_exl3 *e, int64_t r0, int64_t r1, const float 
         memset(acc, 0, sizeof acc);
         for (int64_t i = 0; i < kp / 16; i++)
             for (int jj = 0; jj < 8; jj++) {
-                decode(tile_ptr(e, i, 8 * b + jj), K, e->cb, lut, tile);
+                decode(tile_ptr(e, i, 8 * b + jj), K, lut, tile);
                 fma16(tile, xh + t0 * kp + 16 * i, kp, nt, &acc[0][16 * jj], 128);
             }
         int64_t c0 = 128 * b, lo = c0 > r0 ? c0 : r0, hi = c0 + 128 < r1 ? c0 + 128 : r1;
