@@ -25,6 +25,10 @@ int cmd_normalize(int argc, char **argv);
  * U+FFFD). Returns 0, or -1 on malformed input. write: escapes as JSON.stringify does. */
 int cli_json_string_parse(const char *line, size_t n, char **out, size_t *out_len);
 void cli_json_string_write(FILE *f, const char *s, size_t n);
+/* Commands (each in its cmd_<name>.c). */
+int dsv4_cmd_dequant(int argc, char **argv);
+int dsv4_cmd_bench_exl3(int argc, char **argv);
+int dsv4_cmd_quantize(int argc, char **argv);
 
 int dsv4_cmd_info(int argc, char **argv);
 int dsv4_cmd_logits(int argc, char **argv);

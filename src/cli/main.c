@@ -25,6 +25,9 @@ static const dsv4_cmd commands[] = {
     {"parse-tools", "model output to content, reasoning and DSML tool calls", cmd_parse_tools},
     {"token-map", "the Engram compressed token map of a tokenizer", cmd_token_map},
     {"normalize", "text lines through a Hugging Face normalizer", cmd_normalize},
+    {"dequant", "write one weight as float32 [out, in]", dsv4_cmd_dequant},
+    {"quantize", "make an EXL3 pack from a checkpoint", dsv4_cmd_quantize},
+    {"bench-exl3", "time the EXL3 matvec against memory bandwidth", dsv4_cmd_bench_exl3},
 };
 
 static void usage(FILE *f)
