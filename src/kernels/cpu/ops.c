@@ -8,6 +8,7 @@
 #endif
 #include "core/core.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/exl3.h"
 
 float dsv4_dot(const float *a, const float *b, int64_t n)
 {
@@ -185,6 +186,10 @@ static inline void block_fma(const float *blk, const float *x, int len, float f,
 static void cpu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                        int64_t ldy)
 {
+    if (w->form == DSV4_WF_EXL3) { /* trellis-coded: its own fused kernel (kernels/cpu/exl3.c) */
+        dsv4_exl3_linear_rows(w, r0, r1, x, T, ldx, y, ldy);
+        return;
+    }
     int64_t k = w->k, nr = r1 - r0;
     int64_t bk = w->form == DSV4_WF_FP8 ? w->bk : w->form == DSV4_WF_FP4 ? w->bk * (w->bk < 256 ? 256 / w->bk : 1) : 256;
     int64_t nb = (k + bk - 1) / bk;
