@@ -227,7 +227,10 @@ typedef struct parser {
     int nall, capall;
     dsv4_err *err;
     int failed;
+    int depth; /* nesting of expressions and blocks, bounded so that no template exhausts the stack */
 } parser;
+
+#define MAX_DEPTH 200
 
 static node *mk(parser *P, int kind)
 {
@@ -483,9 +486,13 @@ static node *filtered(parser *P)
 static node *unary(parser *P)
 {
     if (is_op(P, "-")) {
+        if (++P->depth > MAX_DEPTH)
+            return fail_at(P, "nesting too deep");
         P->i++;
         node *n = mk(P, E_NEG);
-        return n && !add_kid(P, n, unary(P)) ? n : NULL;
+        int bad = !n || add_kid(P, n, unary(P));
+        P->depth--;
+        return bad ? NULL : n;
     }
     return filtered(P);
 }
@@ -558,9 +565,13 @@ static node *cmp(parser *P)
 static node *not_(parser *P)
 {
     if (is_name(P, "not")) {
+        if (++P->depth > MAX_DEPTH)
+            return fail_at(P, "nesting too deep");
         P->i++;
         node *n = mk(P, E_NOT);
-        return n && !add_kid(P, n, not_(P)) ? n : NULL;
+        int bad = !n || add_kid(P, n, not_(P));
+        P->depth--;
+        return bad ? NULL : n;
     }
     return cmp(P);
 }
@@ -591,7 +602,20 @@ static node *or_(parser *P)
     return n;
 }
 
+static node *expr_(parser *P);
+
 static node *expr(parser *P)
+{
+    if (++P->depth > MAX_DEPTH) {
+        P->depth--;
+        return fail_at(P, "nesting too deep");
+    }
+    node *n = expr_(P);
+    P->depth--;
+    return n;
+}
+
+static node *expr_(parser *P)
 {
     node *n = or_(P);
     if (n && is_name(P, "if")) {
@@ -610,7 +634,20 @@ static node *expr(parser *P)
 }
 
 /* Statements until one of the stop keywords (opening a {% %} tag) or the end. */
+static node *block_(parser *P, const char *const *stops);
+
 static node *block(parser *P, const char *const *stops)
+{
+    if (++P->depth > MAX_DEPTH) {
+        P->depth--;
+        return fail_at(P, "nesting too deep");
+    }
+    node *b = block_(P, stops);
+    P->depth--;
+    return b;
+}
+
+static node *block_(parser *P, const char *const *stops)
 {
     node *b = mk(P, S_BLOCK);
     while (b && !P->failed) {
