@@ -1263,8 +1263,12 @@ static cJSON *eval_call(env *E, const node *n)
             if (npos == 3 && cJSON_IsNumber(av[2]))
                 s = av[2]->valuedouble;
         }
+        if (s == 0 || fabs((b - a) / s) > 1e6) {
+            eval_fail(E, "template: range() of more than a million items or with step %s", "0");
+            return NULL;
+        }
         cJSON *r = new_array(E);
-        for (double x = a; r && s != 0 && (s > 0 ? x < b : x > b); x += s)
+        for (double x = a; r && (s > 0 ? x < b : x > b); x += s)
             cJSON_AddItemToArray(r, cJSON_CreateNumber(x));
         return r;
     }

@@ -65,6 +65,7 @@ int main(void)
     fails("{{ raise_exception('no system role') }}", "no system role");
     fails("{{ 'a' | nosuchfilter }}", "nosuchfilter");
     fails("{{ 1 / 0 }}", "division by zero");
+    fails("{% for i in range(0, 10, 0) %}{% endfor %}", "range");
     {
         static char deep[65536];
         size_t k = 0;
