@@ -57,7 +57,7 @@ static void lexer_free(lexer *L)
     free(L->t);
 }
 
-static const char *const ops3[] = {"//", "**", "==", "!=", "<=", ">=", NULL};
+static const char *const ops2[] = {"//", "==", "!=", "<=", ">=", NULL};
 
 /* Expression tokens from p up to the closing delimiter (`%}` or `}}`); returns the position after
  * it, with *trim_after set by a "-" before it, or NULL on error. */
@@ -128,8 +128,8 @@ static const char *lex_expr(lexer *L, const char *p, const char *close, int *tri
             continue;
         }
         size_t k = 1;
-        for (int i = 0; ops3[i]; i++)
-            if (!strncmp(p, ops3[i], 2))
+        for (int i = 0; ops2[i]; i++)
+            if (!strncmp(p, ops2[i], 2))
                 k = 2;
         if (!strchr("+-*/%~()[]{},.:|=<>!", *p)) {
             dsv4_fail(err, DSV4_E_FORMAT, "template: unexpected character '%c'", *p);
@@ -148,7 +148,7 @@ static int lex(lexer *L, const char *src, dsv4_err *err)
     const char *p = src;
     int trim_next = 0, block_before = 0;
     while (*p) {
-        const char *o = strstr(p, "{");
+        const char *o = strchr(p, '{');
         while (o && o[1] != '{' && o[1] != '%' && o[1] != '#')
             o = strchr(o + 1, '{');
         const char *end = o ? o : p + strlen(p);
@@ -167,7 +167,7 @@ static int lex(lexer *L, const char *src, dsv4_err *err)
             const char *q = te;
             while (q > ts && (q[-1] == ' ' || q[-1] == '\t'))
                 q--;
-            if (q == src || q[-1] == '\n' || (q > ts && q[-1] == '\n') || (q == ts && (ts == src || ts[-1] == '\n')))
+            if (q == src || q[-1] == '\n')
                 te = q;
         }
         if (te > ts && push_tok(L, T_TEXT, ts, (size_t)(te - ts)))
@@ -841,7 +841,6 @@ static cJSON *getvar(env *E, const char *name)
     return NULL;
 }
 
-#define UNDEF NULL
 static cJSON undef_marker; /* stands for "undefined" where a value pointer must be non-NULL */
 
 static int truthy(const cJSON *v)
@@ -1014,15 +1013,12 @@ static cJSON *call_method(env *E, const cJSON *self, const char *m, cJSON **av, 
                     const char *q = p;
                     while (*q && !isspace((unsigned char)*q))
                         q++;
-                    cJSON_AddItemToArray(a, cJSON_CreateString(""));
-                    cJSON *last = cJSON_GetArrayItem(a, cJSON_GetArraySize(a) - 1);
-                    cJSON_SetValuestring(last, "");
                     char *w = malloc((size_t)(q - p) + 1);
                     if (!w)
                         return NULL;
                     memcpy(w, p, (size_t)(q - p));
                     w[q - p] = 0;
-                    cJSON_ReplaceItemInArray(a, cJSON_GetArraySize(a) - 1, cJSON_CreateString(w));
+                    cJSON_AddItemToArray(a, cJSON_CreateString(w));
                     free(w);
                     p = q;
                 } else {
