@@ -7,6 +7,9 @@
 #include <string.h>
 #include "core/core.h"
 #include "model/model.h"
+#ifdef DSV4_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
 
 typedef struct binder {
     dsv4_model *m;
@@ -194,16 +197,91 @@ static float *rope_table(const dsv4_rope_cfg *r, int rd)
     return f;
 }
 
+#ifdef DSV4_CUDA
+/* Walks every array the CUDA ops read: put (upload once) or drop (free the device copies).
+ * The embedding stays on the host (the forward looks rows up there); so do the compressors'
+ * ape tables and the routing tables, which only host code reads. */
+static int cuda_resident(dsv4_model *m, int put, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    int D = c->dim, n = c->hc_mult, nm = (2 + n) * n, rc = 0;
+#define W(w) (rc ? 0 : put ? (rc = dsv4_cuda_put_weight((w), err)) : (dsv4_cuda_drop_weight(w), 0))
+#define F(p, cnt) (rc ? 0 : put ? (rc = dsv4_cuda_put((p), (size_t)(cnt) * sizeof(float), err)) : (dsv4_cuda_drop(p), 0))
+    W(&m->head);
+    F(m->norm, D);
+    F(m->hc_head_fn, (int64_t)n * n * D);
+    F(m->hc_head_base, n);
+    F(m->hc_head_scale, 1);
+    F(m->inv_freq_main, c->rope_dim / 2);
+    F(m->inv_freq_compress, c->rope_dim / 2);
+    for (int li = 0; li < c->n_layers && m->layers; li++) {
+        dsv4_layer *L = &m->layers[li];
+        F(L->attn_norm, D);
+        F(L->ffn_norm, D);
+        F(L->hc_attn_fn, (int64_t)nm * n * D);
+        F(L->hc_attn_base, nm);
+        F(L->hc_attn_scale, 3);
+        F(L->hc_ffn_fn, (int64_t)nm * n * D);
+        F(L->hc_ffn_base, nm);
+        F(L->hc_ffn_scale, 3);
+        F(L->q_norm, c->q_lora);
+        F(L->kv_norm, c->head_dim);
+        F(L->sink, c->n_heads);
+        W(&L->wq_a);
+        W(&L->wq_b);
+        W(&L->wkv);
+        W(&L->wo_a);
+        W(&L->wo_b);
+        W(&L->gate);
+        if (L->ratio > 0) {
+            W(&L->comp.wkv);
+            W(&L->comp.wgate);
+            F(L->comp.norm, L->comp.dim);
+        }
+        if (L->csa) {
+            W(&L->icomp.wkv);
+            W(&L->icomp.wgate);
+            F(L->icomp.norm, L->icomp.dim);
+            W(&L->iwq_b);
+            W(&L->iweights);
+        }
+        for (int e = 0; e < c->n_experts && L->w1; e++) {
+            W(&L->w1[e]);
+            W(&L->w2[e]);
+            W(&L->w3[e]);
+        }
+        if (c->n_shared > 0) {
+            W(&L->sw1);
+            W(&L->sw2);
+            W(&L->sw3);
+        }
+    }
+#undef W
+#undef F
+    return rc;
+}
+#endif
+
 dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err)
 {
     dsv4_load_opts o = {0};
     if (opts)
         o = *opts;
     dsv4_err_clear(err);
-    if (o.device && strcmp(o.device, "cpu")) {
-        dsv4_fail(err, DSV4_E_DEVICE, "device '%s' is not available in this build (it has: cpu)", o.device);
+    int cuda = o.device && !strcmp(o.device, "cuda");
+    if (o.device && strcmp(o.device, "cpu") && !cuda) {
+        dsv4_fail(err, DSV4_E_DEVICE, "device '%s' is unknown (devices: cpu, cuda)", o.device);
         return NULL;
     }
+#ifdef DSV4_CUDA
+    if (cuda && dsv4_cuda_init(err))
+        return NULL;
+#else
+    if (cuda) {
+        dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda' is not available in this build (built without CUDA=1; it has: cpu)");
+        return NULL;
+    }
+#endif
     dsv4_model *m = calloc(1, sizeof *m);
     if (!m) {
         dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
@@ -251,6 +329,15 @@ dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_er
         goto fail;
     m->inv_freq_main = rope_table(&c->rope_main, c->rope_dim);
     m->inv_freq_compress = rope_table(&c->rope_compress, c->rope_dim);
+#ifdef DSV4_CUDA
+    if (cuda) {
+        m->be = dsv4_backend_cuda();
+        if (cuda_resident(m, 1, err)) {
+            dsv4_err_prefix(err, "%s: putting the weights on the GPU", dir);
+            goto fail;
+        }
+    }
+#endif
     return m;
 fail:
     dsv4_model_free(m);
@@ -267,6 +354,10 @@ void dsv4_model_free(dsv4_model *m)
 {
     if (!m)
         return;
+#ifdef DSV4_CUDA
+    if (m->be == dsv4_backend_cuda())
+        cuda_resident(m, 0, NULL);
+#endif
     if (m->layers)
         for (int i = 0; i < m->cfg.n_layers; i++) {
             dsv4_layer *L = &m->layers[i];

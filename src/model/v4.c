@@ -403,6 +403,8 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
             break;
         be->hc_post(X, y, R, n, D, post, comb);
     }
+    if (!rc && be->check) /* a device op failed: the sequences do not advance */
+        rc = be->check(err);
     if (rc)
         goto out;
     for (int i = 0; i < b->n_seqs; i++) {
@@ -424,6 +426,8 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
         be->hc_pre(X, nr, n, D, m->hc_head_fn, m->hc_head_base, m->hc_head_scale, 0, hce, eps, pre, NULL, NULL, h);
         be->rmsnorm(h, nr, D, m->norm, eps, h);
         be->linear(&m->head, 0, c->vocab, h, nr, D, b->logits, c->vocab);
+        if (be->check)
+            rc = be->check(err);
     }
 out:
     free(f.pos);

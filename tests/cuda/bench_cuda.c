@@ -1,0 +1,244 @@
+/* bench_cuda — the CUDA linear kernels at V4-Flash shapes against the device's copy bandwidth.
+ *
+ * Ceiling: a large device-to-device copy (cudaMemcpy D2D), counting bytes read + written.
+ * Per shape: weights resident as stored (random bytes, never zeros), rotated over enough
+ * copies (>= 512 MB) that L2 (60 MB) cannot serve them; the launches are captured in a CUDA
+ * graph and the replays timed with events (median of 10), so launch gaps stay out.
+ * GB/s counts the weight bytes (data + scales) read once per call; activations are ignored
+ * (x is <= 32 KB per token).
+ * Then a batch-1 estimate of V4-Flash decode from its matvecs alone: one CSA layer's
+ * projections, 6 routed + 1 shared expert, timed as one graph, times 43, plus the head. */
+#include <cuda_runtime_api.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/core.h"
+#include "kernels/cuda/cuda.h"
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "bench_cuda: %s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static void fill_bytes(uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i += 8) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        memcpy(p + i, &rng, n - i < 8 ? n - i : 8);
+    }
+}
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median ms of `reps` replays of g. */
+static float time_graph(cudaGraphExec_t g, cudaStream_t st, int reps)
+{
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    float t[32];
+    for (int i = 0; i < 3; i++)
+        CK(cudaGraphLaunch(g, st));
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(a, st));
+        CK(cudaGraphLaunch(g, st));
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&t[i], a, b));
+    }
+    qsort(t, reps, sizeof t[0], cmp_f);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return t[reps / 2];
+}
+
+typedef struct {
+    const char *name;
+    dsv4_wform form;
+    int64_t n, k;
+    int bn, bk;
+} shape;
+
+static size_t data_bytes(const shape *s)
+{
+    size_t e = (size_t)s->n * s->k;
+    return s->form == DSV4_WF_FP8 ? e : s->form == DSV4_WF_FP4 ? e / 2 : e * 2;
+}
+
+static size_t scale_bytes(const shape *s)
+{
+    if (s->form == DSV4_WF_FP8)
+        return (size_t)((s->n + s->bn - 1) / s->bn) * ((s->k + s->bk - 1) / s->bk);
+    return s->form == DSV4_WF_FP4 ? (size_t)s->n * (s->k / s->bk) : 0;
+}
+
+/* `count` resident copies of a random weight of shape s, in one host block. */
+static dsv4_weight *make_copies(const shape *s, int count, uint8_t **block)
+{
+    size_t db = data_bytes(s), sb = scale_bytes(s), per = (db + sb + 255) & ~(size_t)255;
+    uint8_t *h = malloc(per * count);
+    fill_bytes(h, per * count);
+    dsv4_weight *w = calloc(count, sizeof *w);
+    dsv4_err err = {0};
+    for (int c = 0; c < count; c++) {
+        uint8_t *p = h + per * c;
+        if (sb) /* e8m0 scales in a sane range: 2^-8 .. 2^7 */
+            for (size_t i = 0; i < sb; i++)
+                p[db + i] = (uint8_t)(119 + p[db + i] % 16);
+        w[c] = (dsv4_weight){.name = s->name, .form = s->form, .n = s->n, .k = s->k, .data = p,
+                             .scale = sb ? p + db : NULL, .scale_e8m0 = 1, .bn = s->bn, .bk = s->bk, .bytes = db + sb};
+        if (dsv4_cuda_put_weight(&w[c], &err)) {
+            fprintf(stderr, "bench_cuda: %s\n", err.msg);
+            exit(1);
+        }
+    }
+    *block = h;
+    return w;
+}
+
+static void free_copies(dsv4_weight *w, int count, uint8_t *block)
+{
+    for (int c = 0; c < count; c++)
+        dsv4_cuda_drop_weight(&w[c]);
+    free(w);
+    free(block);
+}
+
+int main(void)
+{
+    dsv4_err err = {0};
+    if (dsv4_cuda_init(&err)) {
+        fprintf(stderr, "bench_cuda: %s\n", err.msg);
+        return 1;
+    }
+    printf("device: %s\n", dsv4_cuda_device_name());
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+
+    /* copy ceiling */
+    size_t cb = (size_t)2 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, cb));
+    CK(cudaMalloc(&b, cb));
+    CK(cudaMemset(a, 1, cb));
+    cudaGraph_t gr;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CK(cudaMemcpyAsync(b, a, cb, cudaMemcpyDeviceToDevice, st));
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    float ms = time_graph(ge, st, 10);
+    double copy_gbs = 2.0 * cb / (ms * 1e-3) / 1e9;
+    printf("copy D2D %zu MiB: %.3f ms, %.0f GB/s (read + write)\n\n", cb >> 20, ms, copy_gbs);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(gr);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+
+    float *dx, *dy;
+    CK(cudaMalloc((void **)&dx, (size_t)8 * 32768 * sizeof(float)));
+    CK(cudaMalloc((void **)&dy, (size_t)8 * 131072 * sizeof(float)));
+    CK(cudaMemset(dx, 0x3c, (size_t)8 * 32768 * sizeof(float)));
+
+    const shape shapes[] = {
+        {"wq_a FP8", DSV4_WF_FP8, 1024, 4096, 128, 128},
+        {"wq_b FP8", DSV4_WF_FP8, 32768, 1024, 128, 128},
+        {"wo_b FP8", DSV4_WF_FP8, 4096, 8192, 128, 128},
+        {"expert w1 FP4", DSV4_WF_FP4, 2048, 4096, 1, 32},
+        {"expert w2 FP4", DSV4_WF_FP4, 4096, 2048, 1, 32},
+        {"gate BF16", DSV4_WF_BF16, 4096, 4096, 0, 0},
+    };
+    printf("%-16s %-14s %3s %10s %9s %8s\n", "weight", "[n, k]", "T", "us/call", "GB/s", "of copy");
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const shape *s = &shapes[si];
+        size_t bytes = data_bytes(s) + scale_bytes(s);
+        int count = (int)(((size_t)512 << 20) / bytes) + 1;
+        uint8_t *blk;
+        dsv4_weight *w = make_copies(s, count, &blk);
+        int calls = count < 64 ? 64 : count;
+        const int Ts[] = {1, 4, 8};
+        for (int ti = 0; ti < 3; ti++) {
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            for (int c = 0; c < calls; c++)
+                if (dsv4_cuda_linear_dev(&w[c % count], 0, s->n, dx, Ts[ti], dy, st, &err)) {
+                    fprintf(stderr, "bench_cuda: %s\n", err.msg);
+                    return 1;
+                }
+            CK(cudaStreamEndCapture(st, &gr));
+            CK(cudaGraphInstantiate(&ge, gr, 0));
+            ms = time_graph(ge, st, 10);
+            double us = ms * 1e3 / calls, gbs = bytes / (us * 1e-6) / 1e9;
+            char sh[32];
+            snprintf(sh, sizeof sh, "[%lld,%lld]", (long long)s->n, (long long)s->k);
+            printf("%-16s %-14s %3d %10.2f %9.0f %7.1f%%\n", s->name, sh, Ts[ti], us, gbs, 100 * gbs / copy_gbs);
+            cudaGraphExecDestroy(ge);
+            cudaGraphDestroy(gr);
+        }
+        free_copies(w, count, blk);
+    }
+
+    /* one CSA layer's matvecs at batch 1, as V4-Flash shapes them (spec table): attention
+     * projections, compressor and indexer (FP8), the router (BF16), 6 routed experts (FP4)
+     * and the shared expert (FP8) */
+    const shape layer[] = {
+        {"wq_a", DSV4_WF_FP8, 1024, 4096, 128, 128},       {"wq_b", DSV4_WF_FP8, 32768, 1024, 128, 128},
+        {"wkv", DSV4_WF_FP8, 512, 4096, 128, 128},         {"wo_a", DSV4_WF_FP8, 8192, 4096, 128, 128},
+        {"wo_b", DSV4_WF_FP8, 4096, 8192, 128, 128},       {"comp.wkv", DSV4_WF_FP8, 1024, 4096, 128, 128},
+        {"comp.wgate", DSV4_WF_FP8, 1024, 4096, 128, 128}, {"icomp.wkv", DSV4_WF_FP8, 256, 4096, 128, 128},
+        {"icomp.wgate", DSV4_WF_FP8, 256, 4096, 128, 128}, {"iwq_b", DSV4_WF_FP8, 8192, 1024, 128, 128},
+        {"iweights", DSV4_WF_BF16, 64, 4096, 0, 0},        {"gate", DSV4_WF_BF16, 256, 4096, 0, 0},
+        {"sw1", DSV4_WF_FP8, 2048, 4096, 128, 128},        {"sw3", DSV4_WF_FP8, 2048, 4096, 128, 128},
+        {"sw2", DSV4_WF_FP8, 4096, 2048, 128, 128},
+    };
+    const shape ew[3] = {{"w1", DSV4_WF_FP4, 2048, 4096, 1, 32}, {"w3", DSV4_WF_FP4, 2048, 4096, 1, 32},
+                         {"w2", DSV4_WF_FP4, 4096, 2048, 1, 32}};
+    int nl = sizeof layer / sizeof layer[0];
+    dsv4_weight *lw[15 + 18];
+    uint8_t *lb[15 + 18];
+    size_t layer_bytes = 0;
+    for (int i = 0; i < nl; i++) {
+        lw[i] = make_copies(&layer[i], 1, &lb[i]);
+        layer_bytes += lw[i]->bytes;
+    }
+    for (int e = 0; e < 18; e++) {
+        lw[nl + e] = make_copies(&ew[e % 3], 1, &lb[nl + e]);
+        layer_bytes += lw[nl + e]->bytes;
+    }
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < nl + 18; i++)
+        if (dsv4_cuda_linear_dev(lw[i], 0, lw[i]->n, dx, 1, dy, st, &err)) {
+            fprintf(stderr, "bench_cuda: %s\n", err.msg);
+            return 1;
+        }
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    float layer_ms = time_graph(ge, st, 10);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(gr);
+    shape hs = {"head BF16", DSV4_WF_BF16, 129280, 4096, 0, 0};
+    uint8_t *hb;
+    dsv4_weight *hw = make_copies(&hs, 1, &hb);
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    if (dsv4_cuda_linear_dev(hw, 0, hw->n, dx, 1, dy, st, &err)) {
+        fprintf(stderr, "bench_cuda: %s\n", err.msg);
+        return 1;
+    }
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    float head_ms = time_graph(ge, st, 10);
+    double tok_bytes = 43.0 * layer_bytes + hw->bytes, tok_ms = 43.0 * layer_ms + head_ms;
+    double floor_ms = tok_bytes / (copy_gbs * 1e9) * 1e3;
+    printf("\nV4-Flash batch-1 matvecs: one CSA layer %.1f MB in %.3f ms (%.0f GB/s); head %.2f GB in %.3f ms\n",
+           layer_bytes / 1e6, layer_ms, layer_bytes / (layer_ms * 1e-3) / 1e9, hw->bytes / 1e9, head_ms);
+    printf("decode estimate (43 CSA-sized layers + head, matvecs only): %.2f ms/token; bandwidth floor for the same "
+           "%.2f GB: %.2f ms (%.0f%% of floor)\n",
+           tok_ms, tok_bytes / 1e9, floor_ms, 100 * floor_ms / tok_ms);
+    return 0;
+}
