@@ -61,6 +61,13 @@ $(BUILD)/tests/cuda/%: tests/cuda/%.c $(BUILD)/libdsv4.a tests/unit/check.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -Itests/unit -o $@ $< $(BUILD)/libdsv4.a $(LDLIBS)
 
+$(BUILD)/tests/cuda/%.o: tests/cuda/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/cuda/bench_cuda: $(BUILD)/tests/cuda/bench_cuda.o $(BUILD)/libdsv4.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libdsv4.a $(LDLIBS)
+
 test: all
 	tests/run.sh
 

@@ -220,6 +220,9 @@ static void test_linear(const lin_case *c, int resident)
     float *xs = falloc((size_t)T * ldx), *wr = falloc((size_t)T * ldy), *wp = falloc((size_t)T * nr);
     memcpy(xs, x, (size_t)T * ldx * sizeof(float));
     int64_t j = rnd() % (k - 1);
+    /* a pair that differs (x within 1e-3 of its neighbour would hide the swap) */
+    while (fabsf(xs[(size_t)(T - 1) * ldx + j] - xs[(size_t)(T - 1) * ldx + j + 1]) < 0.25f)
+        j = (j + 1) % (k - 1);
     float tmp = xs[(size_t)(T - 1) * ldx + j];
     xs[(size_t)(T - 1) * ldx + j] = xs[(size_t)(T - 1) * ldx + j + 1];
     xs[(size_t)(T - 1) * ldx + j + 1] = tmp;
@@ -297,6 +300,8 @@ static void test_rmsnorm(int rows, int dim, int with_w, int in_place)
         float *w2 = falloc(dim);
         memcpy(w2, w, dim * sizeof(float));
         int j = rnd() % (dim - 1);
+        while (fabsf(w[j] - w[j + 1]) < 0.1f)
+            j = (j + 1) % (dim - 1);
         w2[j] = w[j + 1];
         cpu->rmsnorm(x, rows, dim, w2, 1e-6f, wr);
         control("rmsnorm weight index off", got, wr, mag, n);

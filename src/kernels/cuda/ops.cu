@@ -265,7 +265,7 @@ static void scratch_reset(void)
 /* A device buffer of `bytes` for this op (256-byte aligned), NULL after recording an error. */
 static void *scratch(size_t bytes)
 {
-    bytes = (bytes + 255) & ~(size_t)255;
+    bytes = bytes ? (bytes + 255) & ~(size_t)255 : 256; /* never NULL for an empty buffer */
     g_want += bytes;
     if (g_arena_off + bytes <= g_arena_cap) {
         void *p = g_arena + g_arena_off;
@@ -354,9 +354,10 @@ __device__ __forceinline__ float block_sum(float v, float *sh)
     return sh[NW];
 }
 
+/* e8m0 byte -> 2^(b - 127) exactly (b = 0 is the subnormal 2^-127); 255 is NaN. */
 __device__ __forceinline__ float e8m0(unsigned b)
 {
-    return b == 255 ? __int_as_float(0x7fc00000) : ldexpf(1.0f, (int)b - 127);
+    return b == 255 ? __int_as_float(0x7fc00000) : b ? __int_as_float((int)(b << 23)) : __int_as_float(0x00400000);
 }
 
 __device__ __forceinline__ float scale_at(const void *s, int is_e8m0, int64_t i)
@@ -369,76 +370,123 @@ __constant__ float c_e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
 
 /* ---- linear -------------------------------------------------------------------------- */
 
-enum { LIN_WARPS = 8, LIN_TT = 8, LIN_U = 4 };
+enum { LIN_WARPS = 8, LIN_TT = 8, LIN_MIN_WARPS = 3200 };
 
 struct wdev {
     const uint8_t *q;           /* data as stored */
     const void *s;              /* scales (FP8/FP4) */
     int form, e8m0, bn, bk;
     int64_t k;
+    int64_t sk;                 /* scale blocks along a row: FP8 ceil(k / bk), FP4 k / bk */
+    int cpb, cshift;            /* 8-element chunks per scale block, its log2 (-1: not a power of two) */
+    int wpr;                    /* warps per output row (chunk path) */
 };
 
-/* Elements in one 16-byte chunk of a row, per form. */
-template <int F> struct fmt;
-template <> struct fmt<DSV4_WF_F32> { enum { E = 4 }; };
-template <> struct fmt<DSV4_WF_BF16> { enum { E = 8 }; };
-template <> struct fmt<DSV4_WF_F16> { enum { E = 8 }; };
-template <> struct fmt<DSV4_WF_FP8> { enum { E = 16 }; };
-template <> struct fmt<DSV4_WF_FP4> { enum { E = 32 }; };
+/* The chunk path reads rows in chunks of 8 elements: 32 bytes (F32), 16 (BF16/F16), 8 (FP8),
+ * 4 (FP4). Lane l of a row's warp w takes chunks (w * 32 + l) + j * 32 * wpr, so each load
+ * instruction is one contiguous span of the row and the x rows are read 32 bytes a lane.
+ * U chunks are loaded before the first is used (about 2 KB in flight per warp). */
+template <int F> struct ck;
+template <> struct ck<DSV4_WF_F32> {
+    struct T { uint4 a, b; };
+    enum { U = 4 };
+    static __device__ __forceinline__ T ld(const T *p) { return T{__ldg(&p->a), __ldg(&p->b)}; }
+};
+template <> struct ck<DSV4_WF_BF16> {
+    typedef uint4 T;
+    enum { U = 4 };
+    static __device__ __forceinline__ T ld(const T *p) { return __ldg(p); }
+};
+template <> struct ck<DSV4_WF_F16> {
+    typedef uint4 T;
+    enum { U = 4 };
+    static __device__ __forceinline__ T ld(const T *p) { return __ldg(p); }
+};
+template <> struct ck<DSV4_WF_FP8> {
+    typedef uint2 T;
+    enum { U = 8 };
+    static __device__ __forceinline__ T ld(const T *p) { return __ldg(p); }
+};
+template <> struct ck<DSV4_WF_FP4> {
+    typedef unsigned int T;
+    enum { U = 16 };
+    static __device__ __forceinline__ T ld(const T *p) { return __ldg(p); }
+};
 
-/* Chunk c (16 bytes) of row r decoded to fp32, each value times its block scale (exactly as
- * the CPU's row decode does: the product rounds once, then enters the dot product). */
-template <int F>
-__device__ __forceinline__ void decode16(const wdev &w, int64_t r, int64_t c, uint4 raw, float *v, const float *lut4)
+__device__ __forceinline__ void bf16x2(uint32_t u, float *v)
 {
-    const int E = fmt<F>::E;
-    uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
-    if (F == DSV4_WF_F32) {
+    v[0] = __uint_as_float(u << 16);
+    v[1] = __uint_as_float(u & 0xffff0000u);
+}
+
+__device__ __forceinline__ void f16x2(uint32_t u, float *v)
+{
+    __half2_raw h;
+    h.x = (unsigned short)(u & 0xffff);
+    h.y = (unsigned short)(u >> 16);
+    float2 f = __half22float2(__half2(h));
+    v[0] = f.x;
+    v[1] = f.y;
+}
+
+/* Four e4m3 bytes to fp32, exactly (e4m3 -> f16 is exact and keeps NaN, then f16 -> f32). */
+__device__ __forceinline__ void e4m3x4(uint32_t u, float *v)
+{
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            v[i] = __uint_as_float(u[i]);
-    } else if (F == DSV4_WF_BF16) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            v[2 * i] = __uint_as_float(u[i] << 16);
-            v[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
-        }
-    } else if (F == DSV4_WF_F16) {
-#pragma unroll
-        for (int i = 0; i < 4; i++) {
-            __half2_raw h;
-            h.x = (unsigned short)(u[i] & 0xffff);
-            h.y = (unsigned short)(u[i] >> 16);
-            float2 f = __half22float2(__half2(h));
-            v[2 * i] = f.x;
-            v[2 * i + 1] = f.y;
-        }
-    } else if (F == DSV4_WF_FP8) {
-        float s = scale_at(w.s, w.e8m0, (r / w.bn) * cdiv(w.k, w.bk) + (c * E) / w.bk);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 2; j++) {
-                /* e4m3 -> f16 is exact (NaN stays NaN), then f16 -> f32 */
-                __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u[i] >> (16 * j)), __NV_E4M3);
-                float2 f = __half22float2(__half2(h));
-                v[4 * i + 2 * j] = f.x * s;
-                v[4 * i + 2 * j + 1] = f.y * s;
-            }
-    } else {
-        float s = scale_at(w.s, w.e8m0, r * (w.k / w.bk) + (c * E) / w.bk);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                uint32_t b = (u[i] >> (8 * j)) & 0xff;
-                v[8 * i + 2 * j] = lut4[b & 15] * s;
-                v[8 * i + 2 * j + 1] = lut4[b >> 4] * s;
-            }
+    for (int j = 0; j < 2; j++) {
+        __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(u >> (16 * j)), __NV_E4M3);
+        float2 f = __half22float2(__half2(h));
+        v[2 * j] = f.x;
+        v[2 * j + 1] = f.y;
     }
 }
 
-/* One element (generic path for shapes the 16-byte chunks do not tile). */
+/* Eight e2m1 nibbles (element i in bits 4i..4i+3) to fp32, exactly, without a table: nibbles q
+ * and q + 4 (16 bits apart) become the two halves of an f16x2 with the magnitude bits in the
+ * exponent's low bits and the top mantissa bit, which is the value times 2^-14 (e = 0 lands on
+ * the f16 subnormals, 0 and 0.5 * 2^-14); one f16 multiply by 2^14, exact, restores it. */
+__device__ __forceinline__ void e2m1x8(uint32_t u, float *v)
+{
+    const __half2 k14 = __float2half2_rn(16384.0f);
+#pragma unroll
+    for (int q = 0; q < 4; q++) {
+        uint32_t m = (q < 3 ? u << (9 - 4 * q) : u >> 3) & 0x0e000e00u;
+        uint32_t sg = (u << (12 - 4 * q)) & 0x80008000u;
+        __half2_raw h;
+        h.x = (unsigned short)((m | sg) & 0xffff);
+        h.y = (unsigned short)((m | sg) >> 16);
+        float2 f = __half22float2(__hmul2(__half2(h), k14));
+        v[q] = f.x;
+        v[q + 4] = f.y;
+    }
+}
+
+template <int F>
+__device__ __forceinline__ void decode8(const typename ck<F>::T &c, float *v)
+{
+    if constexpr (F == DSV4_WF_F32) {
+        uint32_t u[8] = {c.a.x, c.a.y, c.a.z, c.a.w, c.b.x, c.b.y, c.b.z, c.b.w};
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            v[i] = __uint_as_float(u[i]);
+    } else if constexpr (F == DSV4_WF_BF16 || F == DSV4_WF_F16) {
+        uint32_t u[4] = {c.x, c.y, c.z, c.w};
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            if (F == DSV4_WF_BF16)
+                bf16x2(u[i], v + 2 * i);
+            else
+                f16x2(u[i], v + 2 * i);
+        }
+    } else if constexpr (F == DSV4_WF_FP8) {
+        e4m3x4(c.x, v);
+        e4m3x4(c.y, v + 4);
+    } else {
+        e2m1x8(c, v);
+    }
+}
+
+/* One element (the path for shapes the 8-element chunks do not tile), times its scale. */
 __device__ __forceinline__ float decode1(const wdev &w, int64_t r, int64_t i, const float *lut4)
 {
     switch (w.form) {
@@ -450,75 +498,98 @@ __device__ __forceinline__ float decode1(const wdev &w, int64_t r, int64_t i, co
         return __half2float(__half(h));
     }
     case DSV4_WF_FP8: {
-        float s = scale_at(w.s, w.e8m0, (r / w.bn) * cdiv(w.k, w.bk) + i / w.bk);
+        float s = scale_at(w.s, w.e8m0, (r / w.bn) * w.sk + i / w.bk);
         __half_raw h = __nv_cvt_fp8_to_halfraw(w.q[r * w.k + i], __NV_E4M3);
         return __half2float(__half(h)) * s;
     }
     default: {
-        float s = scale_at(w.s, w.e8m0, r * (w.k / w.bk) + i / w.bk);
+        float s = scale_at(w.s, w.e8m0, r * w.sk + i / w.bk);
         uint8_t b = w.q[r * (w.k / 2) + i / 2];
         return lut4[(i & 1) ? b >> 4 : b & 15] * s;
     }
     }
 }
 
-/* y[t, i] = sum_k W[r0 + i, k] x[t, k]; x [T, k] dense, y [T, nr] dense. One warp per output
- * row; lane l takes 16-byte chunks l, l + 32, ... of the row (VEC) or elements l, l + 32, ...
- * (generic), accumulating in that order, then the warp's xor tree. Tokens go LIN_TT at a time
- * over the same row, each with its own accumulator, so a token's sum is the same whatever T. */
+/* y[t, i] = sum_k W[r0 + i, k] x[t, k]; x [T, k] dense, y [T, nr] dense.
+ * Chunk path (VEC): wpr warps per row (chosen from the weight's shape alone), each lane
+ * accumulating its chunks in order; a chunk of a block-scaled form is summed unscaled (8
+ * products) and enters the lane's sum as one fma with its block's scale. Each warp's lanes
+ * meet in the xor tree, the row's warps in warp order. Element path: one warp per row, lane l
+ * takes elements l, l + 32, ... with the scale applied per element.
+ * Tokens go LIN_TT at a time over the same row, each with its own sums, so a token's result is
+ * the same whatever T is and wherever the token sits in the batch. */
 template <int F, bool VEC>
 __global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, int nr, const float *__restrict__ x, int T,
                                                           float *__restrict__ y)
 {
     __shared__ float lut4[16];
+    __shared__ float part[LIN_WARPS][LIN_TT];
     if (threadIdx.x < 16)
         lut4[threadIdx.x] = c_e2m1[threadIdx.x];
     __syncthreads();
-    int lane = threadIdx.x & 31;
-    int i = blockIdx.x * LIN_WARPS + (threadIdx.x >> 5);
-    if (i >= nr)
-        return;
+    const bool scaled = F == DSV4_WF_FP8 || F == DSV4_WF_FP4;
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int wpr = VEC ? w.wpr : 1;
+    int i = blockIdx.x * (LIN_WARPS / wpr) + wid / wpr, sub = wid % wpr;
+    bool live = i < nr;
     int64_t r = r0 + i, k = w.k;
     for (int t0 = 0; t0 < T; t0 += LIN_TT) {
         float acc[LIN_TT];
 #pragma unroll
         for (int tt = 0; tt < LIN_TT; tt++)
             acc[tt] = 0.0f;
-        if (VEC) {
-            const int E = fmt<F>::E;
-            int64_t nch = k / E;
-            const uint4 *row = (const uint4 *)w.q + r * nch;
-            for (int64_t c0 = 0; c0 < nch; c0 += 32 * LIN_U) {
-                uint4 raw[LIN_U];
+        if (live && VEC) {
+            typedef typename ck<F>::T CT;
+            const int U = ck<F>::U;
+            int64_t nch = k / 8, step = 32 * wpr;
+            const CT *row = (const CT *)w.q + r * nch;
+            int64_t sbase = F == DSV4_WF_FP8 ? (int64_t)((uint32_t)r / (uint32_t)w.bn) * w.sk : r * w.sk;
+            for (int64_t c0 = sub * 32 + lane; c0 < nch; c0 += step * U) {
+                CT raw[U];
 #pragma unroll
-                for (int u = 0; u < LIN_U; u++) {
-                    int64_t c = c0 + u * 32 + lane;
-                    raw[u] = c < nch ? __ldg(row + c) : make_uint4(0, 0, 0, 0);
-                }
+                for (int u = 0; u < U; u++)
+                    if (c0 + u * step < nch)
+                        raw[u] = ck<F>::ld(row + c0 + u * step);
 #pragma unroll
-                for (int u = 0; u < LIN_U; u++) {
-                    int64_t c = c0 + u * 32 + lane;
+                for (int u = 0; u < U; u++) {
+                    int64_t c = c0 + u * step;
                     if (c >= nch)
                         break;
-                    float v[E];
-                    decode16<F>(w, r, c, raw[u], v, lut4);
+                    float v[8], s = 1.0f;
+                    decode8<F>(raw[u], v);
+                    if (scaled)
+                        s = scale_at(w.s, w.e8m0, sbase + (w.cshift >= 0 ? (uint32_t)c >> w.cshift : (uint32_t)c / (uint32_t)w.cpb));
 #pragma unroll
                     for (int tt = 0; tt < LIN_TT; tt++) {
                         if (t0 + tt >= T)
                             break;
-                        const float4 *xp = (const float4 *)(x + (int64_t)(t0 + tt) * k + c * E);
-#pragma unroll
-                        for (int e = 0; e < E / 4; e++) {
-                            float4 xv = __ldg(xp + e);
-                            acc[tt] = fmaf(v[4 * e], xv.x, acc[tt]);
-                            acc[tt] = fmaf(v[4 * e + 1], xv.y, acc[tt]);
-                            acc[tt] = fmaf(v[4 * e + 2], xv.z, acc[tt]);
-                            acc[tt] = fmaf(v[4 * e + 3], xv.w, acc[tt]);
+                        const float4 *xp = (const float4 *)(x + (int64_t)(t0 + tt) * k + c * 8);
+                        float4 a = __ldg(xp), b = __ldg(xp + 1);
+                        if (scaled) {
+                            float p = v[0] * a.x;
+                            p = fmaf(v[1], a.y, p);
+                            p = fmaf(v[2], a.z, p);
+                            p = fmaf(v[3], a.w, p);
+                            p = fmaf(v[4], b.x, p);
+                            p = fmaf(v[5], b.y, p);
+                            p = fmaf(v[6], b.z, p);
+                            p = fmaf(v[7], b.w, p);
+                            acc[tt] = fmaf(p, s, acc[tt]);
+                        } else {
+                            float q = acc[tt];
+                            q = fmaf(v[0], a.x, q);
+                            q = fmaf(v[1], a.y, q);
+                            q = fmaf(v[2], a.z, q);
+                            q = fmaf(v[3], a.w, q);
+                            q = fmaf(v[4], b.x, q);
+                            q = fmaf(v[5], b.y, q);
+                            q = fmaf(v[6], b.z, q);
+                            acc[tt] = fmaf(v[7], b.w, q);
                         }
                     }
                 }
             }
-        } else {
+        } else if (live) {
             for (int64_t kk = lane; kk < k; kk += 32) {
                 float v = decode1(w, r, kk, lut4);
 #pragma unroll
@@ -532,29 +603,32 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, i
 #pragma unroll
         for (int tt = 0; tt < LIN_TT; tt++) {
             float s = warp_sum(acc[tt]);
-            if (lane == 0 && t0 + tt < T)
-                y[(int64_t)(t0 + tt) * nr + i] = s;
+            if (lane == 0)
+                part[wid][tt] = s;
         }
+        __syncthreads();
+        if (live && sub == 0 && lane < LIN_TT && t0 + lane < T) {
+            float s = part[wid][lane];
+            for (int j = 1; j < wpr; j++)
+                s += part[wid + j][lane];
+            y[(int64_t)(t0 + lane) * nr + i] = s;
+        }
+        __syncthreads();
     }
 }
 
-/* Whether the 16-byte chunk path tiles this weight's rows (and its scale blocks). */
+/* Whether the 8-element chunk path tiles this weight's rows (and its scale blocks). */
 static bool vec_ok(const dsv4_weight *w)
 {
-    switch (w->form) {
-    case DSV4_WF_F32: return w->k % 4 == 0;
-    case DSV4_WF_BF16:
-    case DSV4_WF_F16: return w->k % 8 == 0;
-    case DSV4_WF_FP8: return w->k % 16 == 0 && w->bk % 16 == 0;
-    case DSV4_WF_FP4: return w->k % 32 == 0 && w->bk % 32 == 0;
-    default: return false;
-    }
+    bool scaled = w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4;
+    return w->form < DSV4_WF_EXL3 && w->k % 8 == 0 && (!scaled || w->bk % 8 == 0);
 }
 
 template <int F>
 static void launch_form(const wdev &wd, bool vec, int64_t r0, int nr, const float *dx, int T, float *dy, cudaStream_t st)
 {
-    dim3 grid((unsigned)cdiv(nr, LIN_WARPS));
+    int rpb = LIN_WARPS / (vec ? wd.wpr : 1);
+    dim3 grid((unsigned)cdiv(nr, rpb));
     if (vec)
         k_linear<F, true><<<grid, LIN_WARPS * 32, 0, st>>>(wd, r0, nr, dx, T, dy);
     else
@@ -574,6 +648,9 @@ static void launch_linear(const dsv4_weight *w, const wdev &wd, int64_t r0, int 
     }
 }
 
+/* Warps per row: doubled (up to LIN_WARPS) while the weight has too few rows to give the
+ * device LIN_MIN_WARPS warps and each warp would still get two chunks a lane. From the
+ * weight's shape alone, so every call over that weight sums a row the same way. */
 static wdev wdev_of(const dsv4_weight *w, const void *q, const void *s)
 {
     wdev d;
@@ -584,6 +661,13 @@ static wdev wdev_of(const dsv4_weight *w, const void *q, const void *s)
     d.bn = w->bn > 0 ? w->bn : 1;
     d.bk = w->bk > 0 ? w->bk : 1;
     d.k = w->k;
+    d.sk = w->form == DSV4_WF_FP8 ? cdiv(w->k, d.bk) : w->k / d.bk;
+    d.cpb = d.bk / 8 > 0 ? d.bk / 8 : 1;
+    d.cshift = (d.cpb & (d.cpb - 1)) ? -1 : __builtin_ctz((unsigned)d.cpb);
+    int64_t nch = w->k / 8;
+    d.wpr = 1;
+    while (d.wpr < LIN_WARPS && w->n * d.wpr < LIN_MIN_WARPS && nch >= (int64_t)64 * d.wpr * 2)
+        d.wpr *= 2;
     return d;
 }
 
