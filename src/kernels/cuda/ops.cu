@@ -383,33 +383,35 @@ struct wdev {
 };
 
 /* The chunk path reads rows in chunks of 8 elements: 32 bytes (F32), 16 (BF16/F16), 8 (FP8),
- * 4 (FP4). Lane l of a row's warp w takes chunks (w * 32 + l) + j * 32 * wpr, so each load
- * instruction is one contiguous span of the row and the x rows are read 32 bytes a lane.
- * U chunks are loaded before the first is used (about 2 KB in flight per warp). */
+ * 4 (FP4). A warp owns R neighbouring rows and lane l of its w-th warp takes chunks
+ * (w * 32 + l) + j * 32 * wpr of each, so a load instruction is one contiguous span of a row,
+ * and the 8 x values a chunk needs are loaded once for the R rows (x comes from L1, and at one
+ * weight byte per element re-reading it per row would cost more L1 traffic than the weights'
+ * own). U chunks of each row are loaded before the first is used (about 2 KB a warp). */
 template <int F> struct ck;
 template <> struct ck<DSV4_WF_F32> {
     struct T { uint4 a, b; };
-    enum { U = 4 };
+    enum { R = 2, U = 1 };
     static __device__ __forceinline__ T ld(const T *p) { return T{__ldg(&p->a), __ldg(&p->b)}; }
 };
 template <> struct ck<DSV4_WF_BF16> {
     typedef uint4 T;
-    enum { U = 4 };
+    enum { R = 2, U = 2 };
     static __device__ __forceinline__ T ld(const T *p) { return __ldg(p); }
 };
 template <> struct ck<DSV4_WF_F16> {
     typedef uint4 T;
-    enum { U = 4 };
+    enum { R = 2, U = 2 };
     static __device__ __forceinline__ T ld(const T *p) { return __ldg(p); }
 };
 template <> struct ck<DSV4_WF_FP8> {
     typedef uint2 T;
-    enum { U = 8 };
+    enum { R = 4, U = 2 };
     static __device__ __forceinline__ T ld(const T *p) { return __ldg(p); }
 };
 template <> struct ck<DSV4_WF_FP4> {
     typedef unsigned int T;
-    enum { U = 16 };
+    enum { R = 4, U = 4 };
     static __device__ __forceinline__ T ld(const T *p) { return __ldg(p); }
 };
 
@@ -511,107 +513,139 @@ __device__ __forceinline__ float decode1(const wdev &w, int64_t r, int64_t i, co
 }
 
 /* y[t, i] = sum_k W[r0 + i, k] x[t, k]; x [T, k] dense, y [T, nr] dense.
- * Chunk path (VEC): wpr warps per row (chosen from the weight's shape alone), each lane
- * accumulating its chunks in order; a chunk of a block-scaled form is summed unscaled (8
- * products) and enters the lane's sum as one fma with its block's scale. Each warp's lanes
- * meet in the xor tree, the row's warps in warp order. Element path: one warp per row, lane l
- * takes elements l, l + 32, ... with the scale applied per element.
- * Tokens go LIN_TT at a time over the same row, each with its own sums, so a token's result is
- * the same whatever T is and wherever the token sits in the batch. */
-template <int F, bool VEC>
+ * Chunk path (VEC): a warp owns R rows, wpr warps split a row group's chunks (R and wpr from
+ * the weight's form and shape alone); each lane accumulates its chunks of a row in order, a
+ * chunk of a block-scaled form summed unscaled (8 products) and entering the lane's sum as one
+ * fma with its block's scale; a warp's lanes meet in the xor tree, the group's warps in warp
+ * order. Element path: one warp per row, lane l takes elements l, l + 32, ... with the scale
+ * applied per element. Tokens go TT at a time over the same rows, each with its own sums and
+ * the same sequence of operations, so a token's result is the same whatever T is, wherever
+ * the token sits in the batch, and whether TT is 1 (the T = 1 build, fewer registers) or 8. */
+template <int F, bool VEC, int TT>
 __global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, int nr, const float *__restrict__ x, int T,
                                                           float *__restrict__ y)
 {
+    const int R = VEC ? (int)ck<F>::R : 1;
     __shared__ float lut4[16];
-    __shared__ float part[LIN_WARPS][LIN_TT];
+    __shared__ float part[LIN_WARPS][VEC ? (int)ck<F>::R : 1][TT];
     if (threadIdx.x < 16)
         lut4[threadIdx.x] = c_e2m1[threadIdx.x];
     __syncthreads();
     const bool scaled = F == DSV4_WF_FP8 || F == DSV4_WF_FP4;
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     int wpr = VEC ? w.wpr : 1;
-    int i = blockIdx.x * (LIN_WARPS / wpr) + wid / wpr, sub = wid % wpr;
-    bool live = i < nr;
-    int64_t r = r0 + i, k = w.k;
-    for (int t0 = 0; t0 < T; t0 += LIN_TT) {
-        float acc[LIN_TT];
+    int i0 = (blockIdx.x * (LIN_WARPS / wpr) + wid / wpr) * R, sub = wid % wpr;
+    bool live = i0 < nr;
+    int64_t k = w.k;
+    for (int t0 = 0; t0 < T; t0 += TT) {
+        float acc[R][TT];
 #pragma unroll
-        for (int tt = 0; tt < LIN_TT; tt++)
-            acc[tt] = 0.0f;
+        for (int rr = 0; rr < R; rr++)
+#pragma unroll
+            for (int tt = 0; tt < TT; tt++)
+                acc[rr][tt] = 0.0f;
         if (live && VEC) {
             typedef typename ck<F>::T CT;
             const int U = ck<F>::U;
             int64_t nch = k / 8, step = 32 * wpr;
-            const CT *row = (const CT *)w.q + r * nch;
-            int64_t sbase = F == DSV4_WF_FP8 ? (int64_t)((uint32_t)r / (uint32_t)w.bn) * w.sk : r * w.sk;
+            const CT *row[R];
+            int64_t sbase[R];
+#pragma unroll
+            for (int rr = 0; rr < R; rr++) {
+                /* rows past the range read the group's first row; their sums are dropped */
+                int64_t r = r0 + (i0 + rr < nr ? i0 + rr : i0);
+                row[rr] = (const CT *)w.q + r * nch;
+                sbase[rr] = F == DSV4_WF_FP8 ? (int64_t)((uint32_t)r / (uint32_t)w.bn) * w.sk : r * w.sk;
+            }
             for (int64_t c0 = sub * 32 + lane; c0 < nch; c0 += step * U) {
-                CT raw[U];
+                CT raw[U][R];
 #pragma unroll
                 for (int u = 0; u < U; u++)
-                    if (c0 + u * step < nch)
-                        raw[u] = ck<F>::ld(row + c0 + u * step);
+#pragma unroll
+                    for (int rr = 0; rr < R; rr++)
+                        if (c0 + u * step < nch)
+                            raw[u][rr] = ck<F>::ld(row[rr] + c0 + u * step);
 #pragma unroll
                 for (int u = 0; u < U; u++) {
                     int64_t c = c0 + u * step;
                     if (c >= nch)
                         break;
-                    float v[8], s = 1.0f;
-                    decode8<F>(raw[u], v);
-                    if (scaled)
-                        s = scale_at(w.s, w.e8m0, sbase + (w.cshift >= 0 ? (uint32_t)c >> w.cshift : (uint32_t)c / (uint32_t)w.cpb));
+                    /* TT == 1: each row decoded right before its products (8 values live,
+                     * not 8 R); TT > 1: all R decoded once and reused by every token. The
+                     * operations on a token's sums are the same either way. */
+                    float v[TT == 1 ? 1 : R][8], s[R];
+                    uint32_t blk = w.cshift >= 0 ? (uint32_t)c >> w.cshift : (uint32_t)c / (uint32_t)w.cpb;
 #pragma unroll
-                    for (int tt = 0; tt < LIN_TT; tt++) {
+                    for (int rr = 0; rr < R; rr++) {
+                        if (TT > 1)
+                            decode8<F>(raw[u][rr], v[TT == 1 ? 0 : rr]);
+                        s[rr] = scaled ? scale_at(w.s, w.e8m0, sbase[rr] + blk) : 1.0f;
+                    }
+#pragma unroll
+                    for (int tt = 0; tt < TT; tt++) {
                         if (t0 + tt >= T)
                             break;
                         const float4 *xp = (const float4 *)(x + (int64_t)(t0 + tt) * k + c * 8);
                         float4 a = __ldg(xp), b = __ldg(xp + 1);
-                        if (scaled) {
-                            float p = v[0] * a.x;
-                            p = fmaf(v[1], a.y, p);
-                            p = fmaf(v[2], a.z, p);
-                            p = fmaf(v[3], a.w, p);
-                            p = fmaf(v[4], b.x, p);
-                            p = fmaf(v[5], b.y, p);
-                            p = fmaf(v[6], b.z, p);
-                            p = fmaf(v[7], b.w, p);
-                            acc[tt] = fmaf(p, s, acc[tt]);
-                        } else {
-                            float q = acc[tt];
-                            q = fmaf(v[0], a.x, q);
-                            q = fmaf(v[1], a.y, q);
-                            q = fmaf(v[2], a.z, q);
-                            q = fmaf(v[3], a.w, q);
-                            q = fmaf(v[4], b.x, q);
-                            q = fmaf(v[5], b.y, q);
-                            q = fmaf(v[6], b.z, q);
-                            acc[tt] = fmaf(v[7], b.w, q);
+#pragma unroll
+                        for (int rr = 0; rr < R; rr++) {
+                            const int vr = TT == 1 ? 0 : rr;
+                            if (TT == 1)
+                                decode8<F>(raw[u][rr], v[0]);
+                            if (scaled) {
+                                float p = v[vr][0] * a.x;
+                                p = fmaf(v[vr][1], a.y, p);
+                                p = fmaf(v[vr][2], a.z, p);
+                                p = fmaf(v[vr][3], a.w, p);
+                                p = fmaf(v[vr][4], b.x, p);
+                                p = fmaf(v[vr][5], b.y, p);
+                                p = fmaf(v[vr][6], b.z, p);
+                                p = fmaf(v[vr][7], b.w, p);
+                                acc[rr][tt] = fmaf(p, s[rr], acc[rr][tt]);
+                            } else {
+                                float q = acc[rr][tt];
+                                q = fmaf(v[vr][0], a.x, q);
+                                q = fmaf(v[vr][1], a.y, q);
+                                q = fmaf(v[vr][2], a.z, q);
+                                q = fmaf(v[vr][3], a.w, q);
+                                q = fmaf(v[vr][4], b.x, q);
+                                q = fmaf(v[vr][5], b.y, q);
+                                q = fmaf(v[vr][6], b.z, q);
+                                acc[rr][tt] = fmaf(v[vr][7], b.w, q);
+                            }
                         }
                     }
                 }
             }
         } else if (live) {
+            int64_t r = r0 + i0;
             for (int64_t kk = lane; kk < k; kk += 32) {
                 float v = decode1(w, r, kk, lut4);
 #pragma unroll
-                for (int tt = 0; tt < LIN_TT; tt++) {
+                for (int tt = 0; tt < TT; tt++) {
                     if (t0 + tt >= T)
                         break;
-                    acc[tt] = fmaf(v, x[(int64_t)(t0 + tt) * k + kk], acc[tt]);
+                    acc[0][tt] = fmaf(v, x[(int64_t)(t0 + tt) * k + kk], acc[0][tt]);
                 }
             }
         }
 #pragma unroll
-        for (int tt = 0; tt < LIN_TT; tt++) {
-            float s = warp_sum(acc[tt]);
-            if (lane == 0)
-                part[wid][tt] = s;
-        }
+        for (int rr = 0; rr < R; rr++)
+#pragma unroll
+            for (int tt = 0; tt < TT; tt++) {
+                float sum = warp_sum(acc[rr][tt]);
+                if (lane == 0)
+                    part[wid][rr][tt] = sum;
+            }
         __syncthreads();
-        if (live && sub == 0 && lane < LIN_TT && t0 + lane < T) {
-            float s = part[wid][lane];
-            for (int j = 1; j < wpr; j++)
-                s += part[wid + j][lane];
-            y[(int64_t)(t0 + lane) * nr + i] = s;
+        if (live && sub == 0 && lane < R * TT) {
+            int rr = lane / TT, tt = lane % TT;
+            if (i0 + rr < nr && t0 + tt < T) {
+                float sum = part[wid][rr][tt];
+                for (int j = 1; j < wpr; j++)
+                    sum += part[wid + j][rr][tt];
+                y[(int64_t)(t0 + tt) * nr + i0 + rr] = sum;
+            }
         }
         __syncthreads();
     }
@@ -624,15 +658,28 @@ static bool vec_ok(const dsv4_weight *w)
     return w->form < DSV4_WF_EXL3 && w->k % 8 == 0 && (!scaled || w->bk % 8 == 0);
 }
 
+static int rows_per_warp(int form)
+{
+    switch (form) {
+    case DSV4_WF_F32: return ck<DSV4_WF_F32>::R;
+    case DSV4_WF_BF16: return ck<DSV4_WF_BF16>::R;
+    case DSV4_WF_F16: return ck<DSV4_WF_F16>::R;
+    case DSV4_WF_FP8: return ck<DSV4_WF_FP8>::R;
+    default: return ck<DSV4_WF_FP4>::R;
+    }
+}
+
 template <int F>
 static void launch_form(const wdev &wd, bool vec, int64_t r0, int nr, const float *dx, int T, float *dy, cudaStream_t st)
 {
-    int rpb = LIN_WARPS / (vec ? wd.wpr : 1);
+    int rpb = vec ? LIN_WARPS / wd.wpr * (int)ck<F>::R : LIN_WARPS;
     dim3 grid((unsigned)cdiv(nr, rpb));
-    if (vec)
-        k_linear<F, true><<<grid, LIN_WARPS * 32, 0, st>>>(wd, r0, nr, dx, T, dy);
+    if (vec && T == 1)
+        k_linear<F, true, 1><<<grid, LIN_WARPS * 32, 0, st>>>(wd, r0, nr, dx, T, dy);
+    else if (vec)
+        k_linear<F, true, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(wd, r0, nr, dx, T, dy);
     else
-        k_linear<F, false><<<grid, LIN_WARPS * 32, 0, st>>>(wd, r0, nr, dx, T, dy);
+        k_linear<F, false, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(wd, r0, nr, dx, T, dy);
 }
 
 static void launch_linear(const dsv4_weight *w, const wdev &wd, int64_t r0, int nr, const float *dx, int T, float *dy,
@@ -648,9 +695,9 @@ static void launch_linear(const dsv4_weight *w, const wdev &wd, int64_t r0, int 
     }
 }
 
-/* Warps per row: doubled (up to LIN_WARPS) while the weight has too few rows to give the
- * device LIN_MIN_WARPS warps and each warp would still get two chunks a lane. From the
- * weight's shape alone, so every call over that weight sums a row the same way. */
+/* Warps per row group: doubled (up to LIN_WARPS) while the weight has too few row groups to
+ * give the device LIN_MIN_WARPS warps and each lane would still get a chunk. From the weight's
+ * form and shape alone, so every call over that weight sums a row the same way. */
 static wdev wdev_of(const dsv4_weight *w, const void *q, const void *s)
 {
     wdev d;
@@ -664,9 +711,9 @@ static wdev wdev_of(const dsv4_weight *w, const void *q, const void *s)
     d.sk = w->form == DSV4_WF_FP8 ? cdiv(w->k, d.bk) : w->k / d.bk;
     d.cpb = d.bk / 8 > 0 ? d.bk / 8 : 1;
     d.cshift = (d.cpb & (d.cpb - 1)) ? -1 : __builtin_ctz((unsigned)d.cpb);
-    int64_t nch = w->k / 8;
+    int64_t nch = w->k / 8, groups = cdiv(w->n, rows_per_warp(w->form));
     d.wpr = 1;
-    while (d.wpr < LIN_WARPS && w->n * d.wpr < LIN_MIN_WARPS && nch >= (int64_t)64 * d.wpr * 2)
+    while (d.wpr < LIN_WARPS && groups * d.wpr < LIN_MIN_WARPS && nch >= (int64_t)32 * d.wpr * 2)
         d.wpr *= 2;
     return d;
 }
