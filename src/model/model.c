@@ -262,6 +262,25 @@ static int cuda_resident(dsv4_model *m, int put, dsv4_err *err)
 }
 #endif
 
+int dsv4_device_probe(const char *device, char *desc, size_t n, dsv4_err *err)
+{
+    dsv4_err_clear(err);
+    if (!device || !strcmp(device, "cpu")) {
+        snprintf(desc, n, "cpu: %d threads", omp_get_max_threads());
+        return 0;
+    }
+    if (strcmp(device, "cuda"))
+        return dsv4_fail(err, DSV4_E_DEVICE, "device '%s' is unknown (devices: cpu, cuda)", device);
+#ifdef DSV4_CUDA
+    if (dsv4_cuda_init(err))
+        return err->code;
+    snprintf(desc, n, "cuda: %s", dsv4_cuda_device_name());
+    return 0;
+#else
+    return dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda' is not available in this build (built without CUDA=1; it has: cpu)");
+#endif
+}
+
 dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err)
 {
     dsv4_load_opts o = {0};

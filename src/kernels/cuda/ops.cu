@@ -526,6 +526,7 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, i
                                                           float *__restrict__ y)
 {
     const int R = VEC ? (int)ck<F>::R : 1;
+    static_assert((VEC ? (int)ck<F>::R : 1) * TT <= 32, "one lane per (row, token) adds the group's warp sums");
     __shared__ float lut4[16];
     __shared__ float part[LIN_WARPS][VEC ? (int)ck<F>::R : 1][TT];
     if (threadIdx.x < 16)
@@ -669,6 +670,17 @@ static int rows_per_warp(int form)
     }
 }
 
+static int chunks_in_flight(int form)
+{
+    switch (form) {
+    case DSV4_WF_F32: return ck<DSV4_WF_F32>::U;
+    case DSV4_WF_BF16: return ck<DSV4_WF_BF16>::U;
+    case DSV4_WF_F16: return ck<DSV4_WF_F16>::U;
+    case DSV4_WF_FP8: return ck<DSV4_WF_FP8>::U;
+    default: return ck<DSV4_WF_FP4>::U;
+    }
+}
+
 template <int F>
 static void launch_form(const wdev &wd, bool vec, int64_t r0, int nr, const float *dx, int T, float *dy, cudaStream_t st)
 {
@@ -696,8 +708,9 @@ static void launch_linear(const dsv4_weight *w, const wdev &wd, int64_t r0, int 
 }
 
 /* Warps per row group: doubled (up to LIN_WARPS) while the weight has too few row groups to
- * give the device LIN_MIN_WARPS warps and each lane would still get a chunk. From the weight's
- * form and shape alone, so every call over that weight sums a row the same way. */
+ * give the device LIN_MIN_WARPS warps and each lane would still get its U chunks (splitting
+ * further only adds blocks, and a second wave). From the weight's form and shape alone, so
+ * every call over that weight sums a row the same way. */
 static wdev wdev_of(const dsv4_weight *w, const void *q, const void *s)
 {
     wdev d;
@@ -713,7 +726,7 @@ static wdev wdev_of(const dsv4_weight *w, const void *q, const void *s)
     d.cshift = (d.cpb & (d.cpb - 1)) ? -1 : __builtin_ctz((unsigned)d.cpb);
     int64_t nch = w->k / 8, groups = cdiv(w->n, rows_per_warp(w->form));
     d.wpr = 1;
-    while (d.wpr < LIN_WARPS && groups * d.wpr < LIN_MIN_WARPS && nch >= (int64_t)32 * d.wpr * 2)
+    while (d.wpr < LIN_WARPS && groups * d.wpr < LIN_MIN_WARPS && nch >= (int64_t)32 * chunks_in_flight(w->form) * d.wpr * 2)
         d.wpr *= 2;
     return d;
 }
