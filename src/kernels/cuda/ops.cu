@@ -228,6 +228,9 @@ extern "C" int dsv4_cuda_put_weight(const dsv4_weight *w, dsv4_err *err)
     int rc = dsv4_cuda_put(w->data, data_bytes(w), err);
     if (!rc && w->scale)
         rc = dsv4_cuda_put(w->scale, scale_bytes(w), err);
+    if (rc && err)
+        dsv4_err_prefix(err, "weight %s (%s [%lld, %lld])", w->name ? w->name : "?", dsv4_wform_name(w->form),
+                        (long long)w->n, (long long)w->k);
     return rc;
 }
 
