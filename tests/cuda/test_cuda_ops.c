@@ -11,7 +11,9 @@
  * Each op also has planted controls: the same comparison against a deliberately wrong
  * reference (one index off, one scale skipped, the limit skipped) must fail, so no check
  * passes by being unable to fail. And concurrent == solo: a batch of rows equals the same
- * rows one at a time on the GPU, bit for bit. */
+ * rows one at a time on the GPU, bit for bit; a grouped launch (several experts in one grid)
+ * equals the same weights launched one by one, bit for bit. */
+#include <cuda_runtime_api.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -271,6 +273,77 @@ static void test_linear(const lin_case *c, int resident)
     free((void *)w.data);
     free((void *)w.scale);
     free(x), free(ref), free(got), free(row), free(one), free(mag), free(g), free(r), free(xs), free(wr), free(wp);
+}
+
+/* ---- grouped linear: n weights of one form and shape in one launch ------------------------ */
+
+static void test_linear_group(dsv4_wform form, int64_t n, int64_t k, int bn, int bk, int count, int T)
+{
+    char what[128];
+    snprintf(what, sizeof what, "linear group %d x %s [%lld,%lld] T=%d", count, dsv4_wform_name(form), (long long)n,
+             (long long)k, T);
+    lin_case c = {form, n, k, bn, bk, 1, 0, n, T, 0, 0};
+    dsv4_weight w[8];
+    const dsv4_weight *wp[8];
+    float *hx[8], *dx[8], *dy[8], *dg[8];
+    size_t xb = (size_t)T * k * sizeof(float), yb = (size_t)T * n * sizeof(float);
+    dsv4_err err = {0};
+    int ok = 1;
+    for (int j = 0; j < count; j++) {
+        make_weight(&c, &w[j]);
+        wp[j] = &w[j];
+        ok &= !dsv4_cuda_put_weight(&w[j], &err);
+        hx[j] = falloc((size_t)T * k);
+        fill(hx[j], (size_t)T * k, -1, 1);
+        ok &= cudaMalloc((void **)&dx[j], xb) == cudaSuccess && cudaMalloc((void **)&dy[j], yb) == cudaSuccess &&
+              cudaMalloc((void **)&dg[j], yb) == cudaSuccess;
+        ok &= cudaMemcpy(dx[j], hx[j], xb, cudaMemcpyHostToDevice) == cudaSuccess;
+        ok &= cudaMemset(dy[j], 0xff, yb) == cudaSuccess && cudaMemset(dg[j], 0xff, yb) == cudaSuccess;
+    }
+    CHECK(ok, "%s: device setup failed: %s", what, err.msg);
+    for (int j = 0; j < count; j++)
+        CHECK(!dsv4_cuda_linear_dev(&w[j], 0, n, dx[j], T, dy[j], NULL, &err), "%s: %s", what, err.msg);
+    CHECK(!dsv4_cuda_linear_group_dev(wp, count, (const float *const *)dx, T, dg, NULL, &err), "%s: %s", what, err.msg);
+    CHECK(cudaDeviceSynchronize() == cudaSuccess, "%s: %s", what, cudaGetErrorString(cudaGetLastError()));
+    float *one = falloc((size_t)T * n), *grp = falloc((size_t)T * n), *ref = falloc((size_t)T * n);
+    double *mag = malloc((size_t)T * n * sizeof(double));
+    float *row = falloc(k);
+    int same = 1, close = 1;
+    for (int j = 0; j < count; j++) {
+        cudaMemcpy(one, dy[j], yb, cudaMemcpyDeviceToHost);
+        cudaMemcpy(grp, dg[j], yb, cudaMemcpyDeviceToHost);
+        same &= !memcmp(one, grp, yb);
+        cpu->linear(&w[j], 0, n, hx[j], T, k, ref, n);
+        for (int64_t i = 0; i < n; i++) {
+            dsv4_weight_row(&w[j], i, row);
+            for (int t = 0; t < T; t++) {
+                double m = 0;
+                for (int64_t q = 0; q < k; q++)
+                    m += fabs((double)row[q] * hx[j][(size_t)t * k + q]);
+                mag[(size_t)t * n + i] = m;
+            }
+        }
+        close &= agree(what, grp, ref, mag, (size_t)T * n, j > 0);
+        if (j == 1) { /* control: job 1's result against job 0's reference (one job index off) */
+            float *ref0 = falloc((size_t)T * n);
+            cpu->linear(&w[0], 0, n, hx[0], T, k, ref0, n);
+            control("linear group job index off", grp, ref0, mag, (size_t)T * n);
+            free(ref0);
+        }
+    }
+    CHECK(close, "%s: GPU and CPU differ", what);
+    CHECK(same, "%s: the grouped launch differs from the weights launched one by one", what);
+    printf("  grouped == one by one (%d weights): %s\n", count, same ? "bitwise equal" : "DIFFERENT");
+    for (int j = 0; j < count; j++) {
+        dsv4_cuda_drop_weight(&w[j]);
+        free((void *)w[j].data);
+        free((void *)w[j].scale);
+        free(hx[j]);
+        cudaFree(dx[j]);
+        cudaFree(dy[j]);
+        cudaFree(dg[j]);
+    }
+    free(one), free(grp), free(ref), free(mag), free(row);
 }
 
 /* ---- rmsnorm ----------------------------------------------------------------------------- */
@@ -597,6 +670,8 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof lc / sizeof lc[0]; i++)
         test_linear(&lc[i], i % 2 == 0);
+    test_linear_group(DSV4_WF_FP4, 96, 512, 1, 32, 6, 1);
+    test_linear_group(DSV4_WF_FP8, 128, 384, 128, 128, 3, 3);
     test_rmsnorm(5, 1000, 1, 0);
     test_rmsnorm(3, 4096, 0, 0);
     test_rmsnorm(4, 512, 1, 1);

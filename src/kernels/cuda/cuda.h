@@ -47,6 +47,14 @@ void dsv4_cuda_set_poison(int on);
 int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy, void *stream,
                          dsv4_err *err);
 
+/* Several weights of one form, shape and block layout (the active experts' w1, say) in one
+ * launch, for j < n: dy[j] = W_j dx[j] over all rows; dx[j] [T, k], dy[j] [T, n] dense device
+ * buffers. Each row is summed exactly as dsv4_cuda_linear_dev sums it (bit for bit); one
+ * launch instead of n is what small expert matrices need. n <= DSV4_CUDA_GROUP_MAX. */
+#define DSV4_CUDA_GROUP_MAX 16
+int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, const float *const *dx, int T, float *const *dy,
+                               void *stream, dsv4_err *err);
+
 #ifdef __cplusplus
 }
 #endif

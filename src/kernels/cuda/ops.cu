@@ -515,7 +515,17 @@ __device__ __forceinline__ float decode1(const wdev &w, int64_t r, int64_t i, co
     }
 }
 
-/* y[t, i] = sum_k W[r0 + i, k] x[t, k]; x [T, k] dense, y [T, nr] dense.
+/* One launch's work: n jobs, each rows [r0, r0 + nr) of its weight times its x, bpj blocks a
+ * job. A single linear is one job; a group (experts of one form and shape) is several. */
+struct lin_jobs {
+    wdev w[DSV4_CUDA_GROUP_MAX];
+    int64_t r0[DSV4_CUDA_GROUP_MAX];
+    const float *x[DSV4_CUDA_GROUP_MAX];
+    float *y[DSV4_CUDA_GROUP_MAX];
+    int n, nr, bpj;
+};
+
+/* y[t, i] = sum_k W[r0 + i, k] x[t, k]; x [T, k] dense, y [T, nr] dense, per job.
  * Chunk path (VEC): a warp owns R rows, wpr warps split a row group's chunks (R and wpr from
  * the weight's form and shape alone); each lane accumulates its chunks of a row in order, a
  * chunk of a block-scaled form summed unscaled (8 products) and entering the lane's sum as one
@@ -525,8 +535,8 @@ __device__ __forceinline__ float decode1(const wdev &w, int64_t r, int64_t i, co
  * the same sequence of operations, so a token's result is the same whatever T is, wherever
  * the token sits in the batch, and whether TT is 1 (the T = 1 build, fewer registers) or 8. */
 template <int F, bool VEC, int TT>
-__global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, int nr, const float *__restrict__ x, int T,
-                                                          float *__restrict__ y)
+__device__ __forceinline__ void linear_rows(const wdev &w, int64_t r0, int nr, const float *__restrict__ x, int T,
+                                            float *__restrict__ y, int blk)
 {
     const int R = VEC ? (int)ck<F>::R : 1;
     static_assert((VEC ? (int)ck<F>::R : 1) * TT <= 32, "one lane per (row, token) adds the group's warp sums");
@@ -538,7 +548,7 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, i
     const bool scaled = F == DSV4_WF_FP8 || F == DSV4_WF_FP4;
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     int wpr = VEC ? w.wpr : 1;
-    int i0 = (blockIdx.x * (LIN_WARPS / wpr) + wid / wpr) * R, sub = wid % wpr;
+    int i0 = (blk * (LIN_WARPS / wpr) + wid / wpr) * R, sub = wid % wpr;
     bool live = i0 < nr;
     int64_t k = w.k;
     for (int t0 = 0; t0 < T; t0 += TT) {
@@ -655,6 +665,23 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, i
     }
 }
 
+/* A single linear: the weight's parameters at fixed offsets. */
+template <int F, bool VEC, int TT>
+__global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, int nr, const float *__restrict__ x, int T,
+                                                          float *__restrict__ y)
+{
+    linear_rows<F, VEC, TT>(w, r0, nr, x, T, y, blockIdx.x);
+}
+
+/* A group: job blockIdx.x / bpj. Kept apart from k_linear because a run-time job index into the
+ * parameters cost the single launches registers and time (measured: FP4 expert 6.6 -> 10.3 us). */
+template <int F, bool VEC, int TT>
+__global__ void __launch_bounds__(LIN_WARPS * 32) k_linear_group(lin_jobs J, int T)
+{
+    int j = blockIdx.x / J.bpj;
+    linear_rows<F, VEC, TT>(J.w[j], J.r0[j], J.nr, J.x[j], T, J.y[j], blockIdx.x % J.bpj);
+}
+
 /* Whether the 8-element chunk path tiles this weight's rows (and its scale blocks). */
 static bool vec_ok(const dsv4_weight *w)
 {
@@ -685,29 +712,51 @@ static int chunks_in_flight(int form)
 }
 
 template <int F>
-static void launch_form(const wdev &wd, bool vec, int64_t r0, int nr, const float *dx, int T, float *dy, cudaStream_t st)
+static void launch_form(lin_jobs &J, bool vec, int T, cudaStream_t st)
 {
-    int rpb = vec ? LIN_WARPS / wd.wpr * (int)ck<F>::R : LIN_WARPS;
-    dim3 grid((unsigned)cdiv(nr, rpb));
-    if (vec && T == 1)
-        k_linear<F, true, 1><<<grid, LIN_WARPS * 32, 0, st>>>(wd, r0, nr, dx, T, dy);
+    int rpb = vec ? LIN_WARPS / J.w[0].wpr * (int)ck<F>::R : LIN_WARPS;
+    J.bpj = (int)cdiv(J.nr, rpb);
+    dim3 grid((unsigned)(J.bpj * J.n));
+    if (J.n > 1) {
+        if (vec && T == 1)
+            k_linear_group<F, true, 1><<<grid, LIN_WARPS * 32, 0, st>>>(J, T);
+        else if (vec)
+            k_linear_group<F, true, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J, T);
+        else
+            k_linear_group<F, false, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J, T);
+    } else if (vec && T == 1)
+        k_linear<F, true, 1><<<grid, LIN_WARPS * 32, 0, st>>>(J.w[0], J.r0[0], J.nr, J.x[0], T, J.y[0]);
     else if (vec)
-        k_linear<F, true, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(wd, r0, nr, dx, T, dy);
+        k_linear<F, true, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J.w[0], J.r0[0], J.nr, J.x[0], T, J.y[0]);
     else
-        k_linear<F, false, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(wd, r0, nr, dx, T, dy);
+        k_linear<F, false, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J.w[0], J.r0[0], J.nr, J.x[0], T, J.y[0]);
 }
 
-static void launch_linear(const dsv4_weight *w, const wdev &wd, int64_t r0, int nr, const float *dx, int T, float *dy,
-                          cudaStream_t st)
+/* Launches J's jobs, whose weights all have w's form and shape. */
+static void launch_linear(const dsv4_weight *w, lin_jobs &J, int T, cudaStream_t st)
 {
     bool vec = vec_ok(w);
     switch (w->form) {
-    case DSV4_WF_F32: launch_form<DSV4_WF_F32>(wd, vec, r0, nr, dx, T, dy, st); break;
-    case DSV4_WF_BF16: launch_form<DSV4_WF_BF16>(wd, vec, r0, nr, dx, T, dy, st); break;
-    case DSV4_WF_F16: launch_form<DSV4_WF_F16>(wd, vec, r0, nr, dx, T, dy, st); break;
-    case DSV4_WF_FP8: launch_form<DSV4_WF_FP8>(wd, vec, r0, nr, dx, T, dy, st); break;
-    default: launch_form<DSV4_WF_FP4>(wd, vec, r0, nr, dx, T, dy, st); break;
+    case DSV4_WF_F32: launch_form<DSV4_WF_F32>(J, vec, T, st); break;
+    case DSV4_WF_BF16: launch_form<DSV4_WF_BF16>(J, vec, T, st); break;
+    case DSV4_WF_F16: launch_form<DSV4_WF_F16>(J, vec, T, st); break;
+    case DSV4_WF_FP8: launch_form<DSV4_WF_FP8>(J, vec, T, st); break;
+    default: launch_form<DSV4_WF_FP4>(J, vec, T, st); break;
     }
+}
+
+/* One job: rows [r0, r0 + nr) of a weight. */
+static lin_jobs one_job(const wdev &wd, int64_t r0, int nr, const float *dx, float *dy)
+{
+    lin_jobs J;
+    memset(&J, 0, sizeof J);
+    J.w[0] = wd;
+    J.r0[0] = r0;
+    J.x[0] = dx;
+    J.y[0] = dy;
+    J.n = 1;
+    J.nr = nr;
+    return J;
 }
 
 /* Warps per row group: doubled (up to LIN_WARPS) while the weight has too few row groups to
@@ -758,7 +807,8 @@ static void cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float 
     const void *s = ok && w->scale ? dev_const(w->scale, scale_bytes(w)) : NULL;
     float *dx = ok ? dev_in(x, T, w->k, ldx) : NULL, *dy = ok ? dev_out((size_t)T * nr) : NULL;
     if (q && (s || !w->scale) && dx && dy) {
-        launch_linear(w, wdev_of(w, q, s), r0, (int)nr, dx, T, dy, 0);
+        lin_jobs J = one_job(wdev_of(w, q, s), r0, (int)nr, dx, dy);
+        launch_linear(w, J, T, 0);
         if (launched("linear"))
             dev_back(y, ldy, dy, T, nr);
         else
@@ -777,10 +827,43 @@ extern "C" int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1
     if (w->form >= DSV4_WF_EXL3 || !rq || (w->scale && !rs))
         return dsv4_fail(err, DSV4_E_ARG, "cuda: weight %s is not resident on the device (dsv4_cuda_put_weight first)",
                          w->name ? w->name : "?");
-    launch_linear(w, wdev_of(w, rq->dev, rs ? rs->dev : NULL), r0, (int)(r1 - r0), dx, T, dy, (cudaStream_t)stream);
+    lin_jobs J = one_job(wdev_of(w, rq->dev, rs ? rs->dev : NULL), r0, (int)(r1 - r0), dx, dy);
+    launch_linear(w, J, T, (cudaStream_t)stream);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return dsv4_fail(err, DSV4_E_DEVICE, "cuda: linear launch: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+extern "C" int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, const float *const *dx, int T,
+                                          float *const *dy, void *stream, dsv4_err *err)
+{
+    if (n < 1 || n > DSV4_CUDA_GROUP_MAX)
+        return dsv4_fail(err, DSV4_E_ARG, "cuda: a linear group holds 1 to %d weights, not %d", DSV4_CUDA_GROUP_MAX, n);
+    lin_jobs J;
+    memset(&J, 0, sizeof J);
+    J.n = n;
+    J.nr = (int)w[0]->n;
+    for (int j = 0; j < n; j++) {
+        const dsv4_weight *a = w[j], *b = w[0];
+        if (a->form != b->form || a->n != b->n || a->k != b->k || a->bn != b->bn || a->bk != b->bk ||
+            a->scale_e8m0 != b->scale_e8m0 || (a->scale == NULL) != (b->scale == NULL))
+            return dsv4_fail(err, DSV4_E_ARG, "cuda: linear group: weight %s differs from %s in form, shape or blocks",
+                             a->name ? a->name : "?", b->name ? b->name : "?");
+        pthread_mutex_lock(&g_lock);
+        resident *rq = find(a->data), *rs = a->scale ? find(a->scale) : NULL;
+        pthread_mutex_unlock(&g_lock);
+        if (a->form >= DSV4_WF_EXL3 || !rq || (a->scale && !rs))
+            return dsv4_fail(err, DSV4_E_ARG, "cuda: weight %s is not resident on the device (dsv4_cuda_put_weight first)",
+                             a->name ? a->name : "?");
+        J.w[j] = wdev_of(a, rq->dev, rs ? rs->dev : NULL);
+        J.x[j] = dx[j];
+        J.y[j] = dy[j];
+    }
+    launch_linear(w[0], J, T, (cudaStream_t)stream);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return dsv4_fail(err, DSV4_E_DEVICE, "cuda: linear group launch: %s", cudaGetErrorString(e));
     return 0;
 }
 
