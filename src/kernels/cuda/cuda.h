@@ -34,7 +34,6 @@ void dsv4_cuda_drop(const void *host);
 /* The weight's data and scales (w->bytes in all). */
 int dsv4_cuda_put_weight(const dsv4_weight *w, dsv4_err *err);
 void dsv4_cuda_drop_weight(const dsv4_weight *w);
-size_t dsv4_cuda_resident_bytes(void);
 
 /* on: every device buffer an op writes is filled with NaN bytes before its kernel runs, so
  * an element a kernel forgets to write comes back as NaN (tests). */

@@ -193,8 +193,6 @@ extern "C" void dsv4_cuda_drop(const void *host)
     pthread_mutex_unlock(&g_lock);
 }
 
-extern "C" size_t dsv4_cuda_resident_bytes(void) { return g_res_bytes; }
-
 __host__ __device__ static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Bytes of the data and of the scales of a weight as stored. */
