@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include "core/core.h"
 #include "model/model.h"
@@ -135,6 +136,31 @@ int dsv4_etable_rows(const dsv4_etable *t, const int64_t *rows, int n, float *ou
     return rc;
 }
 
+/* Residency probe: are 64 sampled rows of every table already in the page cache? mincore()
+ * asks without touching them, so the probe itself warms nothing. Warm tables are read
+ * through the mapping even when they are larger than half of RAM. */
+static int tables_warm(const dsv4_model *m)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    int in = 0, total = 0;
+    for (int i = 0; i < m->cfg.n_engram; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "layers.%d.engram.embed.weight", m->engram[i].layer);
+        const dsv4_tensor *t = dsv4_st_find(m->st, name);
+        if (!t || !t->nbytes)
+            return 0;
+        for (int k = 0; k < 64; k++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            uintptr_t a = ((uintptr_t)t->data + (uintptr_t)((s >> 11) % t->nbytes)) & ~(uintptr_t)(pg - 1);
+            unsigned char v = 0;
+            total++;
+            in += !mincore((void *)a, (size_t)pg, &v) && (v & 1);
+        }
+    }
+    return total && in * 10 >= total * 9;
+}
+
 int dsv4_engram_open(dsv4_model *m, int mode, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
@@ -144,7 +170,7 @@ int dsv4_engram_open(dsv4_model *m, int mode, dsv4_err *err)
         double total = 0, ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
         for (int i = 0; i < c->n_engram; i++)
             total += (double)c->engram_rows[i] * c->engram_head_dim * 33 / 32;
-        mode = ram > 0 && total * 2 > ram ? DSV4_ENGRAM_STREAMED : DSV4_ENGRAM_RESIDENT;
+        mode = ram > 0 && total * 2 > ram && !tables_warm(m) ? DSV4_ENGRAM_STREAMED : DSV4_ENGRAM_RESIDENT;
     }
     m->engram_streamed = mode == DSV4_ENGRAM_STREAMED;
     for (int i = 0; i < c->n_engram; i++) {
