@@ -178,9 +178,9 @@ static int candidate_blocks(const dsv4_config *c, const dsv4_scored *sc, int64_t
         tmp[b].s = b == (nvis - 1) / bs ? INFINITY : mx;
         tmp[b].w = b;
     }
-    dsv4_sort_scored(tmp, nb);
+    int64_t n = dsv4_best_k(tmp, nb, c->candidate_topk_blocks);
     int k = 0;
-    for (int64_t i = 0; i < nb && k < c->candidate_topk_blocks; i++)
+    for (int64_t i = 0; i < n; i++) /* blocks with no finite score are not kept */
         if (tmp[i].s != -INFINITY)
             blocks[k++] = tmp[i].w;
     return k;
