@@ -151,6 +151,8 @@ static void index_scores(const dsv4_model *m, const float *qi, const float *wt, 
 {
     const dsv4_config *c = &m->cfg;
     int nI = c->index_heads, ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
+    /* entries are independent: threads split them, each score summed in one order */
+#pragma omp parallel for schedule(static) if (nvis * nI * ci > 1 << 20)
     for (int64_t w = 0; w < nvis; w++) {
         float s = 0;
         for (int h = 0; h < nI; h++) {
