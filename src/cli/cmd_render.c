@@ -4,32 +4,11 @@
 #include <string.h>
 #include <cjson/cJSON.h>
 #include "cli/cli.h"
+#include "core/core.h"
 #include "text/chat.h"
 #include "text/jinja.h"
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    size_t cap = 1 << 16, n = 0, k;
-    char *b = malloc(cap);
-    while (b && (k = fread(b + n, 1, cap - n - 1, f)) > 0) {
-        n += k;
-        if (n + 1 == cap) {
-            char *q = realloc(b, cap *= 2);
-            if (!q) {
-                free(b);
-                b = NULL;
-            } else
-                b = q;
-        }
-    }
-    fclose(f);
-    if (b)
-        b[n] = 0;
-    return b;
-}
+static char *slurp(const char *path) { return dsv4_read_file(path, NULL, NULL); }
 
 /* A token given in tokenizer_config.json as a string or as {"content": ...}. */
 static const char *token_text(const cJSON *t)

@@ -39,6 +39,9 @@ void dsv4_progress_begin(dsv4_progress *p, const char *label, uint64_t total, in
 void dsv4_progress_step(dsv4_progress *p, uint64_t add);
 void dsv4_progress_end(dsv4_progress *p);
 
+/* A whole file, NUL-terminated (the NUL not counted in *len; len may be NULL). */
+char *dsv4_read_file(const char *path, size_t *len, dsv4_err *err);
+
 double dsv4_now(void);                       /* seconds, monotonic */
 void *dsv4_xmalloc(size_t n, dsv4_err *err); /* malloc that reports failure in err */
 void *dsv4_xcalloc(size_t n, size_t sz, dsv4_err *err);

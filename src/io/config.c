@@ -287,20 +287,9 @@ int dsv4_config_load(const char *dir, dsv4_config *cfg, dsv4_err *err)
 {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return dsv4_fail(err, DSV4_E_IO, "%s: cannot open: %s", path, strerror(errno));
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc(n + 1);
-    size_t got = s ? fread(s, 1, n, f) : 0;
-    fclose(f);
-    if (!s || got != (size_t)n) {
-        free(s);
-        return dsv4_fail(err, DSV4_E_IO, "%s: read failed", path);
-    }
-    s[n] = 0;
+    char *s = dsv4_read_file(path, NULL, err);
+    if (!s)
+        return err->code;
     int rc = dsv4_config_parse(s, path, cfg, err);
     free(s);
     return rc;

@@ -338,35 +338,13 @@ static int index_owns(void *ctx, const char *name, const char *path)
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
 
-static char *read_text(const char *path, dsv4_err *err)
-{
-    FILE *fp = fopen(path, "rb");
-    if (!fp) {
-        dsv4_fail(err, DSV4_E_IO, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    fseek(fp, 0, SEEK_END);
-    long n = ftell(fp);
-    fseek(fp, 0, SEEK_SET);
-    char *s = malloc(n + 1);
-    if (!s || fread(s, 1, n, fp) != (size_t)n) {
-        free(s);
-        fclose(fp);
-        dsv4_fail(err, DSV4_E_IO, "%s: read failed", path);
-        return NULL;
-    }
-    s[n] = 0;
-    fclose(fp);
-    return s;
-}
-
 dsv4_st *dsv4_st_open_dir(const char *dir, dsv4_err *err)
 {
     char *ipath = join(dir, "model.safetensors.index.json");
     struct stat sb;
     dsv4_st *st = NULL;
     if (stat(ipath, &sb) == 0) {
-        char *txt = read_text(ipath, err);
+        char *txt = dsv4_read_file(ipath, NULL, err);
         cJSON *j = txt ? cJSON_Parse(txt) : NULL;
         free(txt);
         cJSON *map = j ? cJSON_GetObjectItemCaseSensitive(j, "weight_map") : NULL;

@@ -7,23 +7,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include "check.h"
+#include "core/core.h"
 #include "dsv4.h"
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = malloc(n + 1);
-    if (fread(s, 1, n, f) != (size_t)n)
-        n = 0;
-    s[n] = 0;
-    fclose(f);
-    return s;
-}
+static char *slurp(const char *path) { return dsv4_read_file(path, NULL, NULL); }
 
 /* Runs ids through a fresh sequence in chunks of `chunk` (0: all at once), all logits. */
 static int run_chunks(dsv4_model *m, const int32_t *ids, int T, int chunk, float *out, int V)

@@ -8,25 +8,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "check.h"
+#include "core/core.h"
 #include "dsv4.h"
 
 static char src[1024], tmp[1024];
 
-static unsigned char *slurp(const char *path, size_t *n)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    *n = (size_t)ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc(*n + 1);
-    if (fread(b, 1, *n, f) != *n)
-        *n = 0;
-    b[*n] = 0;
-    fclose(f);
-    return b;
-}
+static unsigned char *slurp(const char *path, size_t *n) { return (unsigned char *)dsv4_read_file(path, n, NULL); }
 
 static void spit(const char *path, const void *b, size_t n)
 {
