@@ -8,6 +8,17 @@ typedef struct dsv4_cmd {
     int (*run)(int argc, char **argv); /* argv[0] is the command name */
 } dsv4_cmd;
 
+#include <stddef.h>
+#include <stdio.h>
+
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+
+/* JSON string values with explicit lengths (the text may hold NUL). parse: line[0..n) must be
+ * one JSON string (surrounding blanks allowed); *out is malloc'd UTF-8 (lone surrogates become
+ * U+FFFD). Returns 0, or -1 on malformed input. write: escapes as JSON.stringify does. */
+int cli_json_string_parse(const char *line, size_t n, char **out, size_t *out_len);
+void cli_json_string_write(FILE *f, const char *s, size_t n);
 
 /* Shared option helpers: parse a comma-separated id list into a malloc'd array. */
 int cli_parse_ids(const char *s, int **ids, int *n);

@@ -14,6 +14,8 @@ static int cmd_version(int argc, char **argv)
 
 static const dsv4_cmd commands[] = {
     {"version", "print the version", cmd_version},
+    {"tokenize", "text lines (JSON strings) to id lists", cmd_tokenize},
+    {"detokenize", "id lists to text lines (JSON strings)", cmd_detokenize},
 };
 
 static void usage(FILE *f)

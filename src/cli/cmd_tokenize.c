@@ -1,0 +1,157 @@
+/* dsv4 tokenize / detokenize: the tokenizer as a line filter, for tests and scripts. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cjson/cJSON.h>
+#include "cli/cli.h"
+#include "text/tokenizer.h"
+
+static const char *tok_path(int argc, char **argv, int *skip_special, int *bad)
+{
+    const char *dir = NULL;
+    *bad = 0;
+    for (int i = 1; i < argc; i++) {
+        if ((!strcmp(argv[i], "-t") || !strcmp(argv[i], "--tokenizer")) && i + 1 < argc)
+            dir = argv[++i];
+        else if (skip_special && !strcmp(argv[i], "--skip-special"))
+            *skip_special = 1;
+        else
+            *bad = 1;
+    }
+    return dir;
+}
+
+int cmd_tokenize(int argc, char **argv)
+{
+    if (argc > 1 && cli_is_help(argv[1])) {
+        printf("usage: dsv4 tokenize -t DIR\n"
+               "  Reads one JSON string per line on stdin and writes the ids of each (no BOS) as one JSON\n"
+               "  array per line. DIR holds tokenizer.json (or is the file itself).\n"
+               "  Invalid UTF-8 and lone surrogates become U+FFFD before tokenizing.\n");
+        return 0;
+    }
+    int bad;
+    const char *dir = tok_path(argc, argv, NULL, &bad);
+    if (!dir || bad) {
+        fprintf(stderr, "usage: dsv4 tokenize -t DIR  (see dsv4 tokenize -h)\n");
+        return 2;
+    }
+    dsv4_err err = {0};
+    dsv4_tokenizer *t = dsv4_tokenizer_load(dir, &err);
+    if (!t) {
+        fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
+        return 1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long lineno = 0;
+    int rc = 0;
+    dsv4_ids ids = {0};
+    while ((n = getline(&line, &cap, stdin)) >= 0) {
+        lineno++;
+        if (strspn(line, " \t\r\n") == (size_t)n)
+            continue;
+        char *s;
+        size_t len;
+        if (cli_json_string_parse(line, (size_t)n, &s, &len)) {
+            fprintf(stderr, "dsv4 tokenize: line %ld is not a JSON string\n", lineno);
+            rc = 1;
+            break;
+        }
+        ids.n = 0;
+        if (dsv4_tokenizer_encode(t, s, len, &ids, &err)) {
+            fprintf(stderr, "dsv4 tokenize: line %ld: %s\n", lineno, err.msg);
+            free(s);
+            rc = 1;
+            break;
+        }
+        free(s);
+        putchar('[');
+        for (size_t i = 0; i < ids.n; i++)
+            printf(i ? ",%d" : "%d", (int)ids.v[i]);
+        fputs("]\n", stdout);
+    }
+    dsv4_ids_free(&ids);
+    free(line);
+    dsv4_tokenizer_free(t);
+    return rc;
+}
+
+int cmd_detokenize(int argc, char **argv)
+{
+    if (argc > 1 && cli_is_help(argv[1])) {
+        printf("usage: dsv4 detokenize -t DIR [--skip-special]\n"
+               "  Reads one JSON array of ids per line on stdin and writes the decoded text of each as one\n"
+               "  JSON string per line. --skip-special drops special tokens. Bytes that do not form UTF-8\n"
+               "  come out as U+FFFD. An id outside the vocabulary is an error.\n");
+        return 0;
+    }
+    int bad, skip = 0;
+    const char *dir = tok_path(argc, argv, &skip, &bad);
+    if (!dir || bad) {
+        fprintf(stderr, "usage: dsv4 detokenize -t DIR [--skip-special]  (see dsv4 detokenize -h)\n");
+        return 2;
+    }
+    dsv4_err err = {0};
+    dsv4_tokenizer *t = dsv4_tokenizer_load(dir, &err);
+    if (!t) {
+        fprintf(stderr, "dsv4 detokenize: %s\n", err.msg);
+        return 1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long lineno = 0;
+    int rc = 0;
+    dsv4_ids ids = {0};
+    while ((n = getline(&line, &cap, stdin)) >= 0) {
+        lineno++;
+        if (strspn(line, " \t\r\n") == (size_t)n)
+            continue;
+        cJSON *j = cJSON_ParseWithLength(line, (size_t)n);
+        if (!cJSON_IsArray(j)) {
+            cJSON_Delete(j);
+            fprintf(stderr, "dsv4 detokenize: line %ld is not a JSON array\n", lineno);
+            rc = 1;
+            break;
+        }
+        ids.n = 0;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, j)
+        {
+            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 2147483647.0) {
+                rc = 1;
+                break;
+            }
+            if (ids.n == ids.cap) {
+                ids.cap = ids.cap ? ids.cap * 2 : 256;
+                ids.v = realloc(ids.v, ids.cap * sizeof *ids.v);
+                if (!ids.v) {
+                    rc = 1;
+                    break;
+                }
+            }
+            ids.v[ids.n++] = (int32_t)e->valuedouble;
+        }
+        cJSON_Delete(j);
+        if (rc) {
+            fprintf(stderr, "dsv4 detokenize: line %ld: ids must be non-negative integers\n", lineno);
+            break;
+        }
+        char *s;
+        size_t len;
+        if (dsv4_tokenizer_decode(t, ids.v, ids.n, skip, &s, &len, &err)) {
+            fprintf(stderr, "dsv4 detokenize: line %ld: %s\n", lineno, err.msg);
+            rc = 1;
+            break;
+        }
+        cli_json_string_write(stdout, s, len);
+        putchar('\n');
+        free(s);
+    }
+    dsv4_ids_free(&ids);
+    free(line);
+    dsv4_tokenizer_free(t);
+    return rc;
+}
