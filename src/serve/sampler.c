@@ -1,0 +1,213 @@
+/* sampler — see sampler.h for the order of operations and the keyed draw. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/core.h"
+#include "serve/sampler.h"
+
+void dsv4_sample_params_default(dsv4_sample_params *p)
+{
+    memset(p, 0, sizeof *p);
+    p->temperature = 1.0;
+    p->top_p = 1.0;
+    p->repetition_penalty = 1.0;
+}
+
+int dsv4_sampler_init(dsv4_sampler *s, int vocab, const int32_t *prompt, int n_prompt, dsv4_err *err)
+{
+    memset(s, 0, sizeof *s);
+    s->vocab = vocab;
+    s->out_count = dsv4_xcalloc((size_t)vocab, sizeof *s->out_count, err);
+    s->in_prompt = dsv4_xcalloc((size_t)vocab, 1, err);
+    s->work = dsv4_xmalloc((size_t)vocab * sizeof *s->work, err);
+    s->prob = dsv4_xmalloc((size_t)vocab * sizeof *s->prob, err);
+    s->idx = dsv4_xmalloc((size_t)vocab * sizeof *s->idx, err);
+    if (!s->out_count || !s->in_prompt || !s->work || !s->prob || !s->idx) {
+        dsv4_sampler_free(s);
+        return DSV4_E_NOMEM;
+    }
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] >= 0 && prompt[i] < vocab)
+            s->in_prompt[prompt[i]] = 1;
+    return 0;
+}
+
+void dsv4_sampler_free(dsv4_sampler *s)
+{
+    free(s->out_count);
+    free(s->in_prompt);
+    free(s->work);
+    free(s->prob);
+    free(s->idx);
+    memset(s, 0, sizeof *s);
+}
+
+void dsv4_sampler_accept(dsv4_sampler *s, int32_t id)
+{
+    if (id >= 0 && id < s->vocab)
+        s->out_count[id]++;
+}
+
+static uint64_t splitmix64(uint64_t x)
+{
+    uint64_t z = x + 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double dsv4_keyed_uniform(uint64_t seed, uint64_t position, uint64_t kase)
+{
+    uint64_t seq = (3 * position + kase) * 0x9E3779B97F4A7C15ull;
+    uint64_t x = seed + (seq ^ (seq << 13));
+    return (double)(splitmix64(x) >> 11) * 0x1.0p-53;
+}
+
+double dsv4_logprob_of(const float *logits, int n, int32_t id)
+{
+    double mx = -INFINITY, sum = 0;
+    for (int i = 0; i < n; i++)
+        mx = fmax(mx, logits[i]);
+    for (int i = 0; i < n; i++)
+        sum += exp((double)logits[i] - mx);
+    return (double)logits[id] - mx - log(sum);
+}
+
+/* Descending by value, ties to the lower id: the order every truncation uses. */
+static int by_value_desc(const void *a, const void *b, void *ctx)
+{
+    const double *w = ctx;
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    if (w[x] != w[y])
+        return w[x] > w[y] ? -1 : 1;
+    return (x > y) - (x < y);
+}
+
+static int by_id(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Fills the top-n (id, logprob) of w[V] (adjusted logits) given its log-normaliser. */
+static void top_n(const double *w, int V, double lse, int n, dsv4_sample_out *out)
+{
+    out->n_top = 0;
+    for (int v = 0; v < V && n > 0; v++) {
+        double x = w[v];
+        int k = out->n_top;
+        if (k == n && !(x > out->top_logprobs[k - 1] + lse))
+            continue;
+        if (k < n)
+            out->n_top++;
+        else
+            k = n - 1;
+        /* insertion: strictly greater moves up, so equal values keep the lower id first */
+        while (k > 0 && x > out->top_logprobs[k - 1] + lse) {
+            out->top_ids[k] = out->top_ids[k - 1];
+            out->top_logprobs[k] = out->top_logprobs[k - 1];
+            k--;
+        }
+        out->top_ids[k] = v;
+        out->top_logprobs[k] = x - lse;
+    }
+}
+
+int dsv4_sample(dsv4_sampler *s, const dsv4_sample_params *p, const float *logits, int64_t position,
+                dsv4_sample_out *out, dsv4_err *err)
+{
+    const int V = s->vocab;
+    double *w = s->work;
+    if (p->n_top_logprobs < 0 || p->n_top_logprobs > DSV4_MAX_TOP_LOGPROBS)
+        return dsv4_fail(err, DSV4_E_ARG, "top_logprobs must be 0..%d", DSV4_MAX_TOP_LOGPROBS);
+    for (int v = 0; v < V; v++)
+        w[v] = logits[v];
+    for (int i = 0; i < p->n_bias; i++) {
+        if (p->bias_ids[i] < 0 || p->bias_ids[i] >= V)
+            return dsv4_fail(err, DSV4_E_ARG, "logit bias id %d is outside the vocabulary", p->bias_ids[i]);
+        w[p->bias_ids[i]] += p->bias_vals[i];
+    }
+    const double rp = p->repetition_penalty;
+    const int pen = rp != 1.0 || p->presence_penalty != 0 || p->frequency_penalty != 0;
+    for (int v = 0; pen && v < V; v++) {
+        int c = s->out_count[v];
+        if (rp != 1.0 && (c || s->in_prompt[v]))
+            w[v] = w[v] > 0 ? w[v] / rp : w[v] * rp;
+        if (c)
+            w[v] -= p->presence_penalty + p->frequency_penalty * c;
+    }
+
+    /* logprobs: log-softmax of the adjusted logits, before temperature and truncation */
+    double mx = -INFINITY, sum = 0;
+    int32_t arg = 0;
+    for (int v = 0; v < V; v++)
+        if (w[v] > mx) {
+            mx = w[v];
+            arg = v;
+        }
+    for (int v = 0; v < V; v++)
+        sum += exp(w[v] - mx);
+    const double lse = mx + log(sum);
+    top_n(w, V, lse, p->n_top_logprobs, out);
+
+    int32_t pick = arg;
+    if (p->temperature > 0 && p->top_k != 1) {
+        /* probabilities relative to the top one, at temperature */
+        const double T = p->temperature;
+        double *q = s->prob;
+        int n = 0;
+        for (int v = 0; v < V; v++)
+            q[v] = exp((w[v] - mx) / T);
+        /* min-p first: ids below min_p times the top probability (exp(0) = 1) are out */
+        const double min_keep = p->min_p > 0 ? p->min_p : 0;
+        double kept = 0;
+        for (int v = 0; v < V; v++)
+            if (q[v] >= min_keep)
+                kept += q[v];
+        /* without top-k, ids below (1 - top_p) / V of the kept mass can never be in the
+         * nucleus (all of them together hold less than 1 - top_p of it): drop them before
+         * sorting, which makes a flat distribution affordable */
+        const double floor_p = p->top_p < 1 && p->top_k == 0 ? (1 - p->top_p) / V * kept : 0;
+        for (int v = 0; v < V; v++)
+            if (q[v] >= floor_p && q[v] >= min_keep && q[v] > 0)
+                s->idx[n++] = v;
+        if (p->top_k > 0 || p->top_p < 1) {
+            qsort_r(s->idx, (size_t)n, sizeof *s->idx, by_value_desc, q);
+            if (p->top_k > 0 && n > p->top_k) {
+                n = p->top_k;
+                kept = 0;
+                for (int i = 0; i < n; i++)
+                    kept += q[s->idx[i]];
+            }
+            if (p->top_p < 1) {
+                double cum = 0;
+                for (int i = 0; i < n; i++) {
+                    cum += q[s->idx[i]];
+                    if (cum >= p->top_p * kept) {
+                        n = i + 1;
+                        break;
+                    }
+                }
+            }
+            qsort(s->idx, (size_t)n, sizeof *s->idx, by_id);
+        }
+        if (n == 0)
+            return dsv4_fail(err, DSV4_E_ARG, "sampling: no token left after truncation");
+        double mass = 0;
+        for (int i = 0; i < n; i++)
+            mass += q[s->idx[i]];
+        const double target = dsv4_keyed_uniform(p->seed, (uint64_t)position, 0) * mass;
+        double cum = 0;
+        pick = s->idx[n - 1];
+        for (int i = 0; i < n; i++) {
+            cum += q[s->idx[i]];
+            if (cum > target) {
+                pick = s->idx[i];
+                break;
+            }
+        }
+    }
+    out->id = pick;
+    out->logprob = w[pick] - lse;
+    return 0;
+}
