@@ -70,7 +70,8 @@ double dsv4_logprob_of(const float *logits, int n, int32_t id)
         mx = fmax(mx, logits[i]);
     for (int i = 0; i < n; i++)
         sum += exp((double)logits[i] - mx);
-    return (double)logits[id] - mx - log(sum);
+    const double lse = mx + log(sum); /* as dsv4_sample forms it, so the two agree bit for bit */
+    return (double)logits[id] - lse;
 }
 
 /* Descending by value, ties to the lower id: the order every truncation uses. */
