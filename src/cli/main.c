@@ -16,6 +16,7 @@ static const dsv4_cmd commands[] = {
     {"version", "print the version", cmd_version},
     {"tokenize", "text lines (JSON strings) to id lists", cmd_tokenize},
     {"detokenize", "id lists to text lines (JSON strings)", cmd_detokenize},
+    {"render", "chat requests to DeepSeek-V4.1 prompt text", cmd_render},
 };
 
 static void usage(FILE *f)

