@@ -14,6 +14,7 @@ typedef struct dsv4_cmd {
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_render(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 
 /* JSON string values with explicit lengths (the text may hold NUL). parse: line[0..n) must be
  * one JSON string (surrounding blanks allowed); *out is malloc'd UTF-8 (lone surrogates become

@@ -17,6 +17,7 @@ static const dsv4_cmd commands[] = {
     {"tokenize", "text lines (JSON strings) to id lists", cmd_tokenize},
     {"detokenize", "id lists to text lines (JSON strings)", cmd_detokenize},
     {"render", "chat requests to DeepSeek-V4.1 prompt text", cmd_render},
+    {"serve", "OpenAI-compatible HTTP server", cmd_serve},
 };
 
 static void usage(FILE *f)

@@ -127,7 +127,7 @@ void dsv4_request_cancel(dsv4_request *r)
     pthread_mutex_unlock(&l->mu);
 }
 
-int dsv4_request_wait(dsv4_request *r, int n_seen, double timeout_s, int *finish)
+int dsv4_request_take(dsv4_request *r, int n_seen, int max, dsv4_sample_out *dst, double timeout_s, int *finish)
 {
     dsv4_lanes *l = r->owner;
     struct timespec ts;
@@ -139,8 +139,10 @@ int dsv4_request_wait(dsv4_request *r, int n_seen, double timeout_s, int *finish
     while (r->n_out <= n_seen && !r->finish)
         if (pthread_cond_timedwait(&r->cv, &l->mu, &ts) == ETIMEDOUT)
             break;
-    int n = r->n_out;
-    *finish = r->finish;
+    int n = r->n_out - n_seen;
+    n = n < 0 ? 0 : n < max ? n : max;
+    memcpy(dst, r->out + n_seen, (size_t)n * sizeof *dst);
+    *finish = n_seen + n == r->n_out ? r->finish : 0;
     pthread_mutex_unlock(&l->mu);
     return n;
 }

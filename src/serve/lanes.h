@@ -84,9 +84,10 @@ void dsv4_request_release(dsv4_request *r);
 int dsv4_lanes_submit(dsv4_lanes *l, dsv4_request *r, dsv4_err *err);
 /* Asks the lanes to stop r; its lane is freed at the next step. */
 void dsv4_request_cancel(dsv4_request *r);
-/* Waits until r has more than n_seen output tokens or has finished, or timeout_s passes.
- * Returns the number of output tokens now (outputs up to it are stable), and *finish. */
-int dsv4_request_wait(dsv4_request *r, int n_seen, double timeout_s, int *finish);
+/* Waits until r has output tokens past n_seen or has finished, or timeout_s passes; copies
+ * at most max new tokens (from index n_seen) into dst and returns how many. *finish is set
+ * (non-zero) only once every output token up to the end has been copied. */
+int dsv4_request_take(dsv4_request *r, int n_seen, int max, dsv4_sample_out *dst, double timeout_s, int *finish);
 
 /* One step of the scheduler. Returns the number of lanes that took part (0: nothing to do),
  * or -1 with err set on a forward failure (the requests in that step finish with an error). */
