@@ -57,7 +57,14 @@ $(BUILD)/%.o: %.cu
 test: all
 	tests/run.sh
 
-.PHONY: all test clean
+# The main job on the small default the project makes itself: a random-weight checkpoint
+# in the release layout (real vocabulary, every layer kind), then greedy generation.
+demo: all
+	$(BUILD)/dsv4 synth --preset tiny -o $(BUILD)/tiny
+	$(BUILD)/dsv4 info -m $(BUILD)/tiny
+	$(BUILD)/dsv4 generate -m $(BUILD)/tiny --ids 0,19923,14,2058,223 -n 24
+
+.PHONY: all test demo clean
 clean:
 	rm -rf $(BUILD)
 

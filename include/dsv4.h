@@ -9,6 +9,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -52,6 +53,12 @@ typedef struct dsv4_load_opts {
 /* Loads a checkpoint folder (config.json + model.safetensors or sharded index). */
 dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err);
 void dsv4_model_free(dsv4_model *m);
+/* A model with random weights at a release model's real shapes and storage forms, built in
+ * memory (no file): preset "v4-flash"; n_layers of its compressed layers (CSA, HCA, ...). */
+dsv4_model *dsv4_model_synthetic(const char *preset, int n_layers, const dsv4_load_opts *opts, dsv4_err *err);
+/* Writes the same as a checkpoint folder (config.json + model.safetensors), presets
+ * "v4-flash" and "tiny" (real vocabulary, width 64, every layer kind). */
+int dsv4_synthetic_write(const char *preset, int n_layers, const char *dir, dsv4_err *err);
 
 typedef struct dsv4_model_info {
     const char *family;     /* "deepseek_v4" or "deepseek_v41" */
@@ -84,7 +91,8 @@ size_t dsv4_seq_bytes(const dsv4_seq *s);
  * computed independently of what else is in the batch (batch-invariant), so a sequence's
  * logits do not depend on its neighbours or on how its prompt was chunked.
  * logits: all_logits ? [sum n_ids, vocab] (row order: seq 0's tokens, then seq 1's, ...)
- *                    : [n_seqs, vocab] (each sequence's last token). May be NULL. */
+ *                    : one row per sequence with n_ids > 0 (its last token), in batch order.
+ * May be NULL. */
 typedef struct dsv4_batch {
     int n_seqs;
     dsv4_seq *const *seqs;
@@ -94,6 +102,22 @@ typedef struct dsv4_batch {
     float *logits;
 } dsv4_batch;
 int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err);
+
+/* What a sequence's caches hold at `ctx` tokens of context, in bytes: as dsv4 keeps them
+ * now (fp32) and in the quantized store of production engines (window e4m3 + UE8M0/32,
+ * entries e2m1 + E4M3/16, index keys e2m1 + UE8M0/32). */
+typedef struct dsv4_state_cost_t {
+    double window_bytes, entry_bytes, ikey_bytes;
+    double window_bytes_q, entry_bytes_q, ikey_bytes_q;
+} dsv4_state_cost_t;
+void dsv4_state_cost(const dsv4_model *m, int64_t ctx, dsv4_state_cost_t *out);
+
+/* Bytes of weights one decoded token reads (every dense weight, the active experts at their
+ * mean size, the head, one embedding row). */
+size_t dsv4_decode_weight_bytes(const dsv4_model *m);
+
+/* Prints config, layer schedule, tensors by dtype and state cost (for `dsv4 info`). */
+void dsv4_model_print_info(const dsv4_model *m, FILE *f);
 
 /* ---- misc ------------------------------------------------------------------------ */
 const char *dsv4_version(void);

@@ -2,6 +2,8 @@
 #ifndef DSV4_CLI_H
 #define DSV4_CLI_H
 
+#include "dsv4.h"
+
 typedef struct dsv4_cmd {
     const char *name;
     const char *summary;
@@ -21,6 +23,23 @@ int cmd_serve(int argc, char **argv);
  * U+FFFD). Returns 0, or -1 on malformed input. write: escapes as JSON.stringify does. */
 int cli_json_string_parse(const char *line, size_t n, char **out, size_t *out_len);
 void cli_json_string_write(FILE *f, const char *s, size_t n);
+
+int dsv4_cmd_info(int argc, char **argv);
+int dsv4_cmd_logits(int argc, char **argv);
+int dsv4_cmd_generate(int argc, char **argv);
+int dsv4_cmd_bench(int argc, char **argv);
+int dsv4_cmd_synth(int argc, char **argv);
+
+/* The options every model-running command takes. */
+typedef struct cli_model_opts {
+    const char *dir;
+    dsv4_load_opts load;
+} cli_model_opts;
+/* Consumes argv[*i] (and its value) if it is a model option; returns 1 if it was. */
+int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o);
+const char *cli_model_usage(void);
+/* Loads the model with progress, printing the error and returning NULL on failure. */
+dsv4_model *cli_load(cli_model_opts *o, const char *cmd);
 
 /* Shared option helpers: parse a comma-separated id list into a malloc'd array. */
 int cli_parse_ids(const char *s, int **ids, int *n);

@@ -13,6 +13,11 @@ static int cmd_version(int argc, char **argv)
 }
 
 static const dsv4_cmd commands[] = {
+    {"info", "summarise a checkpoint: config, layer schedule, tensors, bytes by storage form", dsv4_cmd_info},
+    {"logits", "write float32 logits for every position of an id sequence", dsv4_cmd_logits},
+    {"generate", "greedy generation from token ids", dsv4_cmd_generate},
+    {"bench", "load, prefill and decode speed; --synthetic v4-flash for real shapes without a file", dsv4_cmd_bench},
+    {"synth", "write a random-weight checkpoint (tiny default, or V4-Flash shapes)", dsv4_cmd_synth},
     {"version", "print the version", cmd_version},
     {"tokenize", "text lines (JSON strings) to id lists", cmd_tokenize},
     {"detokenize", "id lists to text lines (JSON strings)", cmd_detokenize},

@@ -24,6 +24,8 @@ static int need_int(const cJSON *o, const char *k1, const char *k2, int *out, co
 {
     int f;
     double v = num2(o, k1, k2, 0, &f);
+    if (!f && (get(o, k1) || (k2 && get(o, k2))))
+        return dsv4_fail(err, DSV4_E_MODEL, "%s: key '%s' must be a non-negative integer", where, get(o, k1) ? k1 : k2);
     if (!f)
         return dsv4_fail(err, DSV4_E_MODEL, "%s: missing key '%s'%s%s%s", where, k1, k2 ? " (or '" : "", k2 ? k2 : "", k2 ? "')" : "");
     if (v != floor(v) || v < 0 || v > 2147483647.0)

@@ -23,6 +23,7 @@ typedef struct st_file {
 } st_file;
 
 struct dsv4_st {
+    char *label;        /* the folder or file it was opened from */
     st_file *files;
     int n_files;
     dsv4_tensor *t;
@@ -87,6 +88,7 @@ const dsv4_tensor *dsv4_st_find(const dsv4_st *st, const char *name)
 int dsv4_st_count(const dsv4_st *st) { return st->n; }
 const dsv4_tensor *dsv4_st_at(const dsv4_st *st, int i) { return &st->t[i]; }
 const char *dsv4_st_file_path(const dsv4_st *st, int f) { return st->files[f].path; }
+const char *dsv4_st_label(const dsv4_st *st) { return st->label; }
 const char *dsv4_st_metadata(const dsv4_st *st, int f) { return st->files[f].metadata; }
 
 size_t dsv4_st_total_bytes(const dsv4_st *st)
@@ -109,6 +111,7 @@ void dsv4_st_close(dsv4_st *st)
     }
     for (int i = 0; i < st->n; i++)
         free(st->t[i].name);
+    free(st->label);
     free(st->files);
     free(st->t);
     free(st->slots);
@@ -156,7 +159,7 @@ static int load_file(dsv4_st *st, int fi, int (*only)(void *, const char *, cons
                      dsv4_err *err)
 {
     st_file *f = &st->files[fi];
-    if (map_file(f, err))
+    if (!f->map && map_file(f, err))
         return err->code;
     uint64_t hlen;
     memcpy(&hlen, f->map, 8);
@@ -285,7 +288,28 @@ dsv4_st *dsv4_st_open_file(const char *path, dsv4_err *err)
         return NULL;
     }
     st->n_files = 1;
+    st->label = strdup(path);
     st->files[0].path = strdup(path);
+    if (load_file(st, 0, NULL, NULL, err) || check_duplicates(st, err)) {
+        dsv4_st_close(st);
+        return NULL;
+    }
+    return st;
+}
+
+dsv4_st *dsv4_st_open_memory(void *map, size_t size, const char *label, dsv4_err *err)
+{
+    dsv4_st *st = st_new(1);
+    if (!st) {
+        munmap(map, size);
+        dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    st->n_files = 1;
+    st->label = strdup(label);
+    st->files[0].path = strdup(label);
+    st->files[0].map = map;
+    st->files[0].size = size;
     if (load_file(st, 0, NULL, NULL, err) || check_duplicates(st, err)) {
         dsv4_st_close(st);
         return NULL;
@@ -365,6 +389,7 @@ dsv4_st *dsv4_st_open_dir(const char *dir, dsv4_err *err)
         qsort(names, n, sizeof *names, cmp_str);
         st = st_new(n);
         st->n_files = n;
+        st->label = strdup(dir);
         index_ctx ctx = {map};
         int rc = 0;
         for (int i = 0; i < n && !rc; i++) {
@@ -418,6 +443,7 @@ dsv4_st *dsv4_st_open_dir(const char *dir, dsv4_err *err)
     qsort(names, n, sizeof *names, cmp_str);
     st = st_new(n);
     st->n_files = n;
+    st->label = strdup(dir);
     int rc = 0;
     for (int i = 0; i < n; i++) {
         st->files[i].path = join(dir, names[i]);

@@ -37,12 +37,16 @@ typedef struct dsv4_st dsv4_st;
 dsv4_st *dsv4_st_open_dir(const char *dir, dsv4_err *err);
 /* One .safetensors file. */
 dsv4_st *dsv4_st_open_file(const char *path, dsv4_err *err);
+/* A safetensors image built in memory (an mmap'd region the set takes over and unmaps). */
+dsv4_st *dsv4_st_open_memory(void *map, size_t size, const char *label, dsv4_err *err);
 void dsv4_st_close(dsv4_st *st);
 
 const dsv4_tensor *dsv4_st_find(const dsv4_st *st, const char *name);
 int dsv4_st_count(const dsv4_st *st);
 const dsv4_tensor *dsv4_st_at(const dsv4_st *st, int i);
 const char *dsv4_st_file_path(const dsv4_st *st, int file);
+/* The folder or file the set was opened from (for messages). */
+const char *dsv4_st_label(const dsv4_st *st);
 /* The JSON text of a file's "__metadata__" object, or NULL. */
 const char *dsv4_st_metadata(const dsv4_st *st, int file);
 size_t dsv4_st_total_bytes(const dsv4_st *st);

@@ -33,7 +33,7 @@ int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k
     memset(out, 0, sizeof *out);
     const dsv4_tensor *t = dsv4_st_find(st, name);
     if (!t)
-        return dsv4_fail(err, DSV4_E_MODEL, "tensor %s: missing from the checkpoint", name);
+        return dsv4_fail(err, DSV4_E_MODEL, "tensor %s: missing from the checkpoint %s", name, dsv4_st_label(st));
     out->name = t->name;
     out->n = n;
     out->k = k;
@@ -63,8 +63,8 @@ int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k
                              fp4 ? "FP4 pairs" : "FP8");
         const dsv4_tensor *s = dsv4_st_find(st, sname);
         if (!s)
-            return dsv4_fail(err, DSV4_E_MODEL, "tensor %s: missing (the %s weight %s needs its block scales)", sname,
-                             fp4 ? "FP4" : "FP8", name);
+            return dsv4_fail(err, DSV4_E_MODEL, "tensor %s: missing from the checkpoint %s (the %s weight %s needs its block scales)",
+                             sname, dsv4_st_label(st), fp4 ? "FP4" : "FP8", name);
         if (!scale_ok(s) || s->ndim != 2)
             return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: %s %s; scales must be F32 or F8_E8M0 with 2 dimensions",
                              dsv4_st_file_path(st, s->file), sname, dsv4_dtype_name(s->dtype), shape_str(s, sh2, sizeof sh2));
@@ -156,7 +156,7 @@ float *dsv4_tensor_f32(const dsv4_st *st, const char *name, int64_t numel, dsv4_
 {
     const dsv4_tensor *t = dsv4_st_find(st, name);
     if (!t) {
-        dsv4_fail(err, DSV4_E_MODEL, "tensor %s: missing from the checkpoint", name);
+        dsv4_fail(err, DSV4_E_MODEL, "tensor %s: missing from the checkpoint %s", name, dsv4_st_label(st));
         return NULL;
     }
     if (t->numel != numel) {

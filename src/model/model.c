@@ -194,49 +194,16 @@ static float *rope_table(const dsv4_rope_cfg *r, int rd)
     return f;
 }
 
-dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err)
+/* Binds every tensor of m->st to its slot and builds the rope tables; m->cfg is set. */
+static int model_bind(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 {
-    dsv4_load_opts o = {0};
-    if (opts)
-        o = *opts;
-    dsv4_err_clear(err);
-    if (o.device && strcmp(o.device, "cpu")) {
-        dsv4_fail(err, DSV4_E_DEVICE, "device '%s' is not available in this build (it has: cpu)", o.device);
-        return NULL;
-    }
-    dsv4_model *m = calloc(1, sizeof *m);
-    if (!m) {
-        dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
-        return NULL;
-    }
-    m->dir = strdup(dir);
-    m->be = dsv4_backend_cpu();
-    m->max_rollback = o.max_rollback > 0 ? o.max_rollback : 256;
-    if (o.n_threads > 0)
-        omp_set_num_threads(o.n_threads);
-    if (dsv4_config_load(dir, &m->cfg, err))
-        goto fail;
-    dsv4_config *c = &m->cfg;
-    m->numerics = o.numerics ? o.numerics : (c->family == DSV4_FAMILY_V41 ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32);
-    if (c->family == DSV4_FAMILY_V41) {
-        dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: DeepSeek-V4.1 checkpoints are not supported by this build yet", dir);
-        goto fail;
-    }
-    if (m->numerics != DSV4_NUMERICS_FP32) {
-        dsv4_fail(err, DSV4_E_UNSUPPORTED, "numerics 'ref' is defined for V4.1 checkpoints; V4 runs in fp32");
-        goto fail;
-    }
-    if (c->hc_mult > 16 || (c->n_heads * c->head_dim) % c->o_groups) {
-        dsv4_fail(err, DSV4_E_MODEL, "%s/config.json: hc_mult %d or o_groups %d do not fit the attention shape", dir, c->hc_mult,
-                  c->o_groups);
-        goto fail;
-    }
-    if (!(m->st = dsv4_st_open_dir(dir, err)))
-        goto fail;
+    const dsv4_config *c = &m->cfg;
     m->layers = calloc(c->n_layers, sizeof(dsv4_layer));
+    if (!m->layers)
+        return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
     binder b = {.m = m, .err = err};
     int per_layer = 20 + 3 * c->n_experts;
-    dsv4_progress_begin(&b.prog, "loading", (uint64_t)per_layer * c->n_layers + 6, o.progress);
+    dsv4_progress_begin(&b.prog, "loading", (uint64_t)per_layer * c->n_layers + 6, o->progress);
     bw(&b, &m->embed, c->vocab, c->dim, "embed");
     bw(&b, &m->head, c->vocab, c->dim, "head");
     m->norm = bf(&b, c->dim, "norm.weight");
@@ -248,13 +215,78 @@ dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_er
     b.prog.total = b.prog.done;
     dsv4_progress_end(&b.prog);
     if (b.rc)
-        goto fail;
+        return b.rc;
     m->inv_freq_main = rope_table(&c->rope_main, c->rope_dim);
     m->inv_freq_compress = rope_table(&c->rope_compress, c->rope_dim);
+    return 0;
+}
+
+/* Settles options and checks what the config asks for against what this build runs. */
+static dsv4_model *model_new(const dsv4_load_opts *o, const char *dir, dsv4_err *err)
+{
+    dsv4_err_clear(err);
+    if (o->device && strcmp(o->device, "cpu")) {
+        dsv4_fail(err, DSV4_E_DEVICE, "device '%s' is not available in this build (it has: cpu)", o->device);
+        return NULL;
+    }
+    dsv4_model *m = calloc(1, sizeof *m);
+    if (!m) {
+        dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
+        return NULL;
+    }
+    m->dir = strdup(dir);
+    m->be = dsv4_backend_cpu();
+    m->max_rollback = o->max_rollback > 0 ? o->max_rollback : 256;
+    if (o->n_threads > 0)
+        omp_set_num_threads(o->n_threads);
     return m;
-fail:
-    dsv4_model_free(m);
-    return NULL;
+}
+
+static int model_check(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    m->numerics = o->numerics ? o->numerics : (c->family == DSV4_FAMILY_V41 ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32);
+    if (c->family == DSV4_FAMILY_V41)
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: DeepSeek-V4.1 checkpoints are not supported by this build yet", m->dir);
+    if (m->numerics != DSV4_NUMERICS_FP32)
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "numerics 'ref' is defined for V4.1 checkpoints; V4 runs in fp32");
+    if (c->hc_mult > 16 || (c->n_heads * c->head_dim) % c->o_groups)
+        return dsv4_fail(err, DSV4_E_MODEL, "%s: hc_mult %d or o_groups %d do not fit the attention shape", m->dir, c->hc_mult,
+                         c->o_groups);
+    return 0;
+}
+
+dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err)
+{
+    dsv4_load_opts o = {0};
+    if (opts)
+        o = *opts;
+    dsv4_model *m = model_new(&o, dir, err);
+    if (!m)
+        return NULL;
+    if (dsv4_config_load(dir, &m->cfg, err) || model_check(m, &o, err) || !(m->st = dsv4_st_open_dir(dir, err)) ||
+        model_bind(m, &o, err)) {
+        dsv4_model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size_t st_len, const char *label,
+                                   const dsv4_load_opts *opts, dsv4_err *err)
+{
+    dsv4_load_opts o = {0};
+    if (opts)
+        o = *opts;
+    dsv4_model *m = model_new(&o, label, err);
+    if (!m)
+        return NULL;
+    if (dsv4_config_parse(config_json, label, &m->cfg, err) || model_check(m, &o, err) ||
+        !(m->st = dsv4_st_open_memory(st_image, st_len, label, err)) || model_bind(m, &o, err)) {
+        dsv4_model_free(m);
+        return NULL;
+    }
+    return m;
 }
 
 static void free_compressor(dsv4_compressor *c)

@@ -69,6 +69,11 @@ struct dsv4_seq {
     dsv4_lstate *L;
 };
 
+/* A model from a config's JSON text and a safetensors image in an mmap'd region (taken
+ * over: unmapped when the model is freed). Used for synthetic models. */
+dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size_t st_len, const char *label,
+                                   const dsv4_load_opts *opts, dsv4_err *err);
+
 /* Sequence state helpers shared by the forward. */
 int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err);
 
