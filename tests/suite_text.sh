@@ -2,7 +2,8 @@
 # Tokenizer exactness against the peer (Hugging Face tokenizers, Rust) on DeepSeek-V3's
 # tokenizer.json: identical ids on >= 20,000 generated strings, decode(encode(s)) == s, the same
 # decode as the peer on random id lists (partial UTF-8 included), and the streaming detokenizer
-# equal to whole decoding. `--heldout` runs the held-out strings (seed 2) instead of seed 1.
+# equal to whole decoding; invalid UTF-8 input handled by the stated rule; and the Engram token map (keys and classes) equal to the one built
+# with the peer's normalizers. `--heldout` runs the held-out strings (seed 2) instead of seed 1.
 # Prints "text: N passed, M failed"; exits non-zero on any failure.
 set -u
 cd "$(dirname "$0")/.."
@@ -32,5 +33,14 @@ build/dsv4 detokenize -t "$tok" < "$tmp/dsv4.jsonl" > "$tmp/roundtrip.jsonl" || 
 build/dsv4 detokenize -t "$tok" < "$tmp/ids.jsonl" > "$tmp/dsv4_dec.jsonl" || fail "dsv4 detokenize (random ids) failed"
 build/dsv4 detokenize --stream -t "$tok" < "$tmp/ids.jsonl" > "$tmp/dsv4_stream.jsonl" || fail "dsv4 detokenize --stream failed"
 cmp -s "$tmp/dsv4_dec.jsonl" "$tmp/dsv4_stream.jsonl" || fail "the streaming detokenizer differs from whole decoding"
+# invalid UTF-8 input: tokenizing then decoding gives what the Unicode decoder makes of the bytes
+node tests/node/gen_invalid_utf8.cjs "$tmp/raw.jsonl" "$tmp/raw_expect.jsonl" --seed "$seed" || fail "invalid-UTF-8 generator failed"
+build/dsv4 tokenize -t "$tok" < "$tmp/raw.jsonl" | build/dsv4 detokenize -t "$tok" > "$tmp/raw_back.jsonl" ||
+    fail "dsv4 tokenize/detokenize failed on invalid UTF-8"
+(cd tests/node && node token_map_oracle.cjs --keys "$tmp/peer_keys.jsonl" > "$tmp/peer_map.json" 2>/dev/null) ||
+    fail "the token-map oracle failed"
+build/dsv4 token-map --keys -t "$tok" > "$tmp/dsv4_keys.jsonl" && build/dsv4 token-map --print -t "$tok" > "$tmp/dsv4_map.json" ||
+    fail "dsv4 token-map failed"
 node tests/node/compare.cjs "$tmp/strings.jsonl" "$tmp/peer.jsonl" "$tmp/dsv4.jsonl" "$tmp/roundtrip.jsonl" \
-    "$tmp/peer_dec.jsonl" "$tmp/dsv4_dec.jsonl"
+    --decode "$tmp/peer_dec.jsonl" "$tmp/dsv4_dec.jsonl" --keys "$tmp/peer_keys.jsonl" "$tmp/dsv4_keys.jsonl" \
+    --map "$tmp/peer_map.json" "$tmp/dsv4_map.json" --lossy "$tmp/raw_expect.jsonl" "$tmp/raw_back.jsonl"

@@ -17,6 +17,8 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_render(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_parse_tools(int argc, char **argv);
+int cmd_token_map(int argc, char **argv);
 
 /* JSON string values with explicit lengths (the text may hold NUL). parse: line[0..n) must be
  * one JSON string (surrounding blanks allowed); *out is malloc'd UTF-8 (lone surrogates become

@@ -16,7 +16,7 @@ int cmd_render(int argc, char **argv)
                "  \"add_generation_prompt\": bool, \"continue_final_message\": bool}. Messages are OpenAI shaped;\n"
                "  tools go on the system message (or top-level \"tools\", attached to a first system message),\n"
                "  tool results are role \"tool\". Defaults: thinking, effort high, drop_thinking and the\n"
-               "  generation prompt on.\n");
+               "  generation prompt on. \"family\": \"deepseek_v4\" renders the older V4 (0731) format.\n");
         return 0;
     }
     if (argc > 1) {

@@ -11,8 +11,40 @@
 #define USER "<｜User｜>"
 #define ASSISTANT "<｜Assistant｜>"
 #define REMINDER "<｜latest_reminder｜>"
-#define DSML "｜DSML｜"
 #define IMAGE "<｜deepseek_image｜>"
+
+/* What differs between the V4.1 and the V4 (0731) encoders. */
+typedef struct dialect {
+    int v41;
+    const char *calls, *invoke, *param; /* DSML tag names, written right after "｜DSML｜" */
+} dialect;
+
+static const dialect v41 = {1, " calls", " invoke", " parameter"};
+static const dialect v4 = {0, "tool_calls", "invoke", "parameter"};
+
+static const char effort_max_v4[] =
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+    "You MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, "
+    "rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\n"
+    "Explicitly write out your entire deliberation process, documenting every intermediate step, considered alternative, "
+    "and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n";
+
+/* Writes text with {C} {I} {P} standing for "｜DSML｜" + the dialect's calls/invoke/parameter. */
+static void put_tags(dsv4_buf *b, const dialect *d, const char *t)
+{
+    for (const char *p = t; *p;) {
+        if (p[0] == '{' && p[1] && p[2] == '}' && strchr("CIP", p[1])) {
+            dsv4_buf_puts(b, "｜DSML｜");
+            dsv4_buf_puts(b, p[1] == 'C' ? d->calls : p[1] == 'I' ? d->invoke : d->param);
+            p += 3;
+        } else {
+            const char *q = strchr(p + 1, '{');
+            size_t n = q ? (size_t)(q - p) : strlen(p);
+            dsv4_buf_put(b, p, n);
+            p += n;
+        }
+    }
+}
 
 /* ---- Python-compatible JSON ------------------------------------------------------------ */
 
@@ -402,12 +434,12 @@ static void sort_results(conv *c)
     }
 }
 
-/* The last user turn: a user or developer message, or a system message past the first. */
-static int last_user(const conv *c)
+/* The last user turn: a user or developer message, or (V4.1) a system message past the first. */
+static int last_user(const conv *c, int v41_rules)
 {
     for (int i = c->n - 1; i >= 0; i--) {
         const char *r = c->m[i].role;
-        if (!strcmp(r, "user") || !strcmp(r, "developer") || (!strcmp(r, "system") && i > 0))
+        if (!strcmp(r, "user") || !strcmp(r, "developer") || (v41_rules && !strcmp(r, "system") && i > 0))
             return i;
     }
     return -1;
@@ -415,9 +447,9 @@ static int last_user(const conv *c)
 
 /* With dropped thinking, history before the last user turn keeps only user/system/reminder
  * messages and assistant answers without their reasoning; other roles there disappear. */
-static void drop_history(conv *c)
+static void drop_history(conv *c, int v41_rules)
 {
-    int lu = last_user(c), k = 0;
+    int lu = last_user(c, v41_rules), k = 0;
     for (int i = 0; i < c->n; i++) {
         msg *m = &c->m[i];
         const char *r = m->role;
@@ -439,14 +471,13 @@ static void drop_history(conv *c)
     c->n = k;
 }
 
-static void render_tools(dsv4_buf *b, const cJSON *tools)
+static void render_tools(dsv4_buf *b, const dialect *d, const cJSON *tools)
 {
-    dsv4_buf_puts(b,
+    put_tags(b, d,
         "## Tools\n\nYou have access to a set of tools to help answer the user's question. You can invoke tools by "
-        "writing a \"<" DSML " calls>\" block like the following:\n\n"
-        "<" DSML " calls>\n<" DSML " invoke name=\"$TOOL_NAME\">\n<" DSML " parameter name=\"$PARAMETER_NAME\" "
-        "string=\"true|false\">$PARAMETER_VALUE</" DSML " parameter>\n...\n</" DSML " invoke>\n<" DSML
-        " invoke name=\"$TOOL_NAME2\">\n...\n</" DSML " invoke>\n</" DSML " calls>\n\n"
+        "writing a \"<{C}>\" block like the following:\n\n"
+        "<{C}>\n<{I} name=\"$TOOL_NAME\">\n<{P} name=\"$PARAMETER_NAME\" "
+        "string=\"true|false\">$PARAMETER_VALUE</{P}>\n...\n</{I}>\n<{I} name=\"$TOOL_NAME2\">\n...\n</{I}>\n</{C}>\n\n"
         "String parameters should be specified as is and set `string=\"true\"`. For all other types (numbers, "
         "booleans, arrays, objects), pass the value in JSON format and set `string=\"false\"`.\n\n"
         "If thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside "
@@ -466,11 +497,11 @@ static void render_tools(dsv4_buf *b, const cJSON *tools)
     dsv4_buf_puts(b, "\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n");
 }
 
-static void render_extras(dsv4_buf *b, const msg *m)
+static void render_extras(dsv4_buf *b, const dialect *d, const msg *m)
 {
     if (cJSON_GetArraySize(m->tools) > 0) {
         dsv4_buf_puts(b, "\n\n");
-        render_tools(b, m->tools);
+        render_tools(b, d, m->tools);
     }
     if (m->response_format) {
         dsv4_buf_puts(b, "\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n");
@@ -480,12 +511,12 @@ static void render_extras(dsv4_buf *b, const msg *m)
 
 /* One call's arguments as DSML parameters. Arguments given as JSON text (even twice encoded)
  * are parsed; anything that is not an object becomes the single parameter "arguments". */
-static int render_args(dsv4_buf *b, const cJSON *args)
+static int render_args(dsv4_buf *b, const dialect *d, const cJSON *args)
 {
     cJSON *parsed = NULL;
     const cJSON *a = args;
     for (int i = 0; i < 2 && cJSON_IsString(a); i++) {
-        cJSON *p = cJSON_Parse(a->valuestring);
+        cJSON *p = cJSON_ParseWithOpts(a->valuestring, NULL, 1);
         if (!p)
             break;
         cJSON_Delete(parsed);
@@ -510,23 +541,23 @@ static int render_args(dsv4_buf *b, const cJSON *args)
             dsv4_buf_puts(b, "\n");
         first = 0;
         int s = cJSON_IsString(v);
-        dsv4_buf_puts(b, "<" DSML " parameter name=\"");
+        put_tags(b, d, "<{P} name=\"");
         dsv4_buf_puts(b, v->string);
         dsv4_buf_puts(b, s ? "\" string=\"true\">" : "\" string=\"false\">");
         if (s)
             dsv4_buf_puts(b, v->valuestring);
         else
             dsv4_py_json(b, v);
-        dsv4_buf_puts(b, "</" DSML " parameter>");
+        put_tags(b, d, "</{P}>");
     }
     cJSON_Delete(wrap);
     cJSON_Delete(parsed);
     return 0;
 }
 
-static int render_calls(dsv4_buf *b, const cJSON *calls, dsv4_err *err)
+static int render_calls(dsv4_buf *b, const dialect *d, const cJSON *calls, dsv4_err *err)
 {
-    dsv4_buf_puts(b, "\n\n<" DSML " calls>\n");
+    put_tags(b, d, "\n\n<{C}>\n");
     const cJSON *tc;
     int first = 1;
     cJSON_ArrayForEach(tc, calls)
@@ -540,20 +571,20 @@ static int render_calls(dsv4_buf *b, const cJSON *calls, dsv4_err *err)
         if (!first)
             dsv4_buf_puts(b, "\n");
         first = 0;
-        dsv4_buf_puts(b, "<" DSML " invoke name=\"");
+        put_tags(b, d, "<{I} name=\"");
         dsv4_buf_puts(b, name);
         dsv4_buf_puts(b, "\">\n");
         const cJSON *args = cJSON_GetObjectItemCaseSensitive(f, "arguments");
         cJSON *empty = NULL;
         if (!args)
             args = empty = cJSON_CreateObject();
-        int rc = args ? render_args(b, args) : -1;
+        int rc = args ? render_args(b, d, args) : -1;
         cJSON_Delete(empty);
         if (rc)
             return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
-        dsv4_buf_puts(b, "\n</" DSML " invoke>");
+        put_tags(b, d, "\n</{I}>");
     }
-    dsv4_buf_puts(b, "\n</" DSML " calls>");
+    put_tags(b, d, "\n</{C}>");
     return 0;
 }
 
@@ -565,34 +596,39 @@ static const struct {
 };
 
 typedef struct opts {
-    int thinking, drop, add_gen, cont, effort;
+    int thinking, drop, add_gen, cont, effort; /* effort: 1..100 (V4.1); V4: 100 = max, else none */
+    const dialect *d;
 } opts;
 
 static int render_msg(dsv4_buf *b, const conv *c, int idx, const opts *o, dsv4_err *err)
 {
     const msg *m = &c->m[idx];
+    const dialect *d = o->d;
     const char *role = m->role;
-    int lu = last_user(c), is_last = idx == c->n - 1;
+    int lu = last_user(c, d->v41), is_last = idx == c->n - 1;
     int wo_eos = is_last && o->cont;
     char effort[160] = "";
-    if (idx == 0 && o->thinking)
+    if (idx == 0 && o->thinking && d->v41)
         snprintf(effort, sizeof effort,
                  "Reasoning Effort: %d (range 1-100, the higher the value, the more thorough the reasoning)\n\n", o->effort);
-    if (idx == 0 && (effort[0] || !strcmp(role, "system")))
+    /* V4.1 opens with the system marker; V4 has none and writes system text as is */
+    if (d->v41 && idx == 0 && (effort[0] || !strcmp(role, "system")))
         dsv4_buf_puts(b, SYS);
     dsv4_buf_puts(b, effort);
+    if (!d->v41 && idx == 0 && o->thinking && o->effort == 100)
+        dsv4_buf_puts(b, effort_max_v4);
 
     if (!strcmp(role, "system")) {
-        if (idx > 0)
+        if (idx > 0 && d->v41)
             dsv4_buf_puts(b, SYS);
         dsv4_buf_puts(b, m->content ? m->content : "");
-        render_extras(b, m);
+        render_extras(b, d, m);
     } else if (!strcmp(role, "developer")) {
         if (!m->content || !m->content[0])
             return dsv4_fail(err, DSV4_E_ARG, "message %d: a developer message needs content", idx);
         dsv4_buf_puts(b, USER);
         dsv4_buf_puts(b, m->content);
-        render_extras(b, m);
+        render_extras(b, d, m);
     } else if (!strcmp(role, "user")) {
         dsv4_buf_puts(b, USER);
         for (int k = 0; k < m->nblocks; k++) {
@@ -610,7 +646,7 @@ static int render_msg(dsv4_buf *b, const conv *c, int idx, const opts *o, dsv4_e
     } else if (!strcmp(role, "assistant")) {
         dsv4_buf calls = {0};
         dsv4_buf_put(&calls, "", 0);
-        if (cJSON_GetArraySize(m->tool_calls) > 0 && render_calls(&calls, m->tool_calls, err)) {
+        if (cJSON_GetArraySize(m->tool_calls) > 0 && render_calls(&calls, d, m->tool_calls, err)) {
             dsv4_buf_free(&calls);
             return dsv4_err_prefix(err, "message %d", idx);
         }
@@ -648,8 +684,8 @@ static int render_msg(dsv4_buf *b, const conv *c, int idx, const opts *o, dsv4_e
             dsv4_buf_puts(b, o->thinking ? "<think>" : "</think>");
         }
         dsv4_buf_puts(b, tok);
-    } else if (!strcmp(role, "user") || !strcmp(role, "developer") || (!strcmp(role, "system") && idx > 0) ||
-               (is_last && (!strcmp(role, "system") || !strcmp(role, "assistant")))) {
+    } else if (!strcmp(role, "user") || !strcmp(role, "developer") ||
+               (d->v41 && ((!strcmp(role, "system") && idx > 0) || (is_last && (!strcmp(role, "system") || !strcmp(role, "assistant")))))) {
         dsv4_buf_puts(b, ASSISTANT);
         dsv4_buf_puts(b, o->thinking && (!o->drop || idx >= lu) ? "<think>" : "</think>");
     }
@@ -672,6 +708,12 @@ static int get_bool(const cJSON *req, const char *k, int dflt, int *out, dsv4_er
 int dsv4_chat_render(const cJSON *req, char **out, size_t *out_len, dsv4_err *err)
 {
     opts o = {0};
+    o.d = &v41;
+    const cJSON *fam = cJSON_GetObjectItemCaseSensitive(req, "family");
+    if (cJSON_IsString(fam) && !strcmp(fam->valuestring, "deepseek_v4"))
+        o.d = &v4;
+    else if (fam && !cJSON_IsNull(fam) && !(cJSON_IsString(fam) && !strcmp(fam->valuestring, "deepseek_v41")))
+        return dsv4_fail(err, DSV4_E_ARG, "request: family must be \"deepseek_v41\" or \"deepseek_v4\"");
     const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(req, "messages");
     if (!cJSON_IsArray(msgs))
         return dsv4_fail(err, DSV4_E_ARG, "request: \"messages\" must be a list");
@@ -682,7 +724,13 @@ int dsv4_chat_render(const cJSON *req, char **out, size_t *out_len, dsv4_err *er
         return dsv4_fail(err, DSV4_E_ARG, "request: thinking_mode must be \"chat\" or \"thinking\"");
     const cJSON *re = cJSON_GetObjectItemCaseSensitive(req, "reasoning_effort");
     o.effort = 50;
-    if (cJSON_IsString(re)) {
+    if (!o.d->v41) {
+        /* V4 knows only "high" (nothing written) and "max" */
+        if (cJSON_IsString(re) && !strcmp(re->valuestring, "max"))
+            o.effort = 100;
+        else if (re && !cJSON_IsNull(re) && !(cJSON_IsString(re) && !strcmp(re->valuestring, "high")))
+            return dsv4_fail(err, DSV4_E_ARG, "request: a V4 reasoning_effort is null, \"high\" or \"max\"");
+    } else if (cJSON_IsString(re)) {
         const char *s = re->valuestring;
         o.effort = !strcmp(s, "low") ? 25 : !strcmp(s, "high") ? 50 : !strcmp(s, "xhigh") ? 75 : !strcmp(s, "max") ? 100 : 0;
         if (!o.effort)
@@ -717,7 +765,7 @@ int dsv4_chat_render(const cJSON *req, char **out, size_t *out_len, dsv4_err *er
         if (cJSON_GetArraySize(c.m[i].tools) > 0)
             o.drop = 0;
     if (o.thinking && o.drop)
-        drop_history(&c);
+        drop_history(&c, o.d->v41);
 
     dsv4_buf b = {0};
     dsv4_buf_puts(&b, BOS);

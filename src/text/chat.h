@@ -9,7 +9,9 @@
 #include "dsv4.h"
 #include "text/buf.h"
 
-/* request: {"messages": [...], "thinking_mode": "chat"|"thinking" (default "thinking"),
+/* request: {"messages": [...], "family": "deepseek_v41" (default) | "deepseek_v4" (the older encoder:
+ *           no <｜System｜> marker, DSML tags "<｜DSML｜tool_calls>"/"invoke"/"parameter", effort
+ *           null|"high"|"max" where only "max" writes a line), "thinking_mode": "chat"|"thinking" (default "thinking"),
  *           "reasoning_effort": null|"low"|"high"|"xhigh"|"max"|1..100 (null: "high" = 50),
  *           "drop_thinking": bool (default true), "add_generation_prompt": bool (default true),
  *           "continue_final_message": bool (default false), "tools": [...] (optional, attached to

@@ -162,8 +162,10 @@ typedef struct mslot {
 /* ---- tokenizer ----------------------------------------------------------------------- */
 
 typedef struct added {
-    char *s;
+    char *s;           /* content as written */
     size_t len;
+    char *m;           /* what is matched: the content, normalized for normalized tokens */
+    size_t mlen;
     int32_t id;
     int special, normalized, lstrip, rstrip;
 } added;
@@ -284,8 +286,11 @@ void dsv4_tokenizer_free(dsv4_tokenizer *t)
     free(t->dec);
     free(t->tok);
     free(t->is_special);
-    for (int i = 0; i < t->n_added; i++)
+    for (int i = 0; i < t->n_added; i++) {
+        if (t->added[i].m != t->added[i].s)
+            free(t->added[i].m);
         free(t->added[i].s);
+    }
     free(t->added);
     free(t->m_raw.idx);
     free(t->m_norm.idx);
@@ -326,8 +331,8 @@ static int build_matcher(dsv4_tokenizer *t, matcher *m, int normalized)
 {
     int cnt[257] = {0};
     for (int i = 0; i < t->n_added; i++)
-        if (t->added[i].normalized == normalized && t->added[i].len)
-            cnt[(unsigned char)t->added[i].s[0]]++;
+        if (t->added[i].normalized == normalized && t->added[i].mlen)
+            cnt[(unsigned char)t->added[i].m[0]]++;
     m->start[0] = 0;
     for (int b = 0; b < 256; b++)
         m->start[b + 1] = m->start[b] + cnt[b];
@@ -338,11 +343,11 @@ static int build_matcher(dsv4_tokenizer *t, matcher *m, int normalized)
     for (int b = 0; b < 256; b++)
         fill[b] = m->start[b];
     for (int i = 0; i < t->n_added; i++)
-        if (t->added[i].normalized == normalized && t->added[i].len)
-            m->idx[fill[(unsigned char)t->added[i].s[0]]++] = i;
+        if (t->added[i].normalized == normalized && t->added[i].mlen)
+            m->idx[fill[(unsigned char)t->added[i].m[0]]++] = i;
     for (int b = 0; b < 256; b++) /* longest first within each group (insertion sort: groups are small) */
         for (int i = m->start[b] + 1; i < m->start[b + 1]; i++)
-            for (int j = i; j > m->start[b] && t->added[m->idx[j]].len > t->added[m->idx[j - 1]].len; j--) {
+            for (int j = i; j > m->start[b] && t->added[m->idx[j]].mlen > t->added[m->idx[j - 1]].mlen; j--) {
                 int x = m->idx[j];
                 m->idx[j] = m->idx[j - 1];
                 m->idx[j - 1] = x;
@@ -634,14 +639,27 @@ static int load_json(dsv4_tokenizer *t, const cJSON *root, dsv4_err *err)
     }
     free(cat);
 
-    if (build_matcher(t, &t->m_raw, 0) || build_matcher(t, &t->m_norm, 1))
-        return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
     const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
     if (norm && !cJSON_IsNull(norm)) {
         t->norm = dsv4_normalizer_from_cjson(norm, err);
         if (!t->norm)
             return err ? err->code : DSV4_E_FORMAT;
     }
+    /* normalized added tokens are looked for in normalized text, so in their normalized form */
+    for (int i = 0; i < t->n_added; i++) {
+        added *a = &t->added[i];
+        a->m = a->s;
+        a->mlen = a->len;
+        if (a->normalized && t->norm && a->len) {
+            int rc = dsv4_normalize(t->norm, a->s, a->len, &a->m, &a->mlen, err);
+            if (rc) {
+                a->m = a->s;
+                return rc;
+            }
+        }
+    }
+    if (build_matcher(t, &t->m_raw, 0) || build_matcher(t, &t->m_norm, 1))
+        return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
     int rc = parse_pretok(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), err);
     if (rc)
         return rc;
@@ -993,7 +1011,37 @@ static int pretok(enc *e, int k, const unsigned char *s, size_t n)
     return pretok(e, k + 1, s + last, n - last);
 }
 
-static int is_space_byte(unsigned char c) { return c == ' ' || (c >= 9 && c <= 13); }
+/* Rust's char::is_whitespace (White_Space), which lstrip/rstrip follow. */
+static int is_white(uint32_t c)
+{
+    return (c >= 9 && c <= 13) || c == 0x20 || c == 0x85 || c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
+           c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
+}
+
+/* Start of the whitespace run ending at s[at], not before `from`. */
+static size_t white_back(const unsigned char *s, size_t from, size_t at)
+{
+    while (at > from) {
+        size_t p = at - 1;
+        while (p > from && (s[p] & 0xc0) == 0x80)
+            p--;
+        uint32_t cp;
+        if (dsv4_utf8_decode1(s + p, at - p, &cp) != (int)(at - p) || !is_white(cp))
+            break;
+        at = p;
+    }
+    return at;
+}
+
+/* End of the whitespace run starting at s[at]. */
+static size_t white_fwd(const unsigned char *s, size_t at, size_t n)
+{
+    uint32_t cp;
+    int k;
+    while (at < n && (k = dsv4_utf8_decode1(s + at, n - at, &cp)) > 0 && is_white(cp))
+        at += (size_t)k;
+    return at;
+}
 
 /* Leftmost-longest added token in s[from..n) by matcher m; returns its index in t->added or -1,
  * with the matched span (widened by lstrip/rstrip) in *ms, *me. */
@@ -1006,12 +1054,12 @@ static int find_added(const dsv4_tokenizer *t, const matcher *m, const unsigned 
         int b = s[i];
         for (int j = m->start[b]; j < m->start[b + 1]; j++) {
             const added *a = &t->added[m->idx[j]];
-            if (a->len <= n - i && !memcmp(s + i, a->s, a->len)) {
-                size_t st = i, en = i + a->len;
-                while (a->lstrip && st > from && is_space_byte(s[st - 1]))
-                    st--;
-                while (a->rstrip && en < n && is_space_byte(s[en]))
-                    en++;
+            if (a->mlen <= n - i && !memcmp(s + i, a->m, a->mlen)) {
+                size_t st = i, en = i + a->mlen;
+                if (a->lstrip)
+                    st = white_back(s, from, st);
+                if (a->rstrip)
+                    en = white_fwd(s, en, n);
                 *ms = st;
                 *me = en;
                 return m->idx[j];

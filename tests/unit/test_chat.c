@@ -171,6 +171,27 @@ int main(void)
              " invoke name=\"g\">\n\n</" D " invoke>\n</" D " calls>" E
              "<｜User｜><tool_result>A</tool_result>\n\n<tool_result>B</tool_result><｜Assistant｜></think>");
 
+    /* V4 (0731): no system marker, "max" effort as its own paragraph, the older DSML tags */
+    golden("v4 chat", "{\"family\":\"deepseek_v4\",\"thinking_mode\":\"chat\",\"messages\":[{\"role\":\"system\",\"content\":\"S\"},{\"role\":\"user\",\"content\":\"hello\"}]}",
+           B "S<｜User｜>hello<｜Assistant｜></think>");
+    golden("v4 high effort writes nothing", "{\"family\":\"deepseek_v4\",\"reasoning_effort\":\"high\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}",
+           B "<｜User｜>q<｜Assistant｜><think>");
+    golden("v4 max effort", "{\"family\":\"deepseek_v4\",\"reasoning_effort\":\"max\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}",
+           B "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking and "
+             "comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic against all "
+             "potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire deliberation process, "
+             "documenting every intermediate step, considered alternative, and rejected hypothesis to ensure absolutely no "
+             "assumption is left unchecked.\n\n<｜User｜>q<｜Assistant｜><think>");
+    rejected("v4 numeric effort", "{\"family\":\"deepseek_v4\",\"reasoning_effort\":50,\"messages\":[{\"role\":\"user\",\"content\":\"q\"}]}");
+    golden("v4 tool call",
+           "{\"family\":\"deepseek_v4\",\"thinking_mode\":\"chat\",\"add_generation_prompt\":false,\"messages\":[{\"role\":\"user\",\"content\":\"go\"},"
+           "{\"role\":\"assistant\",\"content\":\"ok\",\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"a\\\": \\\"b\\\"}\"}}]}]}",
+           B "<｜User｜>go<｜Assistant｜></think>ok\n\n<" D "tool_calls>\n<" D "invoke name=\"f\">\n<" D
+             "parameter name=\"a\" string=\"true\">b</" D "parameter>\n</" D "invoke>\n</" D "tool_calls>" E);
+    /* a V4 mid-conversation system message is plain text and does not open a reply */
+    golden("v4 mid system", "{\"family\":\"deepseek_v4\",\"thinking_mode\":\"chat\",\"messages\":[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"system\",\"content\":\"s\"}]}",
+           B "<｜User｜>qs");
+
     /* Python's float repr inside JSON */
     {
         const char *nums = "[0.1, 1e-05, 1.5e+16, 123.456, -0.0001, 1e+300, 2.5e-07, 100, 3.0]";
