@@ -25,6 +25,7 @@
 #include "serve/lanes.h"
 #include "text/buf.h"
 #include "text/chat.h"
+#include "text/dsml.h"
 #include "text/tokenizer.h"
 
 enum { MAX_BODY = 16 << 20, MAX_STOPS = 16, TAKE = 64 };
@@ -66,7 +67,10 @@ typedef struct gen {
     int stop_string, finish, role_sent, final_sent;
     size_t emitted;            /* text bytes already streamed */
     int n_streamed;            /* tokens already streamed */
-    size_t think_end;          /* thinking: where the answer starts (after </think>), or SIZE_MAX */
+    dsv4_dsml *dsml;           /* chat: splits text into reasoning, content and tool calls */
+    dsv4_dsml_out dout;        /* its output not yet sent (buffers reset after each send) */
+    size_t parsed;             /* text bytes fed to the parser */
+    int n_calls_sent;
     char *prompt_text;         /* echo */
     dsv4_buf sse;
     size_t sse_pos;
@@ -347,6 +351,8 @@ static void gen_free(gen *g)
         return;
     dsv4_request_release(g->r);
     dsv4_detok_free(&g->dt);
+    dsv4_dsml_free(g->dsml);
+    dsv4_dsml_out_free(&g->dout);
     dsv4_buf_free(&g->text);
     dsv4_buf_free(&g->sse);
     free(g->off);
@@ -360,7 +366,7 @@ static void gen_free(gen *g)
 static const char *finish_name(const gen *g)
 {
     switch (g->finish) {
-    case DSV4_FINISH_STOP: return "stop";
+    case DSV4_FINISH_STOP: return cJSON_GetArraySize(g->dout.calls) > 0 ? "tool_calls" : "stop";
     case DSV4_FINISH_LENGTH: return "length";
     case DSV4_FINISH_CANCELLED: return g->stop_string ? "stop" : "cancelled";
     default: return "error";
@@ -575,14 +581,44 @@ static cJSON *envelope(const gen *g, const char *object)
     return j;
 }
 
-/* Locates the end of reasoning in thinking mode: text after "</think>" is the answer. */
-static void find_think_end(gen *g)
+/* Feeds the parser the text up to `upto` (and ends it when the generation has ended). */
+static void chat_parse(gen *g, size_t upto)
 {
-    if (!g->thinking || g->think_end != SIZE_MAX || !g->text.n)
-        return;
-    char *p = strstr(g->text.p, "</think>");
-    if (p)
-        g->think_end = (size_t)(p - g->text.p);
+    dsv4_err err = {0};
+    if (upto > g->parsed) {
+        dsv4_dsml_feed(g->dsml, g->text.p + g->parsed, upto - g->parsed, &g->dout, &err);
+        g->parsed = upto;
+    }
+    if (g->finish && g->parsed == g->text.n && g->dsml) {
+        dsv4_dsml_finish(g->dsml, &g->dout, &err);
+        dsv4_dsml_free(g->dsml);
+        g->dsml = NULL;
+    }
+}
+
+/* OpenAI tool_calls from the parser's calls [from, n); with_index for stream deltas. */
+static cJSON *tool_calls_json(gen *g, int from, int with_index)
+{
+    cJSON *a = cJSON_CreateArray();
+    int n = cJSON_GetArraySize(g->dout.calls);
+    for (int i = from; i < n; i++) {
+        const cJSON *c = cJSON_GetArrayItem(g->dout.calls, i);
+        cJSON *t = cJSON_CreateObject(), *f;
+        char id[64];
+        snprintf(id, sizeof id, "call_%s_%d", g->id, i);
+        if (with_index)
+            cJSON_AddNumberToObject(t, "index", i);
+        cJSON_AddStringToObject(t, "id", id);
+        cJSON_AddStringToObject(t, "type", "function");
+        f = cJSON_AddObjectToObject(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(c, "name");
+        cJSON_AddStringToObject(f, "name", cJSON_IsString(name) ? name->valuestring : "");
+        char *args = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(c, "arguments"));
+        cJSON_AddStringToObject(f, "arguments", args ? args : "{}");
+        free(args);
+        cJSON_AddItemToArray(a, t);
+    }
+    return a;
 }
 
 static void log_line(gen *g, int status)
@@ -614,15 +650,8 @@ static void sse_event(gen *g, cJSON *j)
 static void stream_events(gen *g)
 {
     size_t safe = gen_safe_len(g);
-    find_think_end(g);
-    if (g->thinking && g->think_end == SIZE_MAX && !g->finish) {
-        /* hold back a partial "</think>" */
-        size_t keep = 0;
-        for (size_t k = 7; k > 0 && !keep; k--)
-            if (k <= safe && !memcmp(g->text.p + safe - k, "</think>", k))
-                keep = k;
-        safe -= keep;
-    }
+    if (g->chat)
+        chat_parse(g, safe);
     /* tokens whose piece starts before `safe` go out with this chunk */
     int to = g->n_streamed;
     while (to < g->n_tok && (g->off[to] < safe || (g->finish && !g->stop_string)))
@@ -631,7 +660,9 @@ static void stream_events(gen *g)
         while (to < g->n_tok && g->off[to] < g->text.n)
             to++;
     int fresh_role = g->chat && !g->role_sent;
-    if (safe > g->emitted || to > g->n_streamed || fresh_role) {
+    int new_calls = g->chat && cJSON_GetArraySize(g->dout.calls) > g->n_calls_sent;
+    int chat_text = g->chat && (g->dout.content.n || g->dout.reasoning.n);
+    if ((!g->chat && safe > g->emitted) || chat_text || new_calls || to > g->n_streamed || fresh_role) {
         cJSON *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
         cJSON *ch = cJSON_AddArrayToObject(j, "choices"), *c0 = cJSON_CreateObject();
         cJSON_AddItemToArray(ch, c0);
@@ -640,26 +671,15 @@ static void stream_events(gen *g)
             cJSON *d = cJSON_AddObjectToObject(c0, "delta");
             if (fresh_role)
                 cJSON_AddStringToObject(d, "role", "assistant");
-            size_t a = g->emitted, b = safe > a ? safe : a;
-            if (g->thinking) {
-                size_t e = g->think_end;
-                size_t ra = a, rb = e < b ? e : b;
-                if (rb > ra) {
-                    char *s = strndup(g->text.p + ra, rb - ra);
-                    cJSON_AddStringToObject(d, "reasoning_content", s ? s : "");
-                    free(s);
-                }
-                if (e != SIZE_MAX && b > e + 8) {
-                    size_t ca = a > e + 8 ? a : e + 8;
-                    char *s = strndup(g->text.p + ca, b - ca);
-                    cJSON_AddStringToObject(d, "content", s ? s : "");
-                    free(s);
-                }
-            } else {
-                char *s = strndup(g->text.p ? g->text.p + a : "", b - a);
-                cJSON_AddStringToObject(d, "content", s ? s : "");
-                free(s);
+            if (g->dout.reasoning.n)
+                cJSON_AddStringToObject(d, "reasoning_content", g->dout.reasoning.p);
+            if (g->dout.content.n || !g->dout.reasoning.n)
+                cJSON_AddStringToObject(d, "content", g->dout.content.n ? g->dout.content.p : "");
+            if (new_calls) {
+                cJSON_AddItemToObject(d, "tool_calls", tool_calls_json(g, g->n_calls_sent, 1));
+                g->n_calls_sent = cJSON_GetArraySize(g->dout.calls);
             }
+            g->dout.content.n = g->dout.reasoning.n = 0;
             if (g->n_logprobs >= 0 && to > g->n_streamed)
                 cJSON_AddItemToObject(c0, "logprobs", chat_logprobs(g, g->n_streamed, to));
             else
@@ -763,6 +783,58 @@ static int client_gone(struct MHD_Connection *c)
     return recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
+/* tools: [{"type": "function", "function": {"name": str, "description"?: str, "parameters"?: object}}];
+ * tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name": one of them}}.
+ * "required" and a named choice are accepted but not enforced (decoding is not constrained). */
+static int check_tools(const cJSON *tools, const cJSON *choice, bad *b)
+{
+    if (tools && !cJSON_IsNull(tools)) {
+        if (!cJSON_IsArray(tools))
+            return fail_bad(b, "tools", "'tools' must be an array");
+        const cJSON *t;
+        int i = 0;
+        cJSON_ArrayForEach(t, tools)
+        {
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+            const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+            const cJSON *desc = cJSON_GetObjectItemCaseSensitive(f, "description");
+            if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function"))
+                return fail_bad(b, "tools", "tools[%d]: 'type' must be \"function\"", i);
+            if (!cJSON_IsObject(f) || !cJSON_IsString(name) || !*name->valuestring)
+                return fail_bad(b, "tools", "tools[%d]: 'function.name' must be a non-empty string", i);
+            if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params))
+                return fail_bad(b, "tools", "tools[%d]: 'function.parameters' must be a JSON Schema object", i);
+            if (desc && !cJSON_IsNull(desc) && !cJSON_IsString(desc))
+                return fail_bad(b, "tools", "tools[%d]: 'function.description' must be a string", i);
+            i++;
+        }
+    }
+    if (!choice || cJSON_IsNull(choice))
+        return 0;
+    if (cJSON_IsString(choice)) {
+        const char *c = choice->valuestring;
+        if (strcmp(c, "none") && strcmp(c, "auto") && strcmp(c, "required"))
+            return fail_bad(b, "tool_choice", "'tool_choice' must be none, auto, required or a named function");
+        if (!strcmp(c, "required") && cJSON_GetArraySize(tools) == 0)
+            return fail_bad(b, "tool_choice", "'tool_choice' required needs 'tools'");
+        return 0;
+    }
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+    if (!cJSON_IsObject(choice) || !cJSON_IsString(name))
+        return fail_bad(b, "tool_choice", "'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools)
+    {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        if (!strcmp(n->valuestring, name->valuestring))
+            return 0;
+    }
+    return fail_bad(b, "tool_choice", "'tool_choice' names '%s', which is not among the tools", name->valuestring);
+}
+
 static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON *j, int chat, const char *path)
 {
     bad b = {0};
@@ -774,7 +846,7 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON
     g->chat = chat;
     g->path = path;
     g->t0 = dsv4_now();
-    g->think_end = SIZE_MAX;
+    dsv4_dsml_out_init(&g->dout);
     g->n_logprobs = -1;
     g->created = (long)time(NULL);
     snprintf(g->id, sizeof g->id, "%s-%016" PRIx64, chat ? "chatcmpl" : "cmpl",
@@ -799,14 +871,37 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON
             fail_bad(&b, "messages", "'messages' must be a non-empty array");
             goto out;
         }
+        const cJSON *tools = cJSON_GetObjectItemCaseSensitive(j, "tools");
+        const cJSON *choice = cJSON_GetObjectItemCaseSensitive(j, "tool_choice");
+        if (check_tools(tools, choice, &b))
+            goto out;
         /* the render request: the client's fields, defaulting to non-thinking chat */
         cJSON *rq = cJSON_Duplicate(j, 1);
+        if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")) {
+            cJSON_DeleteItemFromObjectCaseSensitive(rq, "tools");
+        } else if (cJSON_GetArraySize(tools) > 0) {
+            /* the encoder keeps tools on a system message: give the conversation an empty one */
+            cJSON *ms = cJSON_GetObjectItemCaseSensitive(rq, "messages");
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(ms->child, "role");
+            if (!cJSON_IsString(role) || strcmp(role->valuestring, "system")) {
+                cJSON *sys = cJSON_CreateObject();
+                cJSON_AddStringToObject(sys, "role", "system");
+                cJSON_AddStringToObject(sys, "content", "");
+                cJSON_InsertItemInArray(ms, 0, sys);
+            }
+        }
         if (!cJSON_GetObjectItemCaseSensitive(rq, "thinking_mode")) {
             const cJSON *re = cJSON_GetObjectItemCaseSensitive(j, "reasoning_effort");
             cJSON_AddStringToObject(rq, "thinking_mode", re && !cJSON_IsNull(re) ? "thinking" : "chat");
         }
         const cJSON *tm = cJSON_GetObjectItemCaseSensitive(rq, "thinking_mode");
         g->thinking = cJSON_IsString(tm) && !strcmp(tm->valuestring, "thinking");
+        g->dsml = dsv4_dsml_new(g->thinking, &err);
+        if (!g->dsml) {
+            cJSON_Delete(rq);
+            fail_bad(&b, NULL, "%s", err.msg);
+            goto out;
+        }
         char *text = NULL;
         size_t len = 0;
         int r = dsv4_chat_render(rq, &text, &len, &err);
@@ -907,7 +1002,8 @@ out:
         gen_free(g);
         return res;
     }
-    find_think_end(g);
+    if (chat)
+        chat_parse(g, g->text.n);
     cJSON *resp = envelope(g, chat ? "chat.completion" : "text_completion");
     cJSON *ch = cJSON_AddArrayToObject(resp, "choices"), *c0 = cJSON_CreateObject();
     cJSON_AddItemToArray(ch, c0);
@@ -915,16 +1011,15 @@ out:
     if (chat) {
         cJSON *msg = cJSON_AddObjectToObject(c0, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
-        if (g->thinking) {
-            size_t e = g->think_end == SIZE_MAX ? g->text.n : g->think_end;
-            char *rs = strndup(g->text.p ? g->text.p : "", e);
-            cJSON_AddStringToObject(msg, "reasoning_content", rs ? rs : "");
-            free(rs);
-            size_t a = e + 8 < g->text.n ? e + 8 : g->text.n;
-            cJSON_AddStringToObject(msg, "content", g->text.p && g->think_end != SIZE_MAX ? g->text.p + a : "");
-        } else {
-            cJSON_AddStringToObject(msg, "content", g->text.p ? g->text.p : "");
-        }
+        int n_calls = cJSON_GetArraySize(g->dout.calls);
+        if (n_calls && !g->dout.content.n)
+            cJSON_AddNullToObject(msg, "content");
+        else
+            cJSON_AddStringToObject(msg, "content", g->dout.content.n ? g->dout.content.p : "");
+        if (g->dout.has_reasoning)
+            cJSON_AddStringToObject(msg, "reasoning_content", g->dout.reasoning.n ? g->dout.reasoning.p : "");
+        if (n_calls)
+            cJSON_AddItemToObject(msg, "tool_calls", tool_calls_json(g, 0, 0));
         if (g->n_logprobs >= 0)
             cJSON_AddItemToObject(c0, "logprobs", chat_logprobs(g, 0, g->n_tok));
         else

@@ -95,6 +95,24 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
   check(b.first_role === 'assistant' && b.ids_const && b.usage?.completion_tokens === 10, 'chat: first delta carries the role, constant id, usage', b);
 }
 
+// ---- thinking mode: reasoning_content, stream == non-stream; tools render and are accepted
+{
+  const p = { messages: [{ role: 'user', content: 'Think first.' }], max_tokens: 8, temperature: 0, reasoning_effort: 'high' };
+  const a = await client.chat.completions.create({ model, ...p });
+  const s = await client.chat.completions.create({ model, ...p, stream: true });
+  let reasoning = '', content = '';
+  for await (const ch of s) { reasoning += ch.choices[0]?.delta?.reasoning_content ?? ''; content += ch.choices[0]?.delta?.content ?? ''; }
+  const m = a.choices[0].message;
+  check(typeof m.reasoning_content === 'string' && m.reasoning_content.length > 0 && m.reasoning_content === reasoning && (m.content ?? '') === content,
+    'thinking: reasoning_content, stream == non-stream', { m, reasoning, content });
+  const tools = [{ type: 'function', function: { name: 'get_weather', description: 'Weather for a city', parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+  const withTools = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Weather in Paris?' }], tools, max_tokens: 4, temperature: 0 });
+  const without = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Weather in Paris?' }], max_tokens: 4, temperature: 0 });
+  const none = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Weather in Paris?' }], tools, tool_choice: 'none', max_tokens: 4, temperature: 0 });
+  check(withTools.usage.prompt_tokens > without.usage.prompt_tokens + 50 && none.usage.prompt_tokens === without.usage.prompt_tokens,
+    'tools are rendered into the prompt (tool_choice none leaves them out)', [withTools.usage, without.usage, none.usage]);
+}
+
 // ---- seeded sampling is reproducible; another seed differs
 {
   const p = { prompt: prompts[3], max_tokens: 10, temperature: 1, return_token_ids: true };
@@ -174,6 +192,10 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
     ['logit_bias key', '/v1/completions', { model, prompt: 'x', logit_bias: { abc: 1 } }, null, 400],
     ['stop type', '/v1/completions', { model, prompt: 'x', stop: 5 }, null, 400],
     ['unknown route', '/v1/nothing', { model }, null, 404],
+    ['tool without a name', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: {} }] }, null, 400],
+    ['tool parameters not an object', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f', parameters: 'x' } }] }, null, 400],
+    ['tool_choice names no tool', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } }, null, 400],
+    ['message content wrong type', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 5 }] }, null, 400],
   ];
   for (const [name, path, body, raw, want] of cases) {
     const r = await post(path, body, raw);
