@@ -55,6 +55,14 @@ fi
 lines=$(grep -c ' prompt=[0-9]* cached=[0-9]* generated=[0-9]* ' "$tmp/server.log")
 if [ "$lines" -ge 40 ]; then passed=$((passed + 1)); else echo "FAIL request log lines: $lines"; failed=$((failed + 1)); fi
 
+# SIGTERM with a stream in flight: the stream ends cleanly ([DONE]) and the server exits
+inflight=
+if command -v curl >/dev/null; then
+    curl -sN --max-time 30 "http://127.0.0.1:$port/v1/completions" -H "Authorization: Bearer $key" \
+        -d '{"prompt":"keep going","max_tokens":5000,"ignore_eos":true,"stream":true}' > "$tmp/inflight.txt" 2>/dev/null &
+    inflight=$!
+    for _ in $(seq 1 100); do grep -q '"text"' "$tmp/inflight.txt" 2>/dev/null && break; sleep 0.05; done
+fi
 kill -TERM "$pid"
 for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
 if kill -0 "$pid" 2>/dev/null; then
@@ -67,6 +75,11 @@ else
         echo "FAIL SIGTERM: exit status $src"; failed=$((failed + 1)); fi
 fi
 pid=
+if [ -n "$inflight" ]; then
+    wait "$inflight"
+    if tail -c 200 "$tmp/inflight.txt" | grep -q 'data: \[DONE\]'; then passed=$((passed + 1)); else
+        echo "FAIL SIGTERM: the in-flight stream did not end with [DONE]"; failed=$((failed + 1)); fi
+fi
 [ "$failed" -gt 0 ] && tail -20 "$tmp/server.log"
 echo "serve: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 #include "core/core.h"
 #include "serve/http.h"
 #include "serve/lanes.h"
@@ -38,6 +39,7 @@ typedef struct server {
     int vocab, eos;
     int64_t ctx;
     atomic_uint_fast64_t http_requests, http_errors, id_counter;
+    atomic_int active;        /* generations not yet freed (shutdown waits for them) */
     uint64_t seed_base;
 } server;
 
@@ -349,6 +351,7 @@ static void gen_free(gen *g)
 {
     if (!g)
         return;
+    atomic_fetch_sub(&g->s->active, 1);
     dsv4_request_release(g->r);
     dsv4_detok_free(&g->dt);
     dsv4_dsml_free(g->dsml);
@@ -842,6 +845,7 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON
     if (!g)
         return send_error(s, c, 500, NULL, NULL, "out of memory");
     g->s = s;
+    atomic_fetch_add(&s->active, 1);
     g->c = c;
     g->chat = chat;
     g->path = path;
@@ -1257,7 +1261,7 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
         dsv4_fail(err, DSV4_E_ARG, "--host %s is not an IPv4 address", o->host);
         goto fail;
     }
-    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL,
+    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ITC,
                                             0, NULL, NULL, handler, &s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                             MHD_OPTION_NOTIFY_COMPLETED, completed, &s,
                                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
@@ -1278,6 +1282,14 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     dsv4_log("dsv4 serve: signal %d, shutting down", sig);
     /* refuse new work and cancel what runs, so every connection thread can answer and end */
     dsv4_lanes_shutdown(s.lanes);
+    MHD_socket lfd = MHD_quiesce_daemon(d); /* stop accepting; the socket is ours to close */
+    if (lfd != MHD_INVALID_SOCKET)
+        close(lfd);
+    /* let cancelled streams send their last events before connections are closed */
+    for (double t0 = dsv4_now(); atomic_load(&s.active) > 0 && dsv4_now() - t0 < 10;) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
     MHD_stop_daemon(d);
     dsv4_lanes_free(s.lanes);
     dsv4_tokenizer_free(s.tok);
