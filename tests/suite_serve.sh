@@ -80,6 +80,12 @@ if [ -n "$inflight" ]; then
     if tail -c 200 "$tmp/inflight.txt" | grep -q 'data: \[DONE\]'; then passed=$((passed + 1)); else
         echo "FAIL SIGTERM: the in-flight stream did not end with [DONE]"; failed=$((failed + 1)); fi
 fi
+# dsv4 chat: two turns from stdin, the second resumed from the cache
+printf 'Hello there\nAnd again\n' | timeout 60 build/dsv4 chat -m "$model" --tokenizer "$tok" --threads 1 --max-tokens 5 \
+    > "$tmp/chat.out" 2> "$tmp/chat.err"
+if [ "$(grep -c '^\[prompt [0-9]*, cached [0-9]*, generated 5' "$tmp/chat.err")" = 2 ] &&
+    grep -q '^\[prompt [0-9]*, cached [1-9]' "$tmp/chat.err" && [ "$(wc -l < "$tmp/chat.out")" -ge 2 ]; then
+    passed=$((passed + 1)); else echo "FAIL dsv4 chat: two turns, the second cached"; cat "$tmp/chat.err"; failed=$((failed + 1)); fi
 [ "$failed" -gt 0 ] && tail -20 "$tmp/server.log"
 echo "serve: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -17,6 +17,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_render(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_parse_tools(int argc, char **argv);
 int cmd_token_map(int argc, char **argv);
 

@@ -9,29 +9,30 @@
 static void serve_usage(FILE *f)
 {
     fprintf(f, "usage: dsv4 serve -m DIR [--tokenizer DIR] [--host 127.0.0.1] [--port 8080] [--lanes N] [--api-key K]\n"
-               "                  [--name NAME] [--threads N] [--cache-mb MB] [--queue N]\n"
+               "                  [--name NAME] [--cache-mb MB] [--queue N] [model options]\n"
                "  Serves DIR over an OpenAI-compatible API: /v1/completions, /v1/chat/completions, /v1/models,\n"
                "  /tokenize, /detokenize, /health, /metrics. --port 0 takes any free port (the log names it).\n"
                "  The tokenizer is read from DIR unless --tokenizer names another folder or tokenizer.json.\n"
-               "  SIGTERM or SIGINT cancels what is in flight and exits.\n");
+               "  SIGTERM or SIGINT cancels what is in flight and exits.\n%s", cli_model_usage());
 }
 
 int cmd_serve(int argc, char **argv)
 {
     dsv4_server_opts o = {.port = 8080};
+    cli_model_opts mo = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (cli_is_help(a)) {
             serve_usage(stdout);
             return 0;
         }
+        if (cli_model_opt(argc, argv, &i, &mo))
+            continue;
         if (!v)
             goto bad;
         i++;
         char *end = NULL;
-        if (!strcmp(a, "-m") || !strcmp(a, "--model"))
-            o.model_dir = v;
-        else if (!strcmp(a, "-t") || !strcmp(a, "--tokenizer"))
+        if (!strcmp(a, "--tokenizer"))
             o.tokenizer = v;
         else if (!strcmp(a, "--host"))
             o.host = v;
@@ -43,8 +44,6 @@ int cmd_serve(int argc, char **argv)
             ;
         else if (!strcmp(a, "--lanes") && (o.n_lanes = (int)strtol(v, &end, 10), !*end) && o.n_lanes > 0 && o.n_lanes <= 256)
             ;
-        else if (!strcmp(a, "--threads") && (o.n_threads = (int)strtol(v, &end, 10), !*end) && o.n_threads >= 0)
-            ;
         else if (!strcmp(a, "--queue") && (o.queue_max = (int)strtol(v, &end, 10), !*end) && o.queue_max > 0)
             ;
         else if (!strcmp(a, "--cache-mb")) {
@@ -55,6 +54,8 @@ int cmd_serve(int argc, char **argv)
         } else
             goto bad;
     }
+    o.model_dir = mo.dir;
+    o.load = mo.load;
     if (!o.model_dir)
         goto bad;
     /* the server waits for these with sigwait: block them before any thread starts */

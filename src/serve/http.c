@@ -1222,8 +1222,7 @@ static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum 
 int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
 {
     server s = {0};
-    dsv4_load_opts lo = {.n_threads = o->n_threads};
-    s.m = dsv4_model_load(o->model_dir, &lo, err);
+    s.m = dsv4_model_load(o->model_dir, &o->load, err);
     if (!s.m)
         return err->code;
     s.tok = dsv4_tokenizer_load(o->tokenizer ? o->tokenizer : o->model_dir, err);
@@ -1246,7 +1245,7 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
         name[--nl] = 0;
     s.name = name;
     s.seed_base = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(dsv4_now() * 1e9);
-    dsv4_lanes_opts lop = {.n_lanes = o->n_lanes, .queue_max = o->queue_max,
+    dsv4_lanes_opts lop = {.n_lanes = o->n_lanes, .queue_max = o->queue_max, .max_rollback = o->load.max_rollback,
                            .cache_bytes = o->cache_bytes ? o->cache_bytes : (size_t)1 << 30};
     s.lanes = dsv4_lanes_new(s.m, &lop, err);
     if (!s.lanes || dsv4_lanes_start(s.lanes, err)) {

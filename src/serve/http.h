@@ -15,7 +15,7 @@ typedef struct dsv4_server_opts {
     int n_lanes;              /* 0: 4 */
     const char *api_key;      /* NULL: no authentication */
     const char *model_name;   /* NULL: the model folder's base name */
-    int n_threads;            /* forward threads; 0: all cores */
+    dsv4_load_opts load;      /* threads, device, numerics */
     size_t cache_bytes;       /* prompt cache budget; 0: 1 GiB */
     int queue_max;            /* 0: 64 */
 } dsv4_server_opts;
