@@ -2,7 +2,8 @@
 # dsv4 serve against the official openai npm client: starts the server on a free loopback port
 # with v4-tiny-v and the pinned DeepSeek tokenizer, runs tests/serve/check.mjs (stream ==
 # non-stream, logprobs concatenate to the text, concurrent == solo, resumed == fresh, bad input,
-# disconnects, full queue), then stops it with SIGTERM and checks it exits cleanly.
+# disconnects, full queue), the chat page in headless Chromium (tests/serve/web.mjs), `dsv4 chat`,
+# then stops the server with SIGTERM, a stream in flight, and checks it exits cleanly.
 # Prints "serve: N passed, M failed"; exits non-zero on any failure. Always kills the server.
 set -u
 cd "$(dirname "$0")/.."
@@ -50,6 +51,20 @@ grep '^FAIL ' "$tmp/checks.txt"
 if [ $rc -ne 0 ] && [ "$failed" -eq 0 ]; then
     tail -5 "$tmp/checks.txt"
     failed=1
+fi
+# the chat page in headless Chromium
+chrome=${CHROMIUM:-$(command -v chromium || true)}
+if [ -z "$chrome" ]; then
+    echo "FAIL the chat page: chromium is not installed (apt-get install chromium, or set CHROMIUM)"
+    failed=$((failed + 1))
+else
+    timeout 90 node tests/serve/web.mjs --port "$port" --key "$key" --chromium "$chrome" > "$tmp/web.txt" 2>&1
+    wrc=$?
+    passed=$((passed + $(grep -c '^ok ' "$tmp/web.txt")))
+    wf=$(grep -c '^FAIL ' "$tmp/web.txt")
+    grep '^FAIL ' "$tmp/web.txt"
+    if [ $wrc -ne 0 ] && [ "$wf" -eq 0 ]; then tail -5 "$tmp/web.txt"; wf=1; fi
+    failed=$((failed + wf))
 fi
 # every request left one log line with its token counts
 lines=$(grep -c ' prompt=[0-9]* cached=[0-9]* generated=[0-9]* ' "$tmp/server.log")

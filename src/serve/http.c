@@ -24,6 +24,7 @@
 #include "core/core.h"
 #include "serve/http.h"
 #include "serve/lanes.h"
+#include "serve/webui.h"
 #include "text/buf.h"
 #include "text/chat.h"
 #include "text/dsml.h"
@@ -84,6 +85,8 @@ typedef struct gen {
 
 static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type, char *body, size_t n)
 {
+    if (!body)
+        return MHD_NO;
     struct MHD_Response *rs = MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(rs, "Content-Type", type);
     enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, rs);
@@ -1156,6 +1159,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return MHD_YES;
     }
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(url, "/") && get) /* the page is public; its API calls carry the key */
+        return send_text(c, 200, "text/html; charset=utf-8", strdup(dsv4_webui_html), strlen(dsv4_webui_html));
     if (s->api_key && strcmp(url, "/health")) {
         const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
         if (!auth || strncmp(auth, "Bearer ", 7) || strcmp(auth + 7, s->api_key))

@@ -1,5 +1,5 @@
 /* http — the OpenAI-compatible server over the lanes (libmicrohttpd, one thread per
- * connection). Endpoints: GET /health, GET /v1/models, POST /v1/completions,
+ * connection). Endpoints: GET / (a chat page), GET /health, GET /v1/models, POST /v1/completions,
  * POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET /metrics. */
 #ifndef DSV4_SERVE_HTTP_H
 #define DSV4_SERVE_HTTP_H
