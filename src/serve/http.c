@@ -610,7 +610,7 @@ static cJSON *tool_calls_json(gen *g, int from, int with_index)
     for (int i = from; i < n; i++) {
         const cJSON *c = cJSON_GetArrayItem(g->dout.calls, i);
         cJSON *t = cJSON_CreateObject(), *f;
-        char id[64];
+        char id[sizeof g->id + 24];
         snprintf(id, sizeof id, "call_%s_%d", g->id, i);
         if (with_index)
             cJSON_AddNumberToObject(t, "index", i);

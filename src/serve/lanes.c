@@ -141,7 +141,8 @@ int dsv4_request_take(dsv4_request *r, int n_seen, int max, dsv4_sample_out *dst
             break;
     int n = r->n_out - n_seen;
     n = n < 0 ? 0 : n < max ? n : max;
-    memcpy(dst, r->out + n_seen, (size_t)n * sizeof *dst);
+    if (n > 0)
+        memcpy(dst, r->out + n_seen, (size_t)n * sizeof *dst);
     *finish = n_seen + n == r->n_out ? r->finish : 0;
     pthread_mutex_unlock(&l->mu);
     return n;
