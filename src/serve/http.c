@@ -512,6 +512,20 @@ static cJSON *chat_logprobs(gen *g, int from, int to)
     return lp;
 }
 
+/* The completions API's top_logprobs entry: {token string: logprob}. Two ids spelling the
+ * same string keep the more likely one (the object cannot hold both). */
+static cJSON *top_map(server *s, const dsv4_sample_out *t)
+{
+    cJSON *m = cJSON_CreateObject();
+    for (int i = 0; i < t->n_top; i++) {
+        cJSON *name = token_string(s, t->top_ids[i]);
+        if (!cJSON_GetObjectItemCaseSensitive(m, name->valuestring))
+            cJSON_AddNumberToObject(m, name->valuestring, t->top_logprobs[i]);
+        cJSON_Delete(name);
+    }
+    return m;
+}
+
 /* Completions logprobs: {tokens, token_logprobs, top_logprobs, text_offset}, with the prompt's
  * tokens first when echoing. base: text offset of the generated text. */
 static cJSON *completion_logprobs(gen *g, int from, int to, size_t base, int with_prompt)
@@ -533,11 +547,13 @@ static cJSON *completion_logprobs(gen *g, int from, int to, size_t base, int wit
             free(t);
             cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
             at += len;
-            if (i == 0 || i >= r->n_prompt_lp)
+            if (i == 0 || i >= r->n_prompt_lp) {
                 cJSON_AddItemToArray(tlp, cJSON_CreateNull());
-            else
-                cJSON_AddItemToArray(tlp, cJSON_CreateNumber(r->prompt_lp[i]));
-            cJSON_AddItemToArray(top, cJSON_CreateNull());
+                cJSON_AddItemToArray(top, cJSON_CreateNull());
+            } else {
+                cJSON_AddItemToArray(tlp, cJSON_CreateNumber(r->prompt_lp[i].logprob));
+                cJSON_AddItemToArray(top, top_map(g->s, &r->prompt_lp[i]));
+            }
         }
         dsv4_detok_free(&d);
     }
@@ -546,14 +562,7 @@ static cJSON *completion_logprobs(gen *g, int from, int to, size_t base, int wit
         cJSON_AddItemToArray(toks, piece_string(g, k));
         cJSON_AddItemToArray(tlp, cJSON_CreateNumber(t->logprob));
         cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(base + g->off[k])));
-        cJSON *m = cJSON_CreateObject();
-        for (int i = 0; i < t->n_top; i++) {
-            cJSON *name = token_string(g->s, t->top_ids[i]);
-            if (!cJSON_GetObjectItemCaseSensitive(m, name->valuestring))
-                cJSON_AddNumberToObject(m, name->valuestring, t->top_logprobs[i]);
-            cJSON_Delete(name);
-        }
-        cJSON_AddItemToArray(top, m);
+        cJSON_AddItemToArray(top, top_map(g->s, t));
     }
     return lp;
 }

@@ -50,6 +50,7 @@ struct dsv4_lanes {
     float *logits;         /* [n_lanes, vocab] last-token logits of one step */
     float *all_logits;     /* [step_tokens, vocab] for prompt scoring, allocated on demand */
     size_t all_cap;
+    double *score_work;    /* [vocab] scratch for scoring */
 };
 
 /* ---- requests ---------------------------------------------------------------------- */
@@ -273,7 +274,8 @@ dsv4_lanes *dsv4_lanes_new(dsv4_model *m, const dsv4_lanes_opts *o, dsv4_err *er
     l->lanes = dsv4_xcalloc((size_t)l->o.n_lanes, sizeof *l->lanes, err);
     l->queue = dsv4_xcalloc((size_t)l->o.queue_max, sizeof *l->queue, err);
     l->logits = dsv4_xmalloc((size_t)l->o.n_lanes * l->vocab * sizeof *l->logits, err);
-    if (!l->lanes || !l->queue || !l->logits) {
+    l->score_work = dsv4_xmalloc((size_t)l->vocab * sizeof *l->score_work, err);
+    if (!l->lanes || !l->queue || !l->logits || !l->score_work) {
         dsv4_lanes_free(l);
         return NULL;
     }
@@ -350,6 +352,7 @@ void dsv4_lanes_free(dsv4_lanes *l)
     free(l->queue);
     free(l->logits);
     free(l->all_logits);
+    free(l->score_work);
     pthread_mutex_destroy(&l->mu);
     pthread_cond_destroy(&l->work);
     free(l);
@@ -369,7 +372,7 @@ int dsv4_lanes_submit(dsv4_lanes *l, dsv4_request *r, dsv4_err *err)
         r->prompt_lp = dsv4_xmalloc((size_t)r->n_prompt * sizeof *r->prompt_lp, err);
         if (!r->prompt_lp)
             return err->code;
-        r->prompt_lp[0] = NAN;
+        r->prompt_lp[0] = (dsv4_sample_out){.id = r->prompt[0], .logprob = NAN};
         r->n_prompt_lp = 1;
     }
     pthread_mutex_lock(&l->mu);
@@ -572,7 +575,8 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
         for (int t = 0; t < ln->n_feed; t++) {
             int at = ln->fed + t + 1; /* prompt[at] is scored by this row */
             if (at < r->n_prompt)
-                r->prompt_lp[r->n_prompt_lp++] = dsv4_logprob_of(l->all_logits + (off + t) * V, V, r->prompt[at]);
+                dsv4_score(l->all_logits + (off + t) * V, V, l->score_work, r->prompt[at], r->sp.n_top_logprobs,
+                           &r->prompt_lp[r->n_prompt_lp++]);
         }
         off += (size_t)ln->n_feed;
     }

@@ -57,7 +57,8 @@ typedef struct dsv4_request {
     /* outputs: guarded by the lanes lock; wait with dsv4_request_wait */
     dsv4_sample_out *out;  /* generated tokens */
     int n_out, cap_out;
-    double *prompt_lp;     /* [n_prompt] logprob of prompt[i] given prompt[0..i); [0] = NAN */
+    dsv4_sample_out *prompt_lp; /* [n_prompt] prompt[i] scored given prompt[0..i) (logprob and
+                                 * sp.n_top_logprobs alternatives); [0] has logprob NAN */
     int n_prompt_lp;
     int n_cached;          /* prompt tokens served from the cache */
     int finish;            /* DSV4_FINISH_*; NONE while running */

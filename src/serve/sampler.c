@@ -63,17 +63,6 @@ double dsv4_keyed_uniform(uint64_t seed, uint64_t position, uint64_t kase)
     return (double)(splitmix64(x) >> 11) * 0x1.0p-53;
 }
 
-double dsv4_logprob_of(const float *logits, int n, int32_t id)
-{
-    double mx = -INFINITY, sum = 0;
-    for (int i = 0; i < n; i++)
-        mx = fmax(mx, logits[i]);
-    for (int i = 0; i < n; i++)
-        sum += exp((double)logits[i] - mx);
-    const double lse = mx + log(sum); /* as dsv4_sample forms it, so the two agree bit for bit */
-    return (double)logits[id] - lse;
-}
-
 /* Descending by value, ties to the lower id: the order every truncation uses. */
 static int by_value_desc(const void *a, const void *b, void *ctx)
 {
@@ -114,6 +103,34 @@ static void top_n(const double *w, int V, double lse, int n, dsv4_sample_out *ou
     }
 }
 
+/* Log-normaliser of w[V] in fp64: max plus log of the shifted sum. *arg gets the argmax. */
+static double log_norm(const double *w, int V, double *mx_out, int32_t *arg)
+{
+    double mx = -INFINITY, sum = 0;
+    *arg = 0;
+    for (int v = 0; v < V; v++)
+        if (w[v] > mx) {
+            mx = w[v];
+            *arg = v;
+        }
+    for (int v = 0; v < V; v++)
+        sum += exp(w[v] - mx);
+    *mx_out = mx;
+    return mx + log(sum);
+}
+
+void dsv4_score(const float *logits, int vocab, double *work, int32_t id, int n_top, dsv4_sample_out *out)
+{
+    for (int v = 0; v < vocab; v++)
+        work[v] = logits[v];
+    double mx;
+    int32_t arg;
+    const double lse = log_norm(work, vocab, &mx, &arg);
+    top_n(work, vocab, lse, n_top < DSV4_MAX_TOP_LOGPROBS ? n_top : DSV4_MAX_TOP_LOGPROBS, out);
+    out->id = id;
+    out->logprob = work[id] - lse;
+}
+
 int dsv4_sample(dsv4_sampler *s, const dsv4_sample_params *p, const float *logits, int64_t position,
                 dsv4_sample_out *out, dsv4_err *err)
 {
@@ -139,16 +156,9 @@ int dsv4_sample(dsv4_sampler *s, const dsv4_sample_params *p, const float *logit
     }
 
     /* logprobs: log-softmax of the adjusted logits, before temperature and truncation */
-    double mx = -INFINITY, sum = 0;
-    int32_t arg = 0;
-    for (int v = 0; v < V; v++)
-        if (w[v] > mx) {
-            mx = w[v];
-            arg = v;
-        }
-    for (int v = 0; v < V; v++)
-        sum += exp(w[v] - mx);
-    const double lse = mx + log(sum);
+    double mx;
+    int32_t arg;
+    const double lse = log_norm(w, V, &mx, &arg);
     top_n(w, V, lse, p->n_top_logprobs, out);
 
     int32_t pick = arg;

@@ -75,7 +75,9 @@ int dsv4_sample(dsv4_sampler *s, const dsv4_sample_params *p, const float *logit
 /* The keyed uniform in [0, 1): the draw for (seed, position, case). */
 double dsv4_keyed_uniform(uint64_t seed, uint64_t position, uint64_t kase);
 
-/* Log-softmax of logits[n] at id (fp64), for scoring given tokens. */
-double dsv4_logprob_of(const float *logits, int n, int32_t id);
+/* Scores a given token (teacher forcing): out->id = id, its log-softmax and the top n_top of
+ * logits[vocab], computed exactly as dsv4_sample computes them for an unpenalised row, so a
+ * forced token's logprob equals the sampled one's. work: [vocab] scratch. */
+void dsv4_score(const float *logits, int vocab, double *work, int32_t id, int n_top, dsv4_sample_out *out);
 
 #endif

@@ -256,11 +256,13 @@ int main(void)
         s2->max_tokens = 0;
         s2->prompt_logprobs = 1;
         run_all(l, &s2, 1);
-        CHECK(s2->n_prompt_lp == 31 && g.id[0] == q[30] && s2->prompt_lp[30] == g.lp[0] && isnan(s2->prompt_lp[0]),
-              "teacher-forced logprob %.9g = sampled logprob %.9g", s2->prompt_lp[30], g.lp[0]);
+        CHECK(s2->n_prompt_lp == 31 && g.id[0] == q[30] && s2->prompt_lp[30].logprob == g.lp[0] && isnan(s2->prompt_lp[0].logprob),
+              "teacher-forced logprob %.9g = sampled logprob %.9g", s2->prompt_lp[30].logprob, g.lp[0]);
+        CHECK(s2->prompt_lp[30].n_top == 3 && !memcmp(s2->prompt_lp[30].top_ids, g.top[0], sizeof g.top[0]),
+              "teacher-forced top ids = sampled top ids");
         int finite = 1;
         for (int i = 1; i < s->n_prompt_lp; i++)
-            finite &= s->prompt_lp[i] <= 0 && isfinite(s->prompt_lp[i]);
+            finite &= s->prompt_lp[i].logprob <= 0 && isfinite(s->prompt_lp[i].logprob) && s->prompt_lp[i].id == prompts[3][i];
         CHECK(finite, "prompt logprobs finite and <= 0");
         dsv4_request_release(s);
         dsv4_request_release(s2);

@@ -65,6 +65,18 @@ int main(void)
             CHECK(l[i] <= l[o.top_ids[o.n_top - 1]], "id %d outside top-5 beats the last of them", i);
     }
 
+    /* scoring a given token agrees with sampling it, bit for bit, top entries included */
+    {
+        double work[V];
+        dsv4_sample_out sc;
+        dsv4_score(l, V, work, 17, 5, &sc);
+        CHECK(sc.id == 17 && sc.logprob == o.logprob && sc.n_top == 5 && !memcmp(sc.top_ids, o.top_ids, 5 * sizeof *sc.top_ids) &&
+                  !memcmp(sc.top_logprobs, o.top_logprobs, 5 * sizeof *sc.top_logprobs),
+              "score == sample for the greedy token");
+        dsv4_score(l, V, work, 40, 0, &sc);
+        CHECK(sc.id == 40 && fabs(sc.logprob - ref_logprob(w, V, 40)) < 1e-12 && sc.n_top == 0, "score of another token");
+    }
+
     /* logit bias moves greedy and the logprob follows the biased row */
     int32_t bid = 3;
     float bval = 20.0f;
