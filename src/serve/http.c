@@ -53,9 +53,8 @@ typedef struct conn {
 /* One generation (completion or chat), from parse to the last byte sent. */
 typedef struct gen {
     server *s;
-    struct MHD_Connection *c;
     dsv4_request *r;
-    int chat, stream, include_usage, want_ids, echo, thinking;
+    int chat, stream, include_usage, want_ids, echo;
     int n_logprobs;            /* -1: none; else top_logprobs per token */
     char id[48];
     long created;
@@ -858,7 +857,6 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON
         return send_error(s, c, 500, NULL, NULL, "out of memory");
     g->s = s;
     atomic_fetch_add(&s->active, 1);
-    g->c = c;
     g->chat = chat;
     g->path = path;
     g->t0 = dsv4_now();
@@ -911,8 +909,7 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON
             cJSON_AddStringToObject(rq, "thinking_mode", re && !cJSON_IsNull(re) ? "thinking" : "chat");
         }
         const cJSON *tm = cJSON_GetObjectItemCaseSensitive(rq, "thinking_mode");
-        g->thinking = cJSON_IsString(tm) && !strcmp(tm->valuestring, "thinking");
-        g->dsml = dsv4_dsml_new(g->thinking, &err);
+        g->dsml = dsv4_dsml_new(cJSON_IsString(tm) && !strcmp(tm->valuestring, "thinking"), &err);
         if (!g->dsml) {
             cJSON_Delete(rq);
             fail_bad(&b, NULL, "%s", err.msg);
