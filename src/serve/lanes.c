@@ -264,6 +264,8 @@ dsv4_lanes *dsv4_lanes_new(dsv4_model *m, const dsv4_lanes_opts *o, dsv4_err *er
         l->o.queue_max = 64;
     if (l->o.max_rollback <= 0)
         l->o.max_rollback = 256;
+    if (l->o.snapshot_every <= 0)
+        l->o.snapshot_every = 1024;
     dsv4_model_info mi;
     dsv4_model_get_info(m, &mi);
     l->vocab = mi.vocab_size;
@@ -497,6 +499,9 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
         int n = ln->req->n_prompt - ln->fed;
         n = n < l->o.prefill_chunk ? n : l->o.prefill_chunk;
         n = n < budget ? n : budget;
+        /* chunks end on snapshot boundaries, so snapshots sit at multiples of snapshot_every */
+        int to_snap = l->o.snapshot_every - ln->fed % l->o.snapshot_every;
+        n = n < to_snap ? n : to_snap;
         if (n <= 0)
             continue;
         ln->feed = ln->req->prompt + ln->fed;
@@ -601,6 +606,10 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
         ln->n_ids += ln->n_feed;
         if (!ln->decoding) {
             ln->fed += ln->n_feed;
+            /* a long prompt leaves states every snapshot_every tokens on the way, so a later
+             * prompt sharing only part of it resumes from the nearest one at or below the match */
+            if (ln->fed < r->n_prompt && ln->fed % l->o.snapshot_every == 0 && r->use_cache)
+                cache_put(l, ln);
             if (ln->fed < r->n_prompt)
                 continue;
             if (r->use_cache)

@@ -9,8 +9,9 @@
  * keys its draws by (seed, position), so a request's tokens and logprobs are the same alone
  * or beside others, and resumed from the cache or cold.
  *
- * Prompt cache: when a request finishes (and when its prompt is fully read) the lane's state
- * is saved with the token ids it covers. A new request resumes from the saved state sharing
+ * Prompt cache: when a request finishes, when its prompt is fully read, and every
+ * snapshot_every prompt tokens on the way, the lane's state is saved with the token ids it
+ * covers. A new request resumes from the saved state sharing
  * the longest prefix with its prompt that is reachable: restore, then roll back to the match
  * when it lies below the saved length (at most max_rollback tokens). Entries are evicted least
  * recently used beyond cache_bytes.
@@ -33,6 +34,7 @@ typedef struct dsv4_lanes_opts {
     int queue_max;        /* waiting requests before submit refuses; 0: 64 */
     size_t cache_bytes;   /* prompt cache budget; 0: no cache */
     int max_rollback;     /* as loaded (dsv4_load_opts.max_rollback); 0: 256 */
+    int snapshot_every;   /* prompt tokens between cached states while prefilling; 0: 1024 */
 } dsv4_lanes_opts;
 
 enum {

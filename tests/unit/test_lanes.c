@@ -99,7 +99,8 @@ static int same(const result *a, const result *b)
 static dsv4_lanes *new_lanes(int n, size_t cache)
 {
     dsv4_err err = {0};
-    dsv4_lanes_opts o = {.n_lanes = n, .prefill_chunk = 16, .step_tokens = 40, .cache_bytes = cache, .max_rollback = ROLLBACK};
+    dsv4_lanes_opts o = {.n_lanes = n, .prefill_chunk = 16, .step_tokens = 40, .cache_bytes = cache, .max_rollback = ROLLBACK,
+                         .snapshot_every = 24};
     dsv4_lanes *l = dsv4_lanes_new(model, &o, &err);
     if (!l)
         fprintf(stderr, "lanes: %s\n", err.msg);
@@ -210,17 +211,28 @@ int main(void)
         solo(p3, 46, 1, &fd);
         CHECK(rd.n_cached == 36 && same(&rd, &fd), "diverging prefix: cached %d (want 36), same tokens", rd.n_cached);
         dsv4_request_release(d);
-        /* a match beyond every state's reach is served cold */
+        /* below every end state's reach: the snapshot taken at 24 tokens while prefilling */
         int32_t p4[40];
-        memcpy(p4, prompts[2], 20 * sizeof *p4);
-        make_prompt(p4 + 20, 10, 31337);
-        dsv4_request *e = req_for(p4, 30, 0, 1);
+        memcpy(p4, prompts[2], 28 * sizeof *p4);
+        make_prompt(p4 + 28, 10, 31337);
+        dsv4_request *e = req_for(p4, 38, 0, 1);
         run_all(l, &e, 1);
         result re, fe;
         collect(e, &re);
-        solo(p4, 30, 0, &fe);
-        CHECK(re.n_cached == 0 && same(&re, &fe), "unreachable prefix: cold (cached %d)", re.n_cached);
+        solo(p4, 38, 0, &fe);
+        CHECK(re.n_cached == 24 && same(&re, &fe), "prefix of 28: resumed from the snapshot at 24 (cached %d)", re.n_cached);
         dsv4_request_release(e);
+        /* a match beyond every state's reach is served cold */
+        int32_t p5[40];
+        memcpy(p5, prompts[2], 14 * sizeof *p5);
+        make_prompt(p5 + 14, 10, 4711);
+        dsv4_request *f = req_for(p5, 24, 0, 1);
+        run_all(l, &f, 1);
+        result rf, ff;
+        collect(f, &rf);
+        solo(p5, 24, 0, &ff);
+        CHECK(rf.n_cached == 0 && same(&rf, &ff), "unreachable prefix: cold (cached %d)", rf.n_cached);
+        dsv4_request_release(f);
         dsv4_lanes_stats st;
         dsv4_lanes_get_stats(l, &st);
         CHECK(st.cache_entries > 0 && st.cached_tokens > 0, "cache stats %zu entries", st.cache_entries);
