@@ -167,6 +167,7 @@ int cmd_chat(int argc, char **argv)
     dsv4_err err = {0};
     dsv4_tokenizer *tok = dsv4_tokenizer_load(o.tokenizer ? o.tokenizer : mo.dir, &err);
     dsv4_lanes_opts lo = {.n_lanes = 1, .cache_bytes = (size_t)1 << 30, .max_rollback = mo.load.max_rollback};
+    /* chat steps the lanes on this thread, where the loader already set the thread count */
     dsv4_lanes *l = tok ? dsv4_lanes_new(m, &lo, &err) : NULL;
     if (!l) {
         fprintf(stderr, "dsv4 chat: %s\n", err.msg);

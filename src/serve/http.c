@@ -1257,6 +1257,7 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     s.name = name;
     s.seed_base = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(dsv4_now() * 1e9);
     dsv4_lanes_opts lop = {.n_lanes = o->n_lanes, .queue_max = o->queue_max, .max_rollback = o->load.max_rollback,
+                           .n_threads = o->load.n_threads,
                            .cache_bytes = o->cache_bytes ? o->cache_bytes : (size_t)1 << 30};
     s.lanes = dsv4_lanes_new(s.m, &lop, err);
     if (!s.lanes || dsv4_lanes_start(s.lanes, err)) {

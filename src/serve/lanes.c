@@ -1,6 +1,7 @@
 /* lanes — continuous batching over one model, and the prompt cache. See lanes.h. */
 #include <errno.h>
 #include <math.h>
+#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -551,17 +552,15 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
         }
     }
 
-    /* sample outside the lock: each lane that has just read its prompt or fed a token */
+    /* sample outside the lock, lanes in parallel (each has its own scratch, and a draw depends
+     * only on its row and key): each lane that has just read its prompt or fed a token */
     dsv4_sample_out outs[L];
     int sampled[L], serr[L];
+#pragma omp parallel for schedule(dynamic, 1)
     for (int i = 0; i < L; i++) {
         lane *ln = &l->lanes[i];
         sampled[i] = serr[i] = 0;
-        if (rc || !ln->n_feed)
-            continue;
-        if (!ln->decoding && ln->fed + ln->n_feed < ln->req->n_prompt)
-            continue;
-        if (ln->req->max_tokens == 0)
+        if (rc || !ln->n_feed || (!ln->decoding && ln->fed + ln->n_feed < ln->req->n_prompt) || ln->req->max_tokens == 0)
             continue;
         dsv4_err se = {0};
         serr[i] = dsv4_sample(&ln->smp, &ln->req->sp, row_of[i], dsv4_seq_len(ln->seq), &outs[i], &se);
@@ -639,6 +638,9 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
 static void *run_thread(void *arg)
 {
     dsv4_lanes *l = arg;
+    /* OpenMP's thread count is per calling thread: the loader's setting does not reach this one */
+    if (l->o.n_threads > 0)
+        omp_set_num_threads(l->o.n_threads);
     pthread_mutex_lock(&l->mu);
     while (!l->stop) {
         int busy = l->q_n > 0;

@@ -35,6 +35,7 @@ typedef struct dsv4_lanes_opts {
     size_t cache_bytes;   /* prompt cache budget; 0: no cache */
     int max_rollback;     /* as loaded (dsv4_load_opts.max_rollback); 0: 256 */
     int snapshot_every;   /* prompt tokens between cached states while prefilling; 0: 1024 */
+    int n_threads;        /* OpenMP threads of the scheduler thread (forward, sampling); 0: default */
 } dsv4_lanes_opts;
 
 enum {

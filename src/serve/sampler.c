@@ -22,7 +22,11 @@ int dsv4_sampler_init(dsv4_sampler *s, int vocab, const int32_t *prompt, int n_p
     s->work = dsv4_xmalloc((size_t)vocab * sizeof *s->work, err);
     s->prob = dsv4_xmalloc((size_t)vocab * sizeof *s->prob, err);
     s->idx = dsv4_xmalloc((size_t)vocab * sizeof *s->idx, err);
-    if (!s->out_count || !s->in_prompt || !s->work || !s->prob || !s->idx) {
+    s->idx2 = dsv4_xmalloc((size_t)vocab * sizeof *s->idx2, err);
+    s->key = dsv4_xmalloc((size_t)vocab * sizeof *s->key, err);
+    s->key2 = dsv4_xmalloc((size_t)vocab * sizeof *s->key2, err);
+    s->keep = dsv4_xmalloc((size_t)vocab, err);
+    if (!s->out_count || !s->in_prompt || !s->work || !s->prob || !s->idx || !s->idx2 || !s->key || !s->key2 || !s->keep) {
         dsv4_sampler_free(s);
         return DSV4_E_NOMEM;
     }
@@ -39,6 +43,10 @@ void dsv4_sampler_free(dsv4_sampler *s)
     free(s->work);
     free(s->prob);
     free(s->idx);
+    free(s->idx2);
+    free(s->key);
+    free(s->key2);
+    free(s->keep);
     memset(s, 0, sizeof *s);
 }
 
@@ -63,20 +71,33 @@ double dsv4_keyed_uniform(uint64_t seed, uint64_t position, uint64_t kase)
     return (double)(splitmix64(x) >> 11) * 0x1.0p-53;
 }
 
-/* Descending by value, ties to the lower id: the order every truncation uses. */
-static int by_value_desc(const void *a, const void *b, void *ctx)
+/* Orders idx[0..n) (ascending ids on entry) by q descending, ties to the lower id: a stable
+ * LSD radix sort, 11 bits a pass, on the complemented bit patterns (q >= 0, so its bits order
+ * as its values do). O(n) where a comparison sort of a flat 129k-entry row took ~25 ms.
+ * k1, k2: [n] scratch keys; i2: [n] scratch ids. */
+static void sort_desc(const double *q, int32_t *idx, int n, uint64_t *k1, uint64_t *k2, int32_t *i2)
 {
-    const double *w = ctx;
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    if (w[x] != w[y])
-        return w[x] > w[y] ? -1 : 1;
-    return (x > y) - (x < y);
-}
-
-static int by_id(const void *a, const void *b)
-{
-    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-    return (x > y) - (x < y);
+    for (int i = 0; i < n; i++) {
+        uint64_t b;
+        memcpy(&b, &q[idx[i]], sizeof b);
+        k1[i] = ~b;
+    }
+    for (int shift = 0; shift < 64; shift += 11) {
+        size_t cnt[2049] = {0};
+        for (int i = 0; i < n; i++)
+            cnt[((k1[i] >> shift) & 2047) + 1]++;
+        if (n && cnt[((k1[0] >> shift) & 2047) + 1] == (size_t)n)
+            continue; /* every key has this digit: the pass would not move anything */
+        for (int d = 0; d < 2048; d++)
+            cnt[d + 1] += cnt[d];
+        for (int i = 0; i < n; i++) {
+            size_t at = cnt[(k1[i] >> shift) & 2047]++;
+            k2[at] = k1[i];
+            i2[at] = idx[i];
+        }
+        memcpy(k1, k2, (size_t)n * sizeof *k1);
+        memcpy(idx, i2, (size_t)n * sizeof *idx);
+    }
 }
 
 /* Fills the top-n (id, logprob) of w[V] (adjusted logits) given its log-normaliser. */
@@ -183,7 +204,7 @@ int dsv4_sample(dsv4_sampler *s, const dsv4_sample_params *p, const float *logit
             if (q[v] >= floor_p && q[v] >= min_keep && q[v] > 0)
                 s->idx[n++] = v;
         if (p->top_k > 0 || p->top_p < 1) {
-            qsort_r(s->idx, (size_t)n, sizeof *s->idx, by_value_desc, q);
+            sort_desc(q, s->idx, n, s->key, s->key2, s->idx2);
             if (p->top_k > 0 && n > p->top_k) {
                 n = p->top_k;
                 kept = 0;
@@ -200,7 +221,14 @@ int dsv4_sample(dsv4_sampler *s, const dsv4_sample_params *p, const float *logit
                     }
                 }
             }
-            qsort(s->idx, (size_t)n, sizeof *s->idx, by_id);
+            /* back to id order for the draw: mark the kept ids, then collect them ascending */
+            memset(s->keep, 0, (size_t)V);
+            for (int i = 0; i < n; i++)
+                s->keep[s->idx[i]] = 1;
+            n = 0;
+            for (int v = 0; v < V; v++)
+                if (s->keep[v])
+                    s->idx[n++] = v;
         }
         if (n == 0)
             return dsv4_fail(err, DSV4_E_ARG, "sampling: no token left after truncation");

@@ -52,7 +52,9 @@ typedef struct dsv4_sampler {
     uint8_t *in_prompt;        /* [vocab] 1 when the id occurs in the prompt */
     double *work;              /* [vocab] scratch: adjusted logits */
     double *prob;              /* [vocab] scratch: unnormalised probabilities at temperature */
-    int32_t *idx;              /* [vocab] scratch: candidate ids */
+    int32_t *idx, *idx2;       /* [vocab] scratch: candidate ids */
+    uint64_t *key, *key2;      /* [vocab] scratch: sort keys */
+    uint8_t *keep;             /* [vocab] scratch: kept ids */
 } dsv4_sampler;
 
 int dsv4_sampler_init(dsv4_sampler *s, int vocab, const int32_t *prompt, int n_prompt, dsv4_err *err);
