@@ -27,6 +27,33 @@ static const char *tok_path(int argc, char **argv, int *skip_special, int *strea
     return dir;
 }
 
+/* One JSON id array and a newline; printf per id would cost more than encoding. */
+static void write_ids(const int32_t *v, size_t n)
+{
+    char buf[4096];
+    size_t k = 0;
+    buf[k++] = '[';
+    for (size_t i = 0; i < n; i++) {
+        if (k > sizeof buf - 16) {
+            fwrite(buf, 1, k, stdout);
+            k = 0;
+        }
+        if (i)
+            buf[k++] = ',';
+        char d[12];
+        int m = 0;
+        uint32_t x = (uint32_t)v[i];
+        do
+            d[m++] = (char)('0' + x % 10);
+        while (x /= 10);
+        while (m)
+            buf[k++] = d[--m];
+    }
+    buf[k++] = ']';
+    buf[k++] = '\n';
+    fwrite(buf, 1, k, stdout);
+}
+
 int cmd_tokenize(int argc, char **argv)
 {
     if (argc > 1 && cli_is_help(argv[1])) {
@@ -80,10 +107,7 @@ int cmd_tokenize(int argc, char **argv)
             break;
         }
         free(s);
-        putchar('[');
-        for (size_t i = 0; i < ids.n; i++)
-            printf(i ? ",%d" : "%d", (int)ids.v[i]);
-        fputs("]\n", stdout);
+        write_ids(ids.v, ids.n);
     }
     if (timing)
         fprintf(stderr, "encode: %zu bytes in %.6f s\n", bytes, secs);

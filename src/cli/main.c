@@ -18,6 +18,7 @@ static const dsv4_cmd commands[] = {
     {"generate", "greedy generation from token ids", dsv4_cmd_generate},
     {"bench", "load, prefill and decode speed; --synthetic v4-flash for real shapes without a file", dsv4_cmd_bench},
     {"synth", "write a random-weight checkpoint (tiny default, or V4-Flash shapes)", dsv4_cmd_synth},
+    {"engram-bench", "Engram table rows/s, resident and streamed, cold and warm, on a synthetic table", dsv4_cmd_engram_bench},
     {"version", "print the version", cmd_version},
     {"tokenize", "text lines (JSON strings) to id lists", cmd_tokenize},
     {"detokenize", "id lists to text lines (JSON strings)", cmd_detokenize},
@@ -26,6 +27,10 @@ static const dsv4_cmd commands[] = {
     {"chat", "a conversation in the terminal (streams, keeps the conversation, reuses the cache)", cmd_chat},
     {"parse-tools", "model output to content, reasoning and DSML tool calls", cmd_parse_tools},
     {"token-map", "the Engram compressed token map of a tokenizer", cmd_token_map},
+    {"normalize", "text lines through a Hugging Face normalizer", cmd_normalize},
+    {"dequant", "write one weight as float32 [out, in]", dsv4_cmd_dequant},
+    {"quantize", "make an EXL3 pack from a checkpoint", dsv4_cmd_quantize},
+    {"bench-exl3", "time the EXL3 matvec against memory bandwidth", dsv4_cmd_bench_exl3},
 };
 
 static void usage(FILE *f)

@@ -3,6 +3,7 @@
 #include <string.h>
 #include "core/core.h"
 #include "io/weight.h"
+#include "kernels/cpu/exl3.h"
 
 static const char *wform_names[DSV4_WF_COUNT] = {"F32", "BF16", "F16", "FP8", "FP4", "EXL3"};
 const char *dsv4_wform_name(dsv4_wform f) { return f < DSV4_WF_COUNT ? wform_names[f] : "?"; }
@@ -24,13 +25,39 @@ static int scale_ok(const dsv4_tensor *s)
     return s->dtype == DSV4_DT_F32 || s->dtype == DSV4_DT_F8_E8M0;
 }
 
+/* EXL3: a layer is trellis-coded when prefix.trellis exists (its .scale, if any, is not read). */
+static int bind_exl3(const dsv4_st *st, const char *prefix, int64_t n, int64_t k, dsv4_weight *out, dsv4_err *err)
+{
+    dsv4_exl3 *e;
+    if (dsv4_exl3_bind(st, prefix, n, k, &e, err))
+        return err->code;
+    out->name = e->prefix;
+    out->form = DSV4_WF_EXL3;
+    out->n = e->n;
+    out->k = e->k;
+    out->data = e->trellis;
+    out->exl3 = e;
+    out->bytes = e->bytes;
+    return 0;
+}
+
+void dsv4_weight_release(dsv4_weight *w)
+{
+    if (w->form == DSV4_WF_EXL3)
+        dsv4_exl3_free((dsv4_exl3 *)w->exl3);
+    w->exl3 = NULL;
+}
+
 int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k, const int fp8_block[2],
                      dsv4_weight *out, dsv4_err *err)
 {
     char name[512], sname[512], sh[96], sh2[96];
+    memset(out, 0, sizeof *out);
+    snprintf(name, sizeof name, "%s.trellis", prefix);
+    if (dsv4_st_find(st, name))
+        return bind_exl3(st, prefix, n, k, out, err);
     snprintf(name, sizeof name, "%s.weight", prefix);
     snprintf(sname, sizeof sname, "%s.scale", prefix);
-    memset(out, 0, sizeof *out);
     const dsv4_tensor *t = dsv4_st_find(st, name);
     if (!t)
         return dsv4_fail(err, DSV4_E_MODEL, "tensor %s: missing from the checkpoint %s", name, dsv4_st_label(st));
@@ -146,6 +173,9 @@ void dsv4_weight_row(const dsv4_weight *w, int64_t r, float *out)
         }
         break;
     }
+    case DSV4_WF_EXL3:
+        dsv4_exl3_row(w->exl3, r, out);
+        break;
     default:
         memset(out, 0, k * sizeof(float));
         break;

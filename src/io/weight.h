@@ -32,13 +32,18 @@ typedef struct dsv4_weight {
     size_t bytes;           /* stored bytes, scales included */
 } dsv4_weight;
 
-/* Binds `prefix`.weight (+ .scale) of logical shape [n, k]. fp8_block: the checkpoint's
+/* Binds `prefix`.weight (+ .scale) of logical shape [n, k], or, when `prefix`.trellis exists, the
+ * EXL3 layer `prefix` (n or k of 0: the padded size; the binding then owns a malloc'd
+ * dsv4_exl3 that dsv4_weight_release frees). fp8_block: the checkpoint's
  * weight_block_size [bn, bk] (used when the scale shape does not say otherwise). Fails
  * naming the tensor when it is missing, mis-shaped or stored in a form no kernel reads. */
 int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k, const int fp8_block[2],
                      dsv4_weight *out, dsv4_err *err);
 
-/* Decodes row r (k values) to fp32, exactly. */
+/* Frees what a binding owns (the EXL3 record); a no-op for the other forms. */
+void dsv4_weight_release(dsv4_weight *w);
+
+/* Decodes row r (k values) to fp32: exactly, except EXL3 (rotations in double, rounded once). */
 void dsv4_weight_row(const dsv4_weight *w, int64_t r, float *out);
 
 /* Reads a small tensor (norm weights, biases, hc params: F32/BF16/F16) into a new fp32

@@ -547,6 +547,26 @@ static int load_json(dsv4_tokenizer *t, const cJSON *root, dsv4_err *err)
             maxid = a->id;
     }
     t->n_vocab = maxid + 1;
+    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
+    if (norm && !cJSON_IsNull(norm)) {
+        t->norm = dsv4_normalizer_from_cjson(norm, err);
+        if (!t->norm)
+            return err ? err->code : DSV4_E_FORMAT;
+    }
+    /* Normalized added tokens are looked for in normalized text, so in their normalized form; as
+     * in Hugging Face, that form is also what their id decodes to. */
+    for (int i = 0; i < t->n_added; i++) {
+        added *a = &t->added[i];
+        a->m = a->s;
+        a->mlen = a->len;
+        if (a->normalized && t->norm && a->len) {
+            int rc = dsv4_normalize(t->norm, a->s, a->len, &a->m, &a->mlen, err);
+            if (rc) {
+                a->m = a->s;
+                return rc;
+            }
+        }
+    }
 
     /* per-id spelled token and decoded bytes; added tokens take precedence over the model's */
     size_t nid = (size_t)t->n_vocab;
@@ -561,7 +581,7 @@ static int load_json(dsv4_tokenizer *t, const cJSON *root, dsv4_err *err)
     }
     cJSON_ArrayForEach(e, vocab) spell[(int32_t)e->valuedouble] = e->string;
     for (int i = 0; i < t->n_added; i++) {
-        spell[t->added[i].id] = t->added[i].s;
+        spell[t->added[i].id] = t->added[i].m;
         t->is_special[t->added[i].id] = (unsigned char)t->added[i].special;
     }
     size_t total = 0;
@@ -639,25 +659,6 @@ static int load_json(dsv4_tokenizer *t, const cJSON *root, dsv4_err *err)
     }
     free(cat);
 
-    const cJSON *norm = cJSON_GetObjectItemCaseSensitive(root, "normalizer");
-    if (norm && !cJSON_IsNull(norm)) {
-        t->norm = dsv4_normalizer_from_cjson(norm, err);
-        if (!t->norm)
-            return err ? err->code : DSV4_E_FORMAT;
-    }
-    /* normalized added tokens are looked for in normalized text, so in their normalized form */
-    for (int i = 0; i < t->n_added; i++) {
-        added *a = &t->added[i];
-        a->m = a->s;
-        a->mlen = a->len;
-        if (a->normalized && t->norm && a->len) {
-            int rc = dsv4_normalize(t->norm, a->s, a->len, &a->m, &a->mlen, err);
-            if (rc) {
-                a->m = a->s;
-                return rc;
-            }
-        }
-    }
     if (build_matcher(t, &t->m_raw, 0) || build_matcher(t, &t->m_norm, 1))
         return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
     int rc = parse_pretok(t, cJSON_GetObjectItemCaseSensitive(root, "pre_tokenizer"), err);

@@ -1,10 +1,11 @@
 #!/usr/bin/env node
 // Compares the tokenizer's outputs with the peer's, line by line.
 //   node compare.cjs STRINGS PEER_IDS DSV4_IDS DSV4_DECODED [--decode PEER DSV4] [--keys PEER DSV4]
-//                    [--map PEER DSV4] [--lossy EXPECTED DSV4]
+//                    [--map PEER DSV4] [--lossy EXPECTED DSV4] [--same PEER DSV4]...
 // Checks: identical ids; dsv4's decode(encode(s)) == s; --decode: the same decode of random id
 // lists; --keys: the same Engram token-map key per id (one JSON [id, key] per line); --map: the
-// same token map; --lossy: decode(encode(raw bytes)) equal to the Unicode decoder's reading. Prints the first failures, then "text: N passed, M failed".
+// same token map; --lossy: decode(encode(raw bytes)) equal to the Unicode decoder's reading;
+// --same (repeatable): two files of JSON lines equal line by line. Prints the first failures, then "text: N passed, M failed".
 "use strict";
 const fs = require("fs");
 const lines = (f) => fs.readFileSync(f, "utf8").split("\n").filter((l) => l.length).map((l) => JSON.parse(l));
@@ -59,6 +60,15 @@ if (lef) {
   for (let i = 0; i < LE.length; i++) {
     if (LE[i] === LD[i]) pass++;
     else { fail++; show(`invalid UTF-8 line ${i + 1}: expected ${JSON.stringify(LE[i])} dsv4 ${JSON.stringify(LD[i])}`); }
+  }
+}
+for (let i = 0; i < argv.length; i++) {
+  if (argv[i] !== "--same") continue;
+  const P = lines(argv[i + 1]), Q = lines(argv[i + 2]);
+  if (P.length !== Q.length) { fail++; console.log(`${argv[i + 1]}: ${P.length} lines, ${argv[i + 2]}: ${Q.length}`); }
+  for (let k = 0; k < P.length; k++) {
+    if (JSON.stringify(P[k]) === JSON.stringify(Q[k])) pass++;
+    else { fail++; show(`${argv[i + 2]} line ${k + 1}: peer ${JSON.stringify(P[k]).slice(0, 150)} dsv4 ${JSON.stringify(Q[k]).slice(0, 150)}`); }
   }
 }
 console.log(`text: ${pass} passed, ${fail} failed`);

@@ -2,6 +2,7 @@
  * normalized, lstrip/rstrip), a normalizer, ignore_merges, the invalid-UTF-8 rule, decoding with
  * and without specials, and the streaming detokenizer on characters split across tokens.
  * (Exactness on the real vocabulary is tests/suite_text.sh, against the peer.) */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -88,6 +89,40 @@ static void write_tokenizer(int lowercase, int ignore_merges)
     fclose(f);
     free(txt);
     cJSON_Delete(root);
+}
+
+/* Several threads encode the same texts through one tokenizer (sharing its word cache); each
+ * must get what a lone thread gets. */
+typedef struct job {
+    dsv4_tokenizer *t;
+    int seed, bad;
+} job;
+
+static void text_for(int i, char *buf)
+{
+    static const char *const w[] = {"hello", " world", "HeLLo", "\xc3\xa9t\xc3\xa9", " [x]", "<s>", "\n\n", "123", "wor", " hell"};
+    buf[0] = 0;
+    for (int k = 0; k < 1 + i % 7; k++)
+        strcat(buf, w[(i * 7 + k * 3) % 10]);
+}
+
+static void *encode_many(void *arg)
+{
+    job *j = arg;
+    dsv4_ids a = {0}, b = {0};
+    dsv4_err err = {0};
+    char text[128];
+    for (int i = 0; i < 3000; i++) {
+        int k = (i * 31 + j->seed) % 500;
+        text_for(k, text);
+        a.n = b.n = 0;
+        if (dsv4_tokenizer_encode(j->t, text, strlen(text), &a, &err) || dsv4_tokenizer_encode(j->t, text, strlen(text), &b, &err) ||
+            a.n != b.n || memcmp(a.v, b.v, a.n * sizeof *a.v))
+            j->bad++;
+    }
+    dsv4_ids_free(&a);
+    dsv4_ids_free(&b);
+    return NULL;
 }
 
 static int ids_eq(const dsv4_ids *x, const int32_t *want, size_t n)
@@ -204,6 +239,35 @@ int main(void)
             free(clean);
         }
         CHECK(bad == 0, "random bytes: %d of 20000 failed the invalid-UTF-8 rule", bad);
+    }
+    /* shared between threads: the same ids as one thread alone */
+    {
+        dsv4_ids ref[500];
+        char text[128];
+        memset(ref, 0, sizeof ref);
+        for (int k = 0; k < 500; k++) {
+            text_for(k, text);
+            dsv4_tokenizer_encode(t, text, strlen(text), &ref[k], &err);
+        }
+        job jobs[4];
+        pthread_t th[4];
+        for (int i = 0; i < 4; i++) {
+            jobs[i] = (job){t, i * 17, 0};
+            pthread_create(&th[i], NULL, encode_many, &jobs[i]);
+        }
+        int bad = 0;
+        for (int i = 0; i < 4; i++) {
+            pthread_join(th[i], NULL);
+            bad += jobs[i].bad;
+        }
+        for (int k = 0; k < 500; k++) {
+            text_for(k, text);
+            x.n = 0;
+            enc(t, text, strlen(text), &x);
+            bad += x.n != ref[k].n || memcmp(x.v, ref[k].v, x.n * sizeof *x.v);
+            dsv4_ids_free(&ref[k]);
+        }
+        CHECK(bad == 0, "threads: %d encodes differ", bad);
     }
     dsv4_tokenizer_free(t);
 

@@ -8,6 +8,7 @@
 #endif
 #include "core/core.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/exl3.h"
 
 float dsv4_dot(const float *a, const float *b, int64_t n)
 {
@@ -185,6 +186,10 @@ static inline void block_fma(const float *blk, const float *x, int len, float f,
 static void cpu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                        int64_t ldy)
 {
+    if (w->form == DSV4_WF_EXL3) { /* trellis-coded: its own fused kernel (kernels/cpu/exl3.c) */
+        dsv4_exl3_linear_rows(w, r0, r1, x, T, ldx, y, ldy);
+        return;
+    }
     int64_t k = w->k, nr = r1 - r0;
     int64_t bk = w->form == DSV4_WF_FP8 ? w->bk : w->form == DSV4_WF_FP4 ? w->bk * (w->bk < 256 ? 256 / w->bk : 1) : 256;
     int64_t nb = (k + bk - 1) / bk;
@@ -248,6 +253,24 @@ static void cpu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, 
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
+/* One row's collapse: h[dd] = sum_i pre[i] X[i, dd], summed in stream order. */
+static void collapse_row(const float *x, int n, int D, const float *pr, float *hr)
+{
+    for (int dd = 0; dd < D; dd++) {
+        float s = 0;
+        for (int i = 0; i < n; i++)
+            s += pr[i] * x[(int64_t)i * D + dd];
+        hr[dd] = s;
+    }
+}
+
+static void cpu_hc_collapse(const float *X, int T, int n, int D, const float *pre, float *h)
+{
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++)
+        collapse_row(X + (int64_t)t * n * D, n, D, pre + (int64_t)t * n, h + (int64_t)t * D);
+}
+
 static void cpu_hc_pre(const float *X, int T, int n, int D, const float *fn, const float *base, const float *scale,
                        int iters, float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h)
 {
@@ -296,13 +319,8 @@ static void cpu_hc_pre(const float *X, int T, int n, int D, const float *fn, con
                 }
             }
         }
-        float *hr = h + (int64_t)t * D;
-        for (int dd = 0; dd < D; dd++) {
-            float s = 0;
-            for (int i = 0; i < n; i++)
-                s += pr[i] * x[(int64_t)i * D + dd];
-            hr[dd] = s;
-        }
+        if (h)
+            collapse_row(x, n, D, pr, h + (int64_t)t * D);
     }
 }
 
@@ -374,6 +392,7 @@ static const dsv4_backend cpu_backend = {
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .hc_pre = cpu_hc_pre,
+    .hc_collapse = cpu_hc_collapse,
     .hc_post = cpu_hc_post,
     .attend = cpu_attend,
     .swiglu = cpu_swiglu,
