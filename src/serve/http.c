@@ -252,7 +252,8 @@ static int parse_sampling(server *s, gen *g, const cJSON *j, dsv4_request *r, ba
     int64_t room = s->ctx - r->n_prompt;
     if (room <= 0) {
         b->code = "context_length_exceeded";
-        return fail_bad(b, "messages", "the prompt has %d tokens; the context holds %lld", r->n_prompt, (long long)s->ctx);
+        return fail_bad(b, g->chat ? "messages" : "prompt", "the prompt has %d tokens; the context holds %lld", r->n_prompt,
+                        (long long)s->ctx);
     }
     if (max_tokens < 0)
         max_tokens = g->chat ? room : 16;

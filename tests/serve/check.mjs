@@ -188,6 +188,8 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
     ['empty prompt', '/v1/completions', { model, prompt: '' }, null, 400],
     ['token id out of range', '/v1/completions', { model, prompt: [1, 99999999] }, null, 400],
     ['longer than the context', '/v1/completions', { model, prompt: 'x', max_tokens: 10000000 }, null, 400],
+    ['prompt longer than the context', '/v1/completions', { model, prompt: Array.from({ length: 65537 }, () => 5), max_tokens: 1 }, null, 400],
+    ['body over 16 MiB', '/v1/completions', null, JSON.stringify({ model, prompt: 'x'.repeat(17 << 20) }), 413],
     ['n = 2', '/v1/completions', { model, prompt: 'x', n: 2 }, null, 400],
     ['top_logprobs 50', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], logprobs: true, top_logprobs: 50 }, null, 400],
     ['logit_bias key', '/v1/completions', { model, prompt: 'x', logit_bias: { abc: 1 } }, null, 400],
