@@ -75,7 +75,8 @@ typedef struct dsv4_request {
 } dsv4_request;
 
 dsv4_lanes *dsv4_lanes_new(dsv4_model *m, const dsv4_lanes_opts *o, dsv4_err *err);
-/* Stops the thread (if started), cancels everything in flight, frees lanes and cache. */
+/* Stops the thread (if started), cancels everything in flight, frees lanes and cache.
+ * Callers release their submitted requests first (a request refers to its lanes' lock). */
 void dsv4_lanes_free(dsv4_lanes *l);
 
 /* A request with copies of prompt; defaults: default sampling, max_tokens 16, cache on. */

@@ -315,11 +315,15 @@ int main(void)
             rcs[i] = dsv4_lanes_submit(l, rs[i], &err);
         }
         CHECK(rcs[0] == 0 && rcs[1] == 0 && rcs[2] == DSV4_E_STATE, "queue of 2 refuses the third");
-        dsv4_lanes_free(l);
+        dsv4_lanes_shutdown(l);
+        dsv4_request *late = req_for(prompts[0], plen[0], 0, 0);
+        CHECK(dsv4_lanes_submit(l, late, &err) == DSV4_E_STATE, "no submissions after shutdown");
+        dsv4_request_release(late);
         for (int i = 0; i < 3; i++) {
             CHECK(i == 2 || rs[i]->finish == DSV4_FINISH_CANCELLED, "shutdown cancels queued request %d", i);
             dsv4_request_release(rs[i]);
         }
+        dsv4_lanes_free(l);
     }
     dsv4_model_free(model);
     return check_summary("lanes");
