@@ -1143,6 +1143,17 @@ static enum MHD_Result metrics(server *s, struct MHD_Connection *c)
     return send_text(c, 200, "text/plain; version=0.0.4", b, n);
 }
 
+static cJSON *model_json(const server *s)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", s->name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "dsv4");
+    cJSON_AddNumberToObject(m, "max_model_len", (double)s->ctx);
+    return m;
+}
+
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
@@ -1179,15 +1190,15 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return send_json(c, 200, r);
     }
     if (!strcmp(url, "/v1/models") && get) {
-        cJSON *r = cJSON_CreateObject(), *d = cJSON_AddArrayToObject(r, "data"), *m = cJSON_CreateObject();
+        cJSON *r = cJSON_CreateObject(), *d = cJSON_AddArrayToObject(r, "data");
         cJSON_AddStringToObject(r, "object", "list");
-        cJSON_AddStringToObject(m, "id", s->name);
-        cJSON_AddStringToObject(m, "object", "model");
-        cJSON_AddNumberToObject(m, "created", 0);
-        cJSON_AddStringToObject(m, "owned_by", "dsv4");
-        cJSON_AddNumberToObject(m, "max_model_len", (double)s->ctx);
-        cJSON_AddItemToArray(d, m);
+        cJSON_AddItemToArray(d, model_json(s));
         return send_json(c, 200, r);
+    }
+    if (!strncmp(url, "/v1/models/", 11) && get) {
+        if (strcmp(url + 11, s->name))
+            return send_error(s, c, 404, "model", "model_not_found", "the model '%s' does not exist", url + 11);
+        return send_json(c, 200, model_json(s));
     }
     if (!strcmp(url, "/metrics") && get)
         return metrics(s, c);
@@ -1197,7 +1208,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (!strcmp(url, posts[i]))
             which = i;
     if (which < 0) {
-        if (!strcmp(url, "/health") || !strcmp(url, "/v1/models") || !strcmp(url, "/metrics"))
+        if (!strcmp(url, "/health") || !strncmp(url, "/v1/models", 10) || !strcmp(url, "/metrics") || !strcmp(url, "/"))
             return send_error(s, c, 405, NULL, NULL, "%s %s is not allowed", method, url);
         return send_error(s, c, 404, NULL, NULL, "no route for %s %s", method, url);
     }

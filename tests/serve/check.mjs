@@ -204,6 +204,10 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
     const r = await post(path, body, raw);
     check(r.status === want && typeof r.json?.error?.message === 'string' && typeof r.json?.error?.type === 'string', `bad input: ${name} -> ${want}`, r);
   }
+  const got = await client.models.retrieve(model);
+  let missing = null;
+  try { await client.models.retrieve('nope'); } catch (e) { missing = e; }
+  check(got.id === model && missing instanceof OpenAI.NotFoundError, 'models.retrieve: the model, and 404 for another', { got, missing: String(missing) });
   const bad = await fetch(`${base}/v1/models`, { headers: { Authorization: 'Bearer wrong' } });
   check(bad.status === 401 && (await bad.json()).error?.code === 'invalid_api_key', 'wrong API key -> 401');
   let threw = null;
