@@ -255,6 +255,24 @@ static int parse_sampling(server *s, gen *g, const cJSON *j, dsv4_request *r, ba
         return fail_bad(b, g->chat ? "messages" : "prompt", "the prompt has %d tokens; the context holds %lld", r->n_prompt,
                         (long long)s->ctx);
     }
+    /* teacher forcing: the continuation is given; its tokens are scored, not sampled */
+    const cJSON *ft = cJSON_GetObjectItemCaseSensitive(j, "forced_tokens");
+    if (ft && !cJSON_IsNull(ft)) {
+        dsv4_ids f = {0};
+        char *unused = NULL;
+        int bad_f = parse_prompt(s, ft, &f, &unused, b);
+        free(unused);
+        if (!bad_f && f.n == 0)
+            bad_f = fail_bad(b, "forced_tokens", "'forced_tokens' is empty");
+        if (bad_f) {
+            b->param = "forced_tokens";
+            dsv4_ids_free(&f);
+            return -1;
+        }
+        r->forced = f.v;
+        r->n_forced = (int)f.n;
+        max_tokens = r->n_forced;
+    }
     if (max_tokens < 0)
         max_tokens = g->chat ? room : 16;
     if (max_tokens > room) {

@@ -90,6 +90,7 @@ static void request_free(dsv4_request *r)
     free(r->stop_ids);
     free(r->out);
     free(r->prompt_lp);
+    free(r->forced);
     free(r);
 }
 
@@ -371,6 +372,13 @@ int dsv4_lanes_submit(dsv4_lanes *l, dsv4_request *r, dsv4_err *err)
     for (int i = 0; i < r->n_prompt; i++)
         if (r->prompt[i] < 0 || r->prompt[i] >= l->vocab)
             return dsv4_fail(err, DSV4_E_ARG, "prompt token %d (id %d) is outside the vocabulary of %d", i, r->prompt[i], l->vocab);
+    if (r->forced) {
+        if (r->n_forced <= 0 || r->n_forced != r->max_tokens)
+            return dsv4_fail(err, DSV4_E_ARG, "forced tokens: give at least one, with max_tokens equal to their number");
+        for (int i = 0; i < r->n_forced; i++)
+            if (r->forced[i] < 0 || r->forced[i] >= l->vocab)
+                return dsv4_fail(err, DSV4_E_ARG, "forced token %d (id %d) is outside the vocabulary of %d", i, r->forced[i], l->vocab);
+    }
     if (r->prompt_logprobs) {
         r->prompt_lp = dsv4_xmalloc((size_t)r->n_prompt * sizeof *r->prompt_lp, err);
         if (!r->prompt_lp)
@@ -466,9 +474,12 @@ static int take_token_locked(dsv4_lanes *l, lane *ln, const dsv4_sample_out *o)
     r->out[r->n_out++] = *o;
     l->st.generated_tokens++;
     pthread_cond_broadcast(&r->cv);
+    int stop = 0;
     for (int i = 0; i < r->n_stop_ids; i++)
-        if (o->id == r->stop_ids[i])
-            return DSV4_FINISH_STOP;
+        stop |= o->id == r->stop_ids[i];
+    /* forced tokens all go through; the last one's being a stop id says why it ended */
+    if (stop && (!r->forced || r->n_out == r->n_forced))
+        return DSV4_FINISH_STOP;
     if (r->n_out >= r->max_tokens || dsv4_seq_len(ln->seq) + 1 >= l->max_pos)
         return DSV4_FINISH_LENGTH;
     return DSV4_FINISH_NONE;
@@ -563,7 +574,11 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
         if (rc || !ln->n_feed || (!ln->decoding && ln->fed + ln->n_feed < ln->req->n_prompt) || ln->req->max_tokens == 0)
             continue;
         dsv4_err se = {0};
-        serr[i] = dsv4_sample(&ln->smp, &ln->req->sp, row_of[i], dsv4_seq_len(ln->seq), &outs[i], &se);
+        dsv4_request *r = ln->req;
+        if (r->forced) /* n_out changes only on this thread */
+            dsv4_score(row_of[i], V, ln->smp.work, r->forced[r->n_out], r->sp.n_top_logprobs, &outs[i]);
+        else
+            serr[i] = dsv4_sample(&ln->smp, &r->sp, row_of[i], dsv4_seq_len(ln->seq), &outs[i], &se);
         if (serr[i])
             snprintf(ln->req->errmsg, sizeof ln->req->errmsg, "%.200s", se.msg);
         sampled[i] = 1;

@@ -56,6 +56,10 @@ typedef struct dsv4_request {
     int n_stop_ids;
     int use_cache;         /* resume from / save to the prompt cache */
     int prompt_logprobs;   /* also score every prompt token (implies no cache resume) */
+    int32_t *forced;       /* owned; when set, the output is these n_forced tokens (teacher forcing):
+                            * each is scored (dsv4_score: logprob, top alternatives) instead of
+                            * sampled; max_tokens must equal n_forced */
+    int n_forced;
 
     /* outputs: guarded by the lanes lock; wait with dsv4_request_wait */
     dsv4_sample_out *out;  /* generated tokens */

@@ -113,6 +113,38 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
     'tools are rendered into the prompt (tool_choice none leaves them out)', [withTools.usage, without.usage, none.usage]);
 }
 
+// ---- teacher forcing: a forced DSML continuation comes back as tool_calls (stream and not), and
+// forced tokens carry the logprobs the model gives them
+{
+  const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } } } } }];
+  const dsml = 'Let me check.\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="get_weather">\n<｜DSML｜ parameter name="city" string="true">Paris</｜DSML｜ parameter>\n' +
+    '<｜DSML｜ parameter name="days" string="false">2</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls><｜end▁of▁sentence｜>';
+  const forced = (await post('/tokenize', { prompt: dsml })).json.tokens;
+  const p = { messages: [{ role: 'user', content: 'Weather in Paris for two days?' }], tools, forced_tokens: forced, logprobs: true };
+  const a = await client.chat.completions.create({ model, ...p });
+  const m = a.choices[0].message, tc = m.tool_calls?.[0];
+  check(a.choices[0].finish_reason === 'tool_calls' && m.content === 'Let me check.' && tc?.type === 'function' && tc.function.name === 'get_weather' &&
+    same(JSON.parse(tc.function.arguments), { city: 'Paris', days: 2 }) && a.usage.completion_tokens === forced.length &&
+    a.choices[0].logprobs.content.length === forced.length && a.choices[0].logprobs.content.every((x) => x.logprob < 0),
+    'forced DSML continuation -> tool_calls, content, teacher-forced logprobs', a.choices[0]);
+  const s = await client.chat.completions.create({ model, ...p, stream: true });
+  let content = '', calls = [], finish = null, lps = [];
+  for await (const ch of s) {
+    const c = ch.choices[0];
+    if (!c) continue;
+    content += c.delta.content ?? '';
+    for (const t of c.delta.tool_calls ?? []) calls[t.index] = t;
+    if (c.logprobs) lps.push(...c.logprobs.content.map((x) => x.logprob));
+    if (c.finish_reason) finish = c.finish_reason;
+  }
+  check(finish === 'tool_calls' && content === m.content && calls.length === 1 && /^call_/.test(calls[0].id) && calls[0].function.name === 'get_weather' &&
+    calls[0].function.arguments === tc.function.arguments && same(lps, a.choices[0].logprobs.content.map((x) => x.logprob)),
+    'forced DSML continuation streamed: same tool call, content and logprobs', { content, calls, finish });
+  const g = await complete({ prompt: prompts[2], max_tokens: 6, temperature: 0, logprobs: 2, return_token_ids: true }, false);
+  const f = await complete({ prompt: prompts[2], forced_tokens: g.ids, logprobs: 2, return_token_ids: true }, false);
+  check(same(f.ids, g.ids) && same(f.lp, g.lp) && f.text === g.text, 'forcing the greedy tokens gives their greedy logprobs', { f, g });
+}
+
 // ---- seeded sampling is reproducible; another seed differs
 {
   const p = { prompt: prompts[3], max_tokens: 10, temperature: 1, return_token_ids: true };
@@ -190,6 +222,7 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
     ['longer than the context', '/v1/completions', { model, prompt: 'x', max_tokens: 10000000 }, null, 400],
     ['prompt longer than the context', '/v1/completions', { model, prompt: Array.from({ length: 65537 }, () => 5), max_tokens: 1 }, null, 400],
     ['body over 16 MiB', '/v1/completions', null, JSON.stringify({ model, prompt: 'x'.repeat(17 << 20) }), 413],
+    ['forced_tokens out of range', '/v1/completions', { model, prompt: 'x', forced_tokens: [1, -3] }, null, 400],
     ['n = 2', '/v1/completions', { model, prompt: 'x', n: 2 }, null, 400],
     ['top_logprobs 50', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], logprobs: true, top_logprobs: 50 }, null, 400],
     ['logit_bias key', '/v1/completions', { model, prompt: 'x', logit_bias: { abc: 1 } }, null, 400],

@@ -279,6 +279,29 @@ int main(void)
         dsv4_request_release(s);
         dsv4_request_release(s2);
 
+        /* teacher forcing: forcing the greedy tokens reproduces their logprobs and top ids; a
+         * forced token that is a stop id ends nothing until the last one */
+        dsv4_request *fr[2];
+        for (int k = 0; k < 2; k++) {
+            fr[k] = req_for(prompts[k * 2], plen[k * 2], 1, 0); /* seeded settings: forcing ignores them */
+            fr[k]->forced = malloc(MAXTOK * sizeof *fr[k]->forced);
+            memcpy(fr[k]->forced, ref[k * 2].id, MAXTOK * sizeof *fr[k]->forced);
+            fr[k]->n_forced = MAXTOK;
+            fr[k]->stop_ids = malloc(sizeof *fr[k]->stop_ids);
+            fr[k]->stop_ids[0] = ref[k * 2].id[k ? MAXTOK - 1 : 1];
+            fr[k]->n_stop_ids = 1;
+        }
+        run_all(l, fr, 2);
+        for (int k = 0; k < 2; k++) {
+            result f;
+            collect(fr[k], &f);
+            f.finish = ref[k * 2].finish;
+            CHECK(same(&f, &ref[k * 2]), "forced greedy tokens (%d) give the greedy logprobs", k);
+            CHECK(fr[k]->n_out == MAXTOK && fr[k]->finish == (k ? DSV4_FINISH_STOP : DSV4_FINISH_LENGTH),
+                  "forced: %d tokens, finish %d", fr[k]->n_out, fr[k]->finish);
+            dsv4_request_release(fr[k]);
+        }
+
         dsv4_request *c = req_for(prompts[5], plen[5], 0, 0);
         c->max_tokens = 50;
         dsv4_lanes_submit(l, c, &err);
