@@ -82,6 +82,7 @@ typedef struct gen {
 
 /* ---- responses ------------------------------------------------------------------- */
 
+/* Queues a response owning body[0..n) (freed by libmicrohttpd). */
 static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type, char *body, size_t n)
 {
     if (!body)
@@ -93,6 +94,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, int status, const cha
     return ok;
 }
 
+/* Queues j (consumed) as a JSON response. */
 static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *j)
 {
     char *s = cJSON_PrintUnformatted(j);
@@ -167,6 +169,7 @@ static int get_num(const cJSON *j, const char *key, double lo, double hi, double
     return 0;
 }
 
+/* As get_num, for integral values. */
 static int get_int(const cJSON *j, const char *key, double lo, double hi, int64_t *v, bad *b)
 {
     double d = (double)*v;
@@ -178,6 +181,7 @@ static int get_int(const cJSON *j, const char *key, double lo, double hi, int64_
     return 0;
 }
 
+/* Reads an optional boolean field; null or absent keeps *v. */
 static int get_bool(const cJSON *j, const char *key, int *v, bad *b)
 {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, key);
@@ -368,6 +372,7 @@ static int parse_sampling(server *s, gen *g, const cJSON *j, dsv4_request *r, ba
 
 /* ---- generation ------------------------------------------------------------------ */
 
+/* Releases the request (cancelling it if still running) and everything the generation holds. */
 static void gen_free(gen *g)
 {
     if (!g)
@@ -387,6 +392,7 @@ static void gen_free(gen *g)
     free(g);
 }
 
+/* OpenAI's finish_reason for how the generation ended. */
 static const char *finish_name(const gen *g)
 {
     switch (g->finish) {
@@ -485,6 +491,7 @@ static cJSON *token_string(server *s, int32_t id)
     return j;
 }
 
+/* The token's raw bytes as numbers (chat logprobs' "bytes"). */
 static cJSON *bytes_array(server *s, int32_t id)
 {
     size_t n;
@@ -585,6 +592,7 @@ static cJSON *completion_logprobs(gen *g, int from, int to, size_t base, int wit
     return lp;
 }
 
+/* usage: prompt, completion and total tokens, and the prompt tokens served from the cache. */
 static cJSON *usage_json(const gen *g)
 {
     cJSON *u = cJSON_CreateObject();
@@ -596,6 +604,7 @@ static cJSON *usage_json(const gen *g)
     return u;
 }
 
+/* The ids of consumed tokens [from, to) (the return_token_ids extension). */
 static cJSON *ids_json(const gen *g, int from, int to)
 {
     cJSON *a = cJSON_CreateArray();
@@ -604,6 +613,7 @@ static cJSON *ids_json(const gen *g, int from, int to)
     return a;
 }
 
+/* The fields every response and chunk starts with: id, object, created, model. */
 static cJSON *envelope(const gen *g, const char *object)
 {
     cJSON *j = cJSON_CreateObject();
@@ -654,6 +664,8 @@ static cJSON *tool_calls_json(gen *g, int from, int with_index)
     return a;
 }
 
+/* The one log line per generation request: status, token counts, queue wait, time to first
+ * token, generation speed and total time. */
 static void log_line(gen *g, int status)
 {
     const dsv4_request *r = g->r;
@@ -668,6 +680,7 @@ static void log_line(gen *g, int status)
 
 /* ---- streaming ------------------------------------------------------------------- */
 
+/* Appends j (consumed) to the pending SSE bytes as one data event. */
 static void sse_event(gen *g, cJSON *j)
 {
     char *s = cJSON_PrintUnformatted(j);
@@ -768,6 +781,8 @@ static void stream_events(gen *g)
     }
 }
 
+/* libmicrohttpd's content callback for a stream: hands out pending SSE bytes, waiting up to a
+ * second for tokens when none are pending (then a keep-alive comment, so a gone client shows). */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
 {
     (void)pos;
@@ -792,6 +807,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
     return (ssize_t)n;
 }
 
+/* Called when the stream's response is dropped: finished, or the client went away (499). */
 static void stream_done(void *cls)
 {
     gen *g = cls;
@@ -868,6 +884,8 @@ static int check_tools(const cJSON *tools, const cJSON *choice, bad *b)
     return fail_bad(b, "tool_choice", "'tool_choice' names '%s', which is not among the tools", name->valuestring);
 }
 
+/* /v1/completions (chat 0) and /v1/chat/completions (chat 1): parse, render/tokenize, submit,
+ * then answer with a stream or wait for the whole reply. */
 static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON *j, int chat, const char *path)
 {
     bad b = {0};
@@ -1080,6 +1098,7 @@ out:
     return send_json(c, 200, resp);
 }
 
+/* POST /tokenize {"prompt": str}: the ids, no BOS added. */
 static enum MHD_Result tokenize(server *s, struct MHD_Connection *c, const cJSON *j)
 {
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
@@ -1102,6 +1121,7 @@ static enum MHD_Result tokenize(server *s, struct MHD_Connection *c, const cJSON
     return send_json(c, 200, r);
 }
 
+/* POST /detokenize {"tokens": [...]}: the text, special tokens included. */
 static enum MHD_Result detokenize(server *s, struct MHD_Connection *c, const cJSON *j)
 {
     const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tokens");
@@ -1133,6 +1153,7 @@ static enum MHD_Result detokenize(server *s, struct MHD_Connection *c, const cJS
     return send_json(c, 200, r);
 }
 
+/* GET /metrics in Prometheus text format. */
 static enum MHD_Result metrics(server *s, struct MHD_Connection *c)
 {
     dsv4_lanes_stats st;
@@ -1161,6 +1182,7 @@ static enum MHD_Result metrics(server *s, struct MHD_Connection *c)
     return send_text(c, 200, "text/plain; version=0.0.4", b, n);
 }
 
+/* The model object of /v1/models. */
 static cJSON *model_json(const server *s)
 {
     cJSON *m = cJSON_CreateObject();
@@ -1172,6 +1194,7 @@ static cJSON *model_json(const server *s)
     return m;
 }
 
+/* libmicrohttpd's request handler: collects the body over calls, then routes. */
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
@@ -1247,6 +1270,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     return res;
 }
 
+/* Frees a request's body buffer once libmicrohttpd is done with it. */
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why)
 {
     (void)cls;

@@ -81,6 +81,7 @@ dsv4_request *dsv4_request_new(const int32_t *prompt, int n_prompt, dsv4_err *er
     return r;
 }
 
+/* Frees r and everything it owns (its last reference is gone). */
 static void request_free(dsv4_request *r)
 {
     pthread_cond_destroy(&r->cv);
@@ -153,6 +154,7 @@ int dsv4_request_take(dsv4_request *r, int n_seen, int max, dsv4_sample_out *dst
 
 /* ---- prompt cache (all with the lock held) ------------------------------------------ */
 
+/* Removes cache entry i (order is not kept). Lock held. */
 static void cache_drop(dsv4_lanes *l, int i)
 {
     l->cache_used -= l->cache[i].len;
@@ -291,6 +293,7 @@ dsv4_lanes *dsv4_lanes_new(dsv4_model *m, const dsv4_lanes_opts *o, dsv4_err *er
     return l;
 }
 
+/* Marks r finished, wakes its waiters and drops the lanes' reference. Lock held. */
 static void finish_locked(dsv4_lanes *l, dsv4_request *r, int why)
 {
     if (!r->finish) {
@@ -402,6 +405,7 @@ int dsv4_lanes_submit(dsv4_lanes *l, dsv4_request *r, dsv4_err *err)
     return 0;
 }
 
+/* Grows the lane's id list to hold n tokens. */
 static int ensure_ids(lane *ln, int n)
 {
     if (n <= ln->cap_ids)
@@ -650,6 +654,7 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
     return rc ? -1 : n_busy;
 }
 
+/* The scheduler thread: steps while there is work, sleeps on `work` otherwise. */
 static void *run_thread(void *arg)
 {
     dsv4_lanes *l = arg;

@@ -56,6 +56,7 @@ void dsv4_sampler_accept(dsv4_sampler *s, int32_t id)
         s->out_count[id]++;
 }
 
+/* One SplitMix64 step from state x: add the golden gamma, then the finaliser. */
 static uint64_t splitmix64(uint64_t x)
 {
     uint64_t z = x + 0x9E3779B97F4A7C15ull;
