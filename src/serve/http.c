@@ -30,7 +30,7 @@
 #include "text/dsml.h"
 #include "text/tokenizer.h"
 
-enum { MAX_BODY = 16 << 20, MAX_STOPS = 16, TAKE = 64 };
+enum { MAX_BODY = 16 << 20, MAX_STOPS = 16, TAKE = 64, MAX_BATCH = 1024 };
 
 typedef struct server {
     dsv4_model *m;
@@ -884,14 +884,19 @@ static int check_tools(const cJSON *tools, const cJSON *choice, bad *b)
     return fail_bad(b, "tool_choice", "'tool_choice' names '%s', which is not among the tools", name->valuestring);
 }
 
-/* /v1/completions (chat 0) and /v1/chat/completions (chat 1): parse, render/tokenize, submit,
- * then answer with a stream or wait for the whole reply. */
-static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON *j, int chat, const char *path)
+/* Parses a generation request (prompt: the completions prompt to use, NULL for chat), renders
+ * and tokenizes it, and submits it. wait_for_room: when the queue is full, wait for room
+ * instead of failing (later prompts of a batch). Returns the running generation, or NULL with
+ * *b set (the failure logged). */
+static gen *gen_start(server *s, struct MHD_Connection *c, const cJSON *j, int chat, const cJSON *prompt, int wait_for_room,
+                      const char *path, bad *b)
 {
-    bad b = {0};
     gen *g = calloc(1, sizeof *g);
-    if (!g)
-        return send_error(s, c, 500, NULL, NULL, "out of memory");
+    if (!g) {
+        fail_bad(b, NULL, "out of memory");
+        b->status = 500;
+        return NULL;
+    }
     g->s = s;
     atomic_fetch_add(&s->active, 1);
     g->chat = chat;
@@ -909,22 +914,22 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON
 
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
     if (model && !cJSON_IsNull(model) && (!cJSON_IsString(model) || strcmp(model->valuestring, s->name))) {
-        b.status = 404;
-        b.param = "model";
-        b.code = "model_not_found";
-        snprintf(b.msg, sizeof b.msg, "the model '%s' does not exist; this server serves '%s'",
+        b->status = 404;
+        b->param = "model";
+        b->code = "model_not_found";
+        snprintf(b->msg, sizeof b->msg, "the model '%s' does not exist; this server serves '%s'",
                  cJSON_IsString(model) ? model->valuestring : "?", s->name);
         goto out;
     }
     if (chat) {
         const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
         if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) {
-            fail_bad(&b, "messages", "'messages' must be a non-empty array");
+            fail_bad(b, "messages", "'messages' must be a non-empty array");
             goto out;
         }
         const cJSON *tools = cJSON_GetObjectItemCaseSensitive(j, "tools");
         const cJSON *choice = cJSON_GetObjectItemCaseSensitive(j, "tool_choice");
-        if (check_tools(tools, choice, &b))
+        if (check_tools(tools, choice, b))
             goto out;
         /* the render request: the client's fields, defaulting to non-thinking chat */
         cJSON *rq = cJSON_Duplicate(j, 1);
@@ -949,7 +954,7 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON
         g->dsml = dsv4_dsml_new(cJSON_IsString(tm) && !strcmp(tm->valuestring, "thinking"), &err);
         if (!g->dsml) {
             cJSON_Delete(rq);
-            fail_bad(&b, NULL, "%s", err.msg);
+            fail_bad(b, NULL, "%s", err.msg);
             goto out;
         }
         char *text = NULL;
@@ -957,47 +962,42 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON
         int r = dsv4_chat_render(rq, &text, &len, &err);
         cJSON_Delete(rq);
         if (r) {
-            fail_bad(&b, "messages", "%s", err.msg);
+            fail_bad(b, "messages", "%s", err.msg);
             goto out;
         }
         r = dsv4_tokenizer_encode(s->tok, text, len, &ids, &err);
         free(text);
         if (r) {
-            fail_bad(&b, "messages", "%s", err.msg);
+            fail_bad(b, "messages", "%s", err.msg);
             goto out;
         }
         int lp = 0;
         int64_t top = 0;
-        if (get_bool(j, "logprobs", &lp, &b) || get_int(j, "top_logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &top, &b))
+        if (get_bool(j, "logprobs", &lp, b) || get_int(j, "top_logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &top, b))
             goto out;
         if (top > 0 && !lp) {
-            fail_bad(&b, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            fail_bad(b, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
             goto out;
         }
         g->n_logprobs = lp ? (int)top : -1;
     } else {
-        const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-        if (!p) {
-            fail_bad(&b, "prompt", "'prompt' is required");
-            goto out;
-        }
-        if (parse_prompt(s, p, &ids, &g->prompt_text, &b))
+        if (parse_prompt(s, prompt, &ids, &g->prompt_text, b))
             goto out;
         int64_t lp = -1;
-        if (get_int(j, "logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &lp, &b) || get_bool(j, "echo", &g->echo, &b))
+        if (get_int(j, "logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &lp, b) || get_bool(j, "echo", &g->echo, b))
             goto out;
         g->n_logprobs = (int)lp;
     }
     if (ids.n == 0) {
-        fail_bad(&b, chat ? "messages" : "prompt", "the prompt is empty");
+        fail_bad(b, chat ? "messages" : "prompt", "the prompt is empty");
         goto out;
     }
     g->r = dsv4_request_new(ids.v, (int)ids.n, &err);
     if (!g->r) {
-        fail_bad(&b, NULL, "out of memory");
+        fail_bad(b, NULL, "out of memory");
         goto out;
     }
-    if (parse_sampling(s, g, j, g->r, &b))
+    if (parse_sampling(s, g, j, g->r, b))
         goto out;
     g->r->sp.n_top_logprobs = g->n_logprobs > 0 ? g->n_logprobs : 0;
     if (g->echo) {
@@ -1009,12 +1009,19 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON
         }
         g->r->prompt_logprobs = g->n_logprobs >= 0;
     }
-    if (dsv4_lanes_submit(s->lanes, g->r, &err)) {
+    /* later prompts of a batch wait for room in the queue; a first one is refused (503) */
+    int rc_submit;
+    while ((rc_submit = dsv4_lanes_submit(s->lanes, g->r, &err)) == DSV4_E_STATE && wait_for_room && !client_gone(c)) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        dsv4_err_clear(&err);
+    }
+    if (rc_submit) {
         if (err.code == DSV4_E_STATE) {
-            b.status = 503;
-            snprintf(b.msg, sizeof b.msg, "%.400s; retry later", err.msg);
+            b->status = 503;
+            snprintf(b->msg, sizeof b->msg, "%.400s; retry later", err.msg);
         } else {
-            fail_bad(&b, chat ? "messages" : "prompt", "%s", err.msg);
+            fail_bad(b, chat ? "messages" : "prompt", "%s", err.msg);
         }
         goto out;
     }
@@ -1022,42 +1029,35 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON
 out:
     dsv4_ids_free(&ids);
     if (rc) {
-        enum MHD_Result res = send_error(s, c, b.status ? b.status : 400, b.param, b.code, "%s", b.msg);
-        log_line(g, b.status ? b.status : 400);
+        if (!b->status)
+            b->status = 400;
+        log_line(g, b->status);
         gen_free(g);
-        return res;
+        return NULL;
     }
+    return g;
+}
 
-    if (g->stream) {
-        struct MHD_Response *rs = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, stream_done);
-        MHD_add_response_header(rs, "Content-Type", "text/event-stream");
-        MHD_add_response_header(rs, "Cache-Control", "no-cache");
-        enum MHD_Result ok = MHD_queue_response(c, 200, rs);
-        MHD_destroy_response(rs);
-        return ok;
-    }
-
-    /* non-streaming: wait for the end, cancelling if the client leaves */
+/* Waits for g to end, cancelling it if the client leaves. Returns 0 when it ended. */
+static int gen_wait(gen *g, struct MHD_Connection *c)
+{
     while (!gen_pull(g, 0.2))
         if (client_gone(c)) {
             dsv4_request_cancel(g->r);
             g->finish = DSV4_FINISH_CANCELLED;
-            log_line(g, 499);
-            gen_free(g);
-            return MHD_NO;
+            return -1;
         }
-    if (g->finish == DSV4_FINISH_ERROR) {
-        enum MHD_Result res = send_error(s, c, 500, NULL, NULL, "generation failed: %s", g->r->errmsg);
-        log_line(g, 500);
-        gen_free(g);
-        return res;
-    }
+    return 0;
+}
+
+/* One choice of a finished non-streaming reply. */
+static cJSON *choice_json(gen *g, int index)
+{
+    const int chat = g->chat;
     if (chat)
         chat_parse(g, g->text.n);
-    cJSON *resp = envelope(g, chat ? "chat.completion" : "text_completion");
-    cJSON *ch = cJSON_AddArrayToObject(resp, "choices"), *c0 = cJSON_CreateObject();
-    cJSON_AddItemToArray(ch, c0);
-    cJSON_AddNumberToObject(c0, "index", 0);
+    cJSON *c0 = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c0, "index", index);
     if (chat) {
         cJSON *msg = cJSON_AddObjectToObject(c0, "message");
         cJSON_AddStringToObject(msg, "role", "assistant");
@@ -1092,10 +1092,82 @@ out:
     cJSON_AddStringToObject(c0, "finish_reason", finish_name(g));
     if (g->want_ids)
         cJSON_AddItemToObject(c0, "token_ids", ids_json(g, 0, g->n_tok));
-    cJSON_AddItemToObject(resp, "usage", usage_json(g));
-    log_line(g, 200);
-    gen_free(g);
-    return send_json(c, 200, resp);
+    return c0;
+}
+
+/* /v1/completions (chat 0) and /v1/chat/completions (chat 1): start the generation, then answer
+ * with a stream or wait for the whole reply. A completions prompt may be a list of prompts
+ * (strings or id lists): one choice each, not streamed. */
+static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON *j, int chat, const char *path)
+{
+    bad b = {0};
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    if (!chat && !p)
+        return send_error(s, c, 400, "prompt", NULL, "'prompt' is required");
+    int n = !chat && cJSON_IsArray(p) && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)) ? cJSON_GetArraySize(p) : 1;
+    if (n > 1) {
+        int stream = 0;
+        if (get_bool(j, "stream", &stream, &b) || stream)
+            return send_error(s, c, 400, "stream", NULL, "a list of prompts is answered whole: 'stream' takes one prompt");
+        if (n > MAX_BATCH)
+            return send_error(s, c, 400, "prompt", NULL, "at most %d prompts per request", MAX_BATCH);
+    }
+    gen *gs[n > 1 ? n : 1];
+    gs[0] = NULL;
+    int started = 0;
+    const cJSON *pi = n > 1 ? p->child : p;
+    for (; started < n; started++, pi = pi ? pi->next : NULL)
+        if (!(gs[started] = gen_start(s, c, j, chat, pi, started > 0, path, &b)))
+            break;
+    if (started < n) {
+        for (int i = 0; i < started; i++)
+            gen_free(gs[i]);
+        return send_error(s, c, b.status ? b.status : 400, b.param, b.code, "%s", b.msg);
+    }
+    gen *g = gs[0];
+    if (g->stream) {
+        struct MHD_Response *rs = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, stream_done);
+        MHD_add_response_header(rs, "Content-Type", "text/event-stream");
+        MHD_add_response_header(rs, "Cache-Control", "no-cache");
+        enum MHD_Result ok = MHD_queue_response(c, 200, rs);
+        MHD_destroy_response(rs);
+        return ok;
+    }
+    int gone = 0, failed = -1;
+    for (int i = 0; i < n; i++) {
+        gone = gone || gen_wait(gs[i], c);
+        if (gone)
+            dsv4_request_cancel(gs[i]->r);
+        else if (gs[i]->finish == DSV4_FINISH_ERROR && failed < 0)
+            failed = i;
+    }
+    enum MHD_Result res;
+    if (gone) {
+        res = MHD_NO;
+    } else if (failed >= 0) {
+        res = send_error(s, c, 500, NULL, NULL, "generation failed: %s", gs[failed]->r->errmsg);
+    } else {
+        cJSON *resp = envelope(g, chat ? "chat.completion" : "text_completion");
+        cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
+        int prompt = 0, cached = 0, completion = 0;
+        for (int i = 0; i < n; i++) {
+            cJSON_AddItemToArray(ch, choice_json(gs[i], i));
+            prompt += gs[i]->r->n_prompt;
+            cached += gs[i]->r->n_cached;
+            completion += gs[i]->n_tok;
+        }
+        cJSON *u = cJSON_AddObjectToObject(resp, "usage");
+        cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
+        cJSON_AddNumberToObject(u, "completion_tokens", completion);
+        cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", cached);
+        res = send_json(c, 200, resp);
+    }
+    for (int i = 0; i < n; i++) {
+        log_line(gs[i], gone ? 499 : failed >= 0 ? 500 : 200);
+        gen_free(gs[i]);
+    }
+    return res;
 }
 
 /* POST /tokenize {"prompt": str}: the ids, no BOS added. */

@@ -145,6 +145,22 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
   check(same(f.ids, g.ids) && same(f.lp, g.lp) && f.text === g.text, 'forcing the greedy tokens gives their greedy logprobs', { f, g });
 }
 
+// ---- a list of prompts (evaluation harnesses score batches): one choice each, as if sent alone
+{
+  const list = [prompts[0], prompts[4], prompts[6]];
+  const p = { max_tokens: 5, temperature: 0, logprobs: 1, return_token_ids: true, cache_prompt: false };
+  const r = await client.completions.create({ model, prompt: list, ...p });
+  const alone = [];
+  for (const pr of list) alone.push(await complete({ prompt: pr, ...p }, false));
+  check(r.choices.length === 3 && r.choices.every((c, i) => c.index === i && same(c.token_ids, alone[i].ids) && same(c.logprobs.token_logprobs, alone[i].lp)) &&
+    r.usage.completion_tokens === 15 && r.usage.prompt_tokens === alone.reduce((a, x) => a + x.usage.prompt_tokens, 0),
+    'a list of prompts: one choice each, equal to each alone; usage summed', { r, alone });
+  const ids = (await post('/tokenize', { prompt: 'Two prompts as ids' })).json.tokens;
+  const sc = await client.completions.create({ model, prompt: [ids, ids.slice(0, 2)], max_tokens: 0, echo: true, logprobs: 0 });
+  check(sc.choices.length === 2 && sc.choices[0].logprobs.token_logprobs.length === ids.length && sc.choices[1].logprobs.token_logprobs.length === 2 &&
+    sc.choices[1].logprobs.token_logprobs[1] === sc.choices[0].logprobs.token_logprobs[1], 'batched scoring of id lists (echo, max_tokens 0)', sc.choices);
+}
+
 // ---- seeded sampling is reproducible; another seed differs
 {
   const p = { prompt: prompts[3], max_tokens: 10, temperature: 1, return_token_ids: true };
@@ -223,6 +239,8 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
     ['prompt longer than the context', '/v1/completions', { model, prompt: Array.from({ length: 65537 }, () => 5), max_tokens: 1 }, null, 400],
     ['body over 16 MiB', '/v1/completions', null, JSON.stringify({ model, prompt: 'x'.repeat(17 << 20) }), 413],
     ['forced_tokens out of range', '/v1/completions', { model, prompt: 'x', forced_tokens: [1, -3] }, null, 400],
+    ['a list of prompts streamed', '/v1/completions', { model, prompt: ['a', 'b'], stream: true }, null, 400],
+    ['a list holding a bad prompt', '/v1/completions', { model, prompt: ['a', ''] }, null, 400],
     ['n = 2', '/v1/completions', { model, prompt: 'x', n: 2 }, null, 400],
     ['top_logprobs 50', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], logprobs: true, top_logprobs: 50 }, null, 400],
     ['logit_bias key', '/v1/completions', { model, prompt: 'x', logit_bias: { abc: 1 } }, null, 400],
