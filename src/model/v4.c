@@ -413,6 +413,8 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
             break;
         be->hc_post(X, y, R, n, D, post, comb);
     }
+    if (!rc && be->check) /* a device op failed: the sequences do not advance */
+        rc = be->check(err);
     if (rc)
         goto out;
     for (int i = 0; i < b->n_seqs; i++) {
@@ -439,6 +441,8 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
         be->rmsnorm(h, nr, D, m->norm, eps, h);
         dsv4_rnd(m, h, (int64_t)nr * D);
         be->linear(&m->head, 0, c->vocab, h, nr, D, b->logits, c->vocab);
+        if (be->check)
+            rc = be->check(err);
     }
 out:
     free(f.pos);
