@@ -123,7 +123,8 @@ int main(void)
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/fixtures/v4/v4-tiny-v", check_shared());
     dsv4_err err = {0};
-    dsv4_load_opts lo = {.n_threads = 1, .max_rollback = ROLLBACK};
+    /* DSV4_TEST_DEVICE=cuda runs the same contracts over the CUDA backend */
+    dsv4_load_opts lo = {.n_threads = 1, .max_rollback = ROLLBACK, .device = getenv("DSV4_TEST_DEVICE")};
     model = dsv4_model_load(dir, &lo, &err);
     CHECK(model != NULL, "load %s: %s", dir, err.msg);
     if (!model)
