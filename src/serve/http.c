@@ -30,7 +30,16 @@
 #include "text/dsml.h"
 #include "text/tokenizer.h"
 
-enum { MAX_BODY = 16 << 20, MAX_STOPS = 16, TAKE = 64, MAX_BATCH = 1024 };
+enum { MAX_BODY = 16 << 20, MAX_STOPS = 16, TAKE = 64, MAX_BATCH = 1024, N_BUCKETS = 12 };
+
+/* Upper bounds (seconds) of the latency histograms' buckets; the last is +Inf. */
+static const double bucket_le[N_BUCKETS - 1] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+
+/* A Prometheus histogram of seconds, filled from connection threads. */
+typedef struct histo {
+    atomic_uint_fast64_t count[N_BUCKETS]; /* per bucket, not cumulative */
+    _Atomic double sum;
+} histo;
 
 typedef struct server {
     dsv4_model *m;
@@ -41,6 +50,7 @@ typedef struct server {
     int64_t ctx;
     atomic_uint_fast64_t http_requests, http_errors, id_counter;
     atomic_int active;        /* generations not yet freed (shutdown waits for them) */
+    histo ttft, duration;     /* time to first token and whole request, of successful generations */
     uint64_t seed_base;
 } server;
 
@@ -666,6 +676,33 @@ static cJSON *tool_calls_json(gen *g, int from, int with_index)
 
 /* The one log line per generation request: status, token counts, queue wait, time to first
  * token, generation speed and total time. */
+/* Counts x (seconds) into its bucket and the sum. */
+static void histo_add(histo *h, double x)
+{
+    int b = 0;
+    while (b < N_BUCKETS - 1 && x > bucket_le[b])
+        b++;
+    atomic_fetch_add(&h->count[b], 1);
+    double old = atomic_load(&h->sum);
+    while (!atomic_compare_exchange_weak(&h->sum, &old, old + x))
+        ;
+}
+
+/* Writes h as a Prometheus histogram (cumulative buckets, sum, count). */
+static void histo_write(FILE *f, const char *name, const char *help, histo *h)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int b = 0; b < N_BUCKETS; b++) {
+        cum += (uint64_t)atomic_load(&h->count[b]);
+        if (b < N_BUCKETS - 1)
+            fprintf(f, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, bucket_le[b], cum);
+        else
+            fprintf(f, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, cum);
+    }
+    fprintf(f, "%s_sum %.6f\n%s_count %" PRIu64 "\n", name, atomic_load(&h->sum), name, cum);
+}
+
 static void log_line(gen *g, int status)
 {
     const dsv4_request *r = g->r;
@@ -673,6 +710,11 @@ static void log_line(gen *g, int status)
     double queue = r && r->t_start > 0 ? r->t_start - r->t_submit : 0;
     double ttft = r && r->t_first > 0 ? r->t_first - r->t_submit : 0;
     double gen_s = r && r->t_first > 0 && r->t_done > r->t_first ? r->t_done - r->t_first : 0;
+    if (status == 200) {
+        if (r && r->t_first > 0)
+            histo_add(&g->s->ttft, ttft);
+        histo_add(&g->s->duration, now - g->t0);
+    }
     dsv4_log("%s %s %d prompt=%d cached=%d generated=%d finish=%s queue=%.3fs ttft=%.3fs gen=%.3fs (%.1f tok/s) total=%.3fs",
              g->id, g->path, status, r ? r->n_prompt : 0, r ? r->n_cached : 0, g->n_tok, g->finish ? finish_name(g) : "-",
              queue, ttft, gen_s, gen_s > 0 && g->n_tok > 1 ? (g->n_tok - 1) / gen_s : 0.0, now - g->t0);
@@ -1250,6 +1292,8 @@ static enum MHD_Result metrics(server *s, struct MHD_Connection *c)
     M("dsv4_cache_entries", "gauge", "Saved states in the prompt cache.", "%zu", st.cache_entries);
     M("dsv4_cache_bytes", "gauge", "Bytes held by the prompt cache.", "%zu", st.cache_bytes);
 #undef M
+    histo_write(f, "dsv4_time_to_first_token_seconds", "Submission to first generated token, successful requests.", &s->ttft);
+    histo_write(f, "dsv4_request_duration_seconds", "Whole generation requests, successful ones.", &s->duration);
     fclose(f);
     return send_text(c, 200, "text/plain; version=0.0.4", b, n);
 }

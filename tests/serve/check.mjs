@@ -221,6 +221,8 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
   const d = await post('/detokenize', { tokens: t.json.tokens });
   check(t.status === 200 && d.json.prompt === 'héllo wörld' && t.json.count === t.json.tokens.length, 'tokenize/detokenize round trip', { t: t.json, d: d.json });
   check((await metric('dsv4_generated_tokens_total')) > 0 && (await metric('dsv4_cached_prompt_tokens_total')) > 0, '/metrics counts tokens');
+  const n = await metric('dsv4_request_duration_seconds_count'), inf = await metric('dsv4_time_to_first_token_seconds_bucket\\{le="\\+Inf"\\}');
+  check(n > 10 && inf > 10 && inf <= n, '/metrics latency histograms', { n, inf });
 }
 
 // ---- bad inputs: 4xx with an OpenAI-style error body, and the server keeps serving
