@@ -747,7 +747,9 @@ static void stream_events(gen *g)
     if (g->finish && g->stop_string)
         while (to < g->n_tok && g->off[to] < g->text.n)
             to++;
-    int fresh_role = g->chat && !g->role_sent;
+    /* the first chunk: a chat's role, or an echoed prompt once its scores exist (after the
+     * first token or the end: both come after the prompt was read) */
+    int fresh_role = !g->role_sent && (g->chat || (g->echo && (g->n_tok > 0 || g->finish)));
     int new_calls = g->chat && cJSON_GetArraySize(g->dout.calls) > g->n_calls_sent;
     int chat_text = g->chat && (g->dout.content.n || g->dout.reasoning.n);
     if ((!g->chat && safe > g->emitted) || chat_text || new_calls || to > g->n_streamed || fresh_role) {
@@ -780,8 +782,11 @@ static void stream_events(gen *g)
             dsv4_buf_put(&t, g->text.p ? g->text.p + a : "", b - a);
             cJSON_AddStringToObject(c0, "text", t.p ? t.p : "");
             dsv4_buf_free(&t);
+            /* echo: the prompt (and its scores) lead the first chunk; offsets count from its start */
+            int lead = !g->role_sent && g->echo;
+            size_t base = g->echo && g->prompt_text ? strlen(g->prompt_text) : 0;
             if (g->n_logprobs >= 0)
-                cJSON_AddItemToObject(c0, "logprobs", completion_logprobs(g, g->n_streamed, to, 0, 0));
+                cJSON_AddItemToObject(c0, "logprobs", completion_logprobs(g, g->n_streamed, to, base, lead));
             else
                 cJSON_AddNullToObject(c0, "logprobs");
         }

@@ -207,6 +207,8 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
   check(r.choices[0].text === 'Scoring this text' && lp.token_logprobs[0] === null && lp.token_logprobs.slice(1).every((x) => x < 0) && lp.tokens.join('') === 'Scoring this text' &&
     lp.top_logprobs.slice(1).every((m, i) => m && Object.values(m).length === 1 && Object.values(m)[0] >= lp.token_logprobs[i + 1]),
     'echo + logprobs + max_tokens 0 scores the prompt', r.choices[0]);
+  const es = await complete({ prompt: 'Scoring this text', max_tokens: 0, echo: true, logprobs: 1 }, true);
+  check(es.text === 'Scoring this text' && same(es.lp, lp.token_logprobs) && same(es.toks, lp.tokens), 'echo scoring streamed == not streamed', { es, lp });
   const g = await complete({ prompt: prompts[1], max_tokens: 12, temperature: 0, return_token_ids: true }, false);
   const stop = g.text.slice(4, 7);
   if (stop.length === 3 && g.text.indexOf(stop) >= 0) {
