@@ -13,6 +13,7 @@
 #ifdef DSV4_CUDA
 #include "kernels/cuda/cuda.h"
 #endif
+#include "text/token_map.h"
 
 typedef struct binder {
     dsv4_model *m;
@@ -278,16 +279,11 @@ static void bind_layer_v41(binder *b, int li)
     bind_ffn(b, li, p);
 }
 
-/* The Engram compressed token map, token_map.json in the checkpoint folder ("token_map":
- * [vocab] ids below engram_compressed_vocab_size). */
-static int load_token_map(dsv4_model *m, dsv4_err *err)
+/* token_map.json ("token_map": [vocab] ids below engram_compressed_vocab_size), as the
+ * oracle fixtures ship it (they have no tokenizer). */
+static int token_map_json(dsv4_model *m, const char *path, FILE *f, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/token_map.json", m->dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return dsv4_fail(err, DSV4_E_IO, "%s: cannot open (the Engram compressed token map): %s", path, strerror(errno));
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -317,8 +313,45 @@ static int load_token_map(dsv4_model *m, dsv4_err *err)
         m->token_map[i] = (int32_t)e->valuedouble;
     }
     cJSON_Delete(j);
-    if (!rc && (c->engram_pad_id < 0 || c->engram_pad_id >= c->vocab))
-        rc = dsv4_fail(err, DSV4_E_MODEL, "config: engram_pad_id %d is not a token", c->engram_pad_id);
+    return rc;
+}
+
+/* The map built from the checkpoint's tokenizer (spec §9.1); its class count must be the
+ * config's engram_compressed_vocab_size (the reference asserts the same). Embedding rows past
+ * the tokenizer's vocabulary are ids no tokenizer produces: they take the pad id's class. */
+static int token_map_tokenizer(dsv4_model *m, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer", m->dir);
+    dsv4_err e2 = {0};
+    dsv4_tokenizer *t = dsv4_tokenizer_load(m->dir, &e2);
+    if (!t && !(t = dsv4_tokenizer_load(path, &e2)))
+        return dsv4_fail(err, DSV4_E_IO, "%s: the Engram token map needs token_map.json or a tokenizer.json (here or in tokenizer/): %s",
+                         m->dir, e2.msg);
+    int32_t *map = NULL, nc = 0, nv = dsv4_tokenizer_n_vocab(t);
+    int rc = dsv4_token_map_build(t, &map, &nc, err);
+    dsv4_tokenizer_free(t);
+    if (!rc && (nc != c->engram_compressed_vocab || nv > c->vocab || c->engram_pad_id >= nv))
+        rc = dsv4_fail(err, DSV4_E_MODEL, "%s: the tokenizer gives %d Engram token classes over %d ids; the config says %d classes over %d ids (pad %d)",
+                       m->dir, nc, nv, c->engram_compressed_vocab, c->vocab, c->engram_pad_id);
+    if (!rc && !(m->token_map = dsv4_xmalloc((size_t)c->vocab * sizeof(int32_t), err)))
+        rc = err->code;
+    for (int i = 0; !rc && i < c->vocab; i++)
+        m->token_map[i] = map[i < nv ? i : c->engram_pad_id];
+    free(map);
+    return rc;
+}
+
+static int load_token_map(dsv4_model *m, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    if (c->engram_pad_id < 0 || c->engram_pad_id >= c->vocab)
+        return dsv4_fail(err, DSV4_E_MODEL, "config: engram_pad_id %d is not a token", c->engram_pad_id);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/token_map.json", m->dir);
+    FILE *f = fopen(path, "rb");
+    int rc = f ? token_map_json(m, path, f, err) : token_map_tokenizer(m, err);
     if (!rc)
         m->engram_pad = m->token_map[c->engram_pad_id];
     return rc;
