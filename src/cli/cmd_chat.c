@@ -27,6 +27,7 @@ static void chat_usage(FILE *f)
 typedef struct chat_opts {
     const char *tokenizer, *system;
     int thinking, max_tokens, have_seed, eos;
+    const char *family;        /* the model's: chat format and DSML tags */
     double temperature, top_p;
     uint64_t seed;
 } chat_opts;
@@ -39,6 +40,7 @@ static int turn(dsv4_lanes *l, dsv4_tokenizer *tok, cJSON *msgs, const chat_opts
     cJSON *req = cJSON_CreateObject();
     cJSON_AddItemReferenceToObject(req, "messages", msgs);
     cJSON_AddStringToObject(req, "thinking_mode", o->thinking ? "thinking" : "chat");
+    cJSON_AddStringToObject(req, "family", o->family);
     char *text = NULL;
     size_t len = 0;
     int rc = dsv4_chat_render(req, &text, &len, &err);
@@ -67,7 +69,7 @@ static int turn(dsv4_lanes *l, dsv4_tokenizer *tok, cJSON *msgs, const chat_opts
     }
     dsv4_detok dt;
     dsv4_detok_init(&dt, tok, 1);
-    dsv4_dsml *p = dsv4_dsml_new(o->thinking, &err);
+    dsv4_dsml *p = dsv4_dsml_new_family(o->thinking, !strcmp(o->family, "deepseek_v4"), &err);
     dsv4_dsml_out out, all;
     dsv4_dsml_out_init(&out);
     dsv4_dsml_out_init(&all);
@@ -178,6 +180,7 @@ int cmd_chat(int argc, char **argv)
     dsv4_model_info mi;
     dsv4_model_get_info(m, &mi);
     o.eos = mi.eos_id;
+    o.family = mi.family;
     int interactive = isatty(0) && isatty(1);
     cJSON *msgs = cJSON_CreateArray();
     if (o.system) {

@@ -46,6 +46,7 @@ typedef struct server {
     dsv4_tokenizer *tok;
     dsv4_lanes *lanes;
     const char *name, *api_key;
+    const char *family;       /* "deepseek_v4" or "deepseek_v41": the chat format and DSML tags */
     int vocab, eos;
     int64_t ctx;
     atomic_uint_fast64_t http_requests, http_errors, id_counter;
@@ -993,12 +994,16 @@ static gen *gen_start(server *s, struct MHD_Connection *c, const cJSON *j, int c
                 cJSON_InsertItemInArray(ms, 0, sys);
             }
         }
+        if (!cJSON_GetObjectItemCaseSensitive(rq, "family"))
+            cJSON_AddStringToObject(rq, "family", s->family);
         if (!cJSON_GetObjectItemCaseSensitive(rq, "thinking_mode")) {
             const cJSON *re = cJSON_GetObjectItemCaseSensitive(j, "reasoning_effort");
             cJSON_AddStringToObject(rq, "thinking_mode", re && !cJSON_IsNull(re) ? "thinking" : "chat");
         }
         const cJSON *tm = cJSON_GetObjectItemCaseSensitive(rq, "thinking_mode");
-        g->dsml = dsv4_dsml_new(cJSON_IsString(tm) && !strcmp(tm->valuestring, "thinking"), &err);
+        const cJSON *fam = cJSON_GetObjectItemCaseSensitive(rq, "family");
+        g->dsml = dsv4_dsml_new_family(cJSON_IsString(tm) && !strcmp(tm->valuestring, "thinking"),
+                                       cJSON_IsString(fam) && !strcmp(fam->valuestring, "deepseek_v4"), &err);
         if (!g->dsml) {
             cJSON_Delete(rq);
             fail_bad(b, NULL, "%s", err.msg);
@@ -1312,6 +1317,7 @@ static cJSON *model_json(const server *s)
     cJSON_AddNumberToObject(m, "created", 0);
     cJSON_AddStringToObject(m, "owned_by", "dsv4");
     cJSON_AddNumberToObject(m, "max_model_len", (double)s->ctx);
+    cJSON_AddStringToObject(m, "family", s->family);
     return m;
 }
 
@@ -1422,6 +1428,7 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     s.vocab = mi.vocab_size;
     s.eos = mi.eos_id;
     s.ctx = mi.max_position;
+    s.family = mi.family;
     s.api_key = o->api_key;
     const char *base = strrchr(o->model_dir, '/');
     char name[256];

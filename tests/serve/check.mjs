@@ -117,8 +117,11 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
 // forced tokens carry the logprobs the model gives them
 {
   const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } } } } }];
-  const dsml = 'Let me check.\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name="get_weather">\n<｜DSML｜ parameter name="city" string="true">Paris</｜DSML｜ parameter>\n' +
-    '<｜DSML｜ parameter name="days" string="false">2</｜DSML｜ parameter>\n</｜DSML｜ invoke>\n</｜DSML｜ calls><｜end▁of▁sentence｜>';
+  // the tags of the model's family: V4 (0731) writes <｜DSML｜tool_calls>, V4.1 <｜DSML｜ calls>
+  const v4 = (await client.models.retrieve(model)).family === 'deepseek_v4';
+  const [C, I, P] = v4 ? ['tool_calls', 'invoke', 'parameter'] : [' calls', ' invoke', ' parameter'];
+  const dsml = `Let me check.\n\n<｜DSML｜${C}>\n<｜DSML｜${I} name="get_weather">\n<｜DSML｜${P} name="city" string="true">Paris</｜DSML｜${P}>\n` +
+    `<｜DSML｜${P} name="days" string="false">2</｜DSML｜${P}>\n</｜DSML｜${I}>\n</｜DSML｜${C}><｜end▁of▁sentence｜>`;
   const forced = (await post('/tokenize', { prompt: dsml })).json.tokens;
   const p = { messages: [{ role: 'user', content: 'Weather in Paris for two days?' }], tools, forced_tokens: forced, logprobs: true };
   const a = await client.chat.completions.create({ model, ...p });
