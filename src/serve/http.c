@@ -127,10 +127,9 @@ static enum MHD_Result send_error(server *s, struct MHD_Connection *c, int statu
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     atomic_fetch_add(&s->http_errors, 1);
-    const char *type = status == 401 ? "authentication_error"
-                       : status == 404 ? "not_found_error"
-                       : status == 503 ? "overloaded_error"
-                       : status >= 500 ? "server_error" : "invalid_request_error";
+    /* OpenAI's types: client errors (401 and 404 included) are invalid_request_error; `code`
+     * says more (invalid_api_key, model_not_found, context_length_exceeded) */
+    const char *type = status >= 500 ? "server_error" : "invalid_request_error";
     cJSON *e = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(e, "error");
     cJSON_AddStringToObject(o, "message", msg);
     cJSON_AddStringToObject(o, "type", type);
