@@ -16,6 +16,8 @@ typedef struct dsv4_cmd {
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_render(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_chat(int argc, char **argv);
 int cmd_parse_tools(int argc, char **argv);
 int cmd_token_map(int argc, char **argv);
 int cmd_normalize(int argc, char **argv);

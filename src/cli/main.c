@@ -59,6 +59,8 @@ static const dsv4_cmd commands[] = {
     {"tokenize", "text lines (JSON strings) to id lists", cmd_tokenize},
     {"detokenize", "id lists to text lines (JSON strings)", cmd_detokenize},
     {"render", "chat requests to DeepSeek-V4.1 prompt text", cmd_render},
+    {"serve", "OpenAI-compatible HTTP server", cmd_serve},
+    {"chat", "a conversation in the terminal (streams, keeps the conversation, reuses the cache)", cmd_chat},
     {"parse-tools", "model output to content, reasoning and DSML tool calls", cmd_parse_tools},
     {"token-map", "the Engram compressed token map of a tokenizer", cmd_token_map},
     {"normalize", "text lines through a Hugging Face normalizer", cmd_normalize},

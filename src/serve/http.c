@@ -1,0 +1,1496 @@
+/* http — the OpenAI-compatible server. See http.h.
+ *
+ * Each connection has its own thread (libmicrohttpd's thread-per-connection mode), so a
+ * handler may block: a non-streaming request waits for its result, polling the socket so a
+ * client that goes away cancels its request; a streaming request answers through a content
+ * callback that waits for tokens and writes SSE events (with a keep-alive comment every
+ * second, which is also how a vanished client is noticed while queued). The lanes thread does
+ * all model work. */
+#include <arpa/inet.h>
+#include <cjson/cJSON.h>
+#include <inttypes.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+#include "core/core.h"
+#include "serve/http.h"
+#include "serve/lanes.h"
+#include "serve/webui.h"
+#include "text/buf.h"
+#include "text/chat.h"
+#include "text/dsml.h"
+#include "text/tokenizer.h"
+
+enum { MAX_BODY = 16 << 20, MAX_STOPS = 16, TAKE = 64, MAX_BATCH = 1024, N_BUCKETS = 12 };
+
+/* Upper bounds (seconds) of the latency histograms' buckets; the last is +Inf. */
+static const double bucket_le[N_BUCKETS - 1] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+
+/* A Prometheus histogram of seconds, filled from connection threads. */
+typedef struct histo {
+    atomic_uint_fast64_t count[N_BUCKETS]; /* per bucket, not cumulative */
+    _Atomic double sum;
+} histo;
+
+typedef struct server {
+    dsv4_model *m;
+    dsv4_tokenizer *tok;
+    dsv4_lanes *lanes;
+    const char *name, *api_key;
+    const char *family;       /* "deepseek_v4" or "deepseek_v41": the chat format and DSML tags */
+    int vocab, eos;
+    int64_t ctx;
+    atomic_uint_fast64_t http_requests, http_errors, id_counter;
+    atomic_int active;        /* generations not yet freed (shutdown waits for them) */
+    histo ttft, duration;     /* time to first token and whole request, of successful generations */
+    uint64_t seed_base;
+} server;
+
+/* One HTTP request: its body as it arrives. */
+typedef struct conn {
+    dsv4_buf body;
+    int too_big;
+} conn;
+
+/* One generation (completion or chat), from parse to the last byte sent. */
+typedef struct gen {
+    server *s;
+    dsv4_request *r;
+    int chat, stream, include_usage, want_ids, echo;
+    int n_logprobs;            /* -1: none; else top_logprobs per token */
+    char id[48];
+    long created;
+    dsv4_detok dt;
+    dsv4_buf text;             /* generated text so far, cut at a stop string */
+    size_t *off;               /* [cap] where each consumed token's piece starts in text */
+    dsv4_sample_out *tok;      /* [cap] consumed tokens */
+    int n_tok, cap_tok;
+    char *stops[MAX_STOPS];
+    int n_stops;
+    size_t max_stop;
+    int stop_string, finish, role_sent, final_sent;
+    size_t emitted;            /* text bytes already streamed */
+    int n_streamed;            /* tokens already streamed */
+    dsv4_dsml *dsml;           /* chat: splits text into reasoning, content and tool calls */
+    dsv4_dsml_out dout;        /* its output not yet sent (buffers reset after each send) */
+    size_t parsed;             /* text bytes fed to the parser */
+    int n_calls_sent;
+    char *prompt_text;         /* echo */
+    dsv4_buf sse;
+    size_t sse_pos;
+    double t0;
+    const char *path;
+} gen;
+
+/* ---- responses ------------------------------------------------------------------- */
+
+/* Queues a response owning body[0..n) (freed by libmicrohttpd). */
+static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type, char *body, size_t n)
+{
+    if (!body)
+        return MHD_NO;
+    struct MHD_Response *rs = MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(rs, "Content-Type", type);
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, rs);
+    MHD_destroy_response(rs);
+    return ok;
+}
+
+/* Queues j (consumed) as a JSON response. */
+static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *j)
+{
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    if (!s)
+        return MHD_NO;
+    return send_text(c, status, "application/json", s, strlen(s));
+}
+
+/* OpenAI's error body: {"error": {"message", "type", "param", "code"}}. */
+static enum MHD_Result send_error(server *s, struct MHD_Connection *c, int status, const char *param, const char *code,
+                                  const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static enum MHD_Result send_error(server *s, struct MHD_Connection *c, int status, const char *param, const char *code,
+                                  const char *fmt, ...)
+{
+    char msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    atomic_fetch_add(&s->http_errors, 1);
+    /* OpenAI's types: client errors (401 and 404 included) are invalid_request_error; `code`
+     * says more (invalid_api_key, model_not_found, context_length_exceeded) */
+    const char *type = status >= 500 ? "server_error" : "invalid_request_error";
+    cJSON *e = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(e, "error");
+    cJSON_AddStringToObject(o, "message", msg);
+    cJSON_AddStringToObject(o, "type", type);
+    if (param)
+        cJSON_AddStringToObject(o, "param", param);
+    else
+        cJSON_AddNullToObject(o, "param");
+    if (code)
+        cJSON_AddStringToObject(o, "code", code);
+    else
+        cJSON_AddNullToObject(o, "code");
+    return send_json(c, status, e);
+}
+
+/* ---- request parsing ------------------------------------------------------------- */
+
+/* A parse failure: HTTP status, offending field and message. */
+typedef struct bad {
+    int status;
+    const char *param, *code;
+    char msg[512];
+} bad;
+
+static int fail_bad(bad *b, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int fail_bad(bad *b, const char *param, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(b->msg, sizeof b->msg, fmt, ap);
+    va_end(ap);
+    b->status = 400;
+    b->param = param;
+    return -1;
+}
+
+/* Reads an optional number field within [lo, hi]; null or absent keeps *v. */
+static int get_num(const cJSON *j, const char *key, double lo, double hi, double *v, bad *b)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!x || cJSON_IsNull(x))
+        return 0;
+    if (!cJSON_IsNumber(x))
+        return fail_bad(b, key, "'%s' must be a number", key);
+    if (!(x->valuedouble >= lo && x->valuedouble <= hi))
+        return fail_bad(b, key, "'%s' must be between %g and %g", key, lo, hi);
+    *v = x->valuedouble;
+    return 0;
+}
+
+/* As get_num, for integral values. */
+static int get_int(const cJSON *j, const char *key, double lo, double hi, int64_t *v, bad *b)
+{
+    double d = (double)*v;
+    if (get_num(j, key, lo, hi, &d, b))
+        return -1;
+    if (d != floor(d))
+        return fail_bad(b, key, "'%s' must be an integer", key);
+    *v = (int64_t)d;
+    return 0;
+}
+
+/* Reads an optional boolean field; null or absent keeps *v. */
+static int get_bool(const cJSON *j, const char *key, int *v, bad *b)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, key);
+    if (!x || cJSON_IsNull(x))
+        return 0;
+    if (!cJSON_IsBool(x))
+        return fail_bad(b, key, "'%s' must be a boolean", key);
+    *v = cJSON_IsTrue(x);
+    return 0;
+}
+
+/* Prompt ids from a string or an array of ids (or a one-element array of either). */
+static int parse_prompt(server *s, const cJSON *p, dsv4_ids *ids, char **text, bad *b)
+{
+    if (cJSON_IsArray(p) && cJSON_GetArraySize(p) == 1 &&
+        (cJSON_IsString(p->child) || cJSON_IsArray(p->child)))
+        p = p->child;
+    dsv4_err err = {0};
+    if (cJSON_IsString(p)) {
+        *text = strdup(p->valuestring);
+        if (dsv4_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), ids, &err))
+            return fail_bad(b, "prompt", "cannot tokenize the prompt: %s", err.msg);
+        return 0;
+    }
+    if (!cJSON_IsArray(p))
+        return fail_bad(b, "prompt", "'prompt' must be a string or an array of token ids");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, p)
+    {
+        if (!cJSON_IsNumber(x) || x->valuedouble != floor(x->valuedouble))
+            return fail_bad(b, "prompt", "'prompt' arrays hold integer token ids (one prompt per request)");
+        if (x->valuedouble < 0 || x->valuedouble >= s->vocab)
+            return fail_bad(b, "prompt", "token id %.0f is outside the vocabulary of %d", x->valuedouble, s->vocab);
+        if (ids->n == ids->cap) {
+            size_t cap = ids->cap ? 2 * ids->cap : 64;
+            int32_t *v = realloc(ids->v, cap * sizeof *v);
+            if (!v)
+                return fail_bad(b, "prompt", "out of memory");
+            ids->v = v;
+            ids->cap = cap;
+        }
+        ids->v[ids->n++] = (int32_t)x->valuedouble;
+    }
+    return 0;
+}
+
+/* Sampling and stopping fields shared by both endpoints. */
+static int parse_sampling(server *s, gen *g, const cJSON *j, dsv4_request *r, bad *b)
+{
+    dsv4_sample_params *sp = &r->sp;
+    double t = 1.0, top_p = 1.0, min_p = 0, pp = 0, fp = 0, rp = 1.0;
+    int64_t top_k = 0, n = 1, seed = -1, max_tokens = -1;
+    int have_seed = cJSON_GetObjectItemCaseSensitive(j, "seed") && !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "seed"));
+    if (get_num(j, "temperature", 0, 2, &t, b) || get_num(j, "top_p", 0, 1, &top_p, b) ||
+        get_num(j, "min_p", 0, 1, &min_p, b) || get_num(j, "presence_penalty", -2, 2, &pp, b) ||
+        get_num(j, "frequency_penalty", -2, 2, &fp, b) || get_num(j, "repetition_penalty", 0.01, 10, &rp, b) ||
+        get_int(j, "top_k", -1, 1e9, &top_k, b) || get_int(j, "n", 1, 1, &n, b) ||
+        get_int(j, "seed", -9.3e18, 1.85e19, &seed, b) || get_int(j, "max_tokens", 0, 1e9, &max_tokens, b) ||
+        get_int(j, "max_completion_tokens", 0, 1e9, &max_tokens, b))
+        return -1;
+    if (top_p == 0)
+        return fail_bad(b, "top_p", "'top_p' must be greater than 0");
+    sp->temperature = t;
+    sp->top_p = top_p;
+    sp->min_p = min_p;
+    sp->presence_penalty = pp;
+    sp->frequency_penalty = fp;
+    sp->repetition_penalty = rp;
+    sp->top_k = top_k < 0 ? 0 : (int)top_k;
+    sp->seed = have_seed ? (uint64_t)seed
+                         : s->seed_base ^ (atomic_fetch_add(&s->id_counter, 1) * 0xD1B54A32D192ED03ull);
+    int64_t room = s->ctx - r->n_prompt;
+    if (room <= 0) {
+        b->code = "context_length_exceeded";
+        return fail_bad(b, g->chat ? "messages" : "prompt", "the prompt has %d tokens; the context holds %lld", r->n_prompt,
+                        (long long)s->ctx);
+    }
+    /* teacher forcing: the continuation is given; its tokens are scored, not sampled */
+    const cJSON *ft = cJSON_GetObjectItemCaseSensitive(j, "forced_tokens");
+    if (ft && !cJSON_IsNull(ft)) {
+        dsv4_ids f = {0};
+        char *unused = NULL;
+        int bad_f = parse_prompt(s, ft, &f, &unused, b);
+        free(unused);
+        if (!bad_f && f.n == 0)
+            bad_f = fail_bad(b, "forced_tokens", "'forced_tokens' is empty");
+        if (bad_f) {
+            b->param = "forced_tokens";
+            dsv4_ids_free(&f);
+            return -1;
+        }
+        r->forced = f.v;
+        r->n_forced = (int)f.n;
+        max_tokens = r->n_forced;
+    }
+    if (max_tokens < 0)
+        max_tokens = g->chat ? room : 16;
+    if (max_tokens > room) {
+        b->code = "context_length_exceeded";
+        return fail_bad(b, "max_tokens", "the prompt (%d tokens) plus max_tokens (%lld) exceeds the context of %lld tokens",
+                        r->n_prompt, (long long)max_tokens, (long long)s->ctx);
+    }
+    r->max_tokens = (int)max_tokens;
+
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(j, "logit_bias");
+    if (lb && !cJSON_IsNull(lb)) {
+        if (!cJSON_IsObject(lb))
+            return fail_bad(b, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+        int k = cJSON_GetArraySize(lb), i = 0;
+        int32_t *ids = malloc((size_t)(k ? k : 1) * sizeof *ids);
+        float *vals = malloc((size_t)(k ? k : 1) * sizeof *vals);
+        sp->bias_ids = ids;
+        sp->bias_vals = vals;
+        if (!ids || !vals)
+            return fail_bad(b, "logit_bias", "out of memory");
+        const cJSON *x;
+        cJSON_ArrayForEach(x, lb)
+        {
+            char *end;
+            long id = strtol(x->string, &end, 10);
+            if (*end || end == x->string || id < 0 || id >= s->vocab)
+                return fail_bad(b, "logit_bias", "logit_bias key '%s' is not a token id", x->string);
+            if (!cJSON_IsNumber(x) || x->valuedouble < -100 || x->valuedouble > 100)
+                return fail_bad(b, "logit_bias", "logit_bias values are numbers in [-100, 100]");
+            ids[i] = (int32_t)id;
+            vals[i++] = (float)x->valuedouble;
+            sp->n_bias = i;
+        }
+    }
+
+    /* stop strings and ids; EOS stops unless ignore_eos */
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(j, "stop");
+    if (st && !cJSON_IsNull(st)) {
+        if (cJSON_IsString(st)) {
+            if (*st->valuestring)
+                g->stops[g->n_stops++] = strdup(st->valuestring);
+        } else if (cJSON_IsArray(st) && cJSON_GetArraySize(st) <= MAX_STOPS) {
+            const cJSON *x;
+            cJSON_ArrayForEach(x, st)
+            {
+                if (!cJSON_IsString(x))
+                    return fail_bad(b, "stop", "'stop' must be a string or an array of strings");
+                if (*x->valuestring)
+                    g->stops[g->n_stops++] = strdup(x->valuestring);
+            }
+        } else {
+            return fail_bad(b, "stop", "'stop' must be a string or an array of at most %d strings", MAX_STOPS);
+        }
+        for (int i = 0; i < g->n_stops; i++)
+            if (strlen(g->stops[i]) > g->max_stop)
+                g->max_stop = strlen(g->stops[i]);
+    }
+    int ignore_eos = 0;
+    if (get_bool(j, "ignore_eos", &ignore_eos, b))
+        return -1;
+    const cJSON *sti = cJSON_GetObjectItemCaseSensitive(j, "stop_token_ids");
+    int n_sti = cJSON_IsArray(sti) ? cJSON_GetArraySize(sti) : 0;
+    if (sti && !cJSON_IsNull(sti) && !cJSON_IsArray(sti))
+        return fail_bad(b, "stop_token_ids", "'stop_token_ids' must be an array of token ids");
+    r->stop_ids = malloc((size_t)(n_sti + 1) * sizeof *r->stop_ids);
+    if (!r->stop_ids)
+        return fail_bad(b, NULL, "out of memory");
+    if (!ignore_eos)
+        r->stop_ids[r->n_stop_ids++] = s->eos;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, sti)
+    {
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= s->vocab)
+            return fail_bad(b, "stop_token_ids", "'stop_token_ids' must be token ids");
+        r->stop_ids[r->n_stop_ids++] = (int32_t)x->valuedouble;
+    }
+
+    if (get_bool(j, "stream", &g->stream, b) || get_bool(j, "return_token_ids", &g->want_ids, b))
+        return -1;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so))
+            return fail_bad(b, "stream_options", "'stream_options' must be an object");
+        if (get_bool(so, "include_usage", &g->include_usage, b))
+            return -1;
+    }
+    int cache = 1;
+    if (get_bool(j, "cache_prompt", &cache, b))
+        return -1;
+    r->use_cache = cache;
+    return 0;
+}
+
+/* ---- generation ------------------------------------------------------------------ */
+
+/* Releases the request (cancelling it if still running) and everything the generation holds. */
+static void gen_free(gen *g)
+{
+    if (!g)
+        return;
+    atomic_fetch_sub(&g->s->active, 1);
+    dsv4_request_release(g->r);
+    dsv4_detok_free(&g->dt);
+    dsv4_dsml_free(g->dsml);
+    dsv4_dsml_out_free(&g->dout);
+    dsv4_buf_free(&g->text);
+    dsv4_buf_free(&g->sse);
+    free(g->off);
+    free(g->tok);
+    free(g->prompt_text);
+    for (int i = 0; i < g->n_stops; i++)
+        free(g->stops[i]);
+    free(g);
+}
+
+/* OpenAI's finish_reason for how the generation ended. */
+static const char *finish_name(const gen *g)
+{
+    switch (g->finish) {
+    case DSV4_FINISH_STOP: return cJSON_GetArraySize(g->dout.calls) > 0 ? "tool_calls" : "stop";
+    case DSV4_FINISH_LENGTH: return "length";
+    case DSV4_FINISH_CANCELLED: return g->stop_string ? "stop" : "cancelled";
+    default: return "error";
+    }
+}
+
+/* Waits up to timeout_s for tokens, detokenizes them and applies stop strings. Returns 1 when
+ * the generation has ended (g->finish set), else 0. */
+static int gen_pull(gen *g, double timeout_s)
+{
+    if (g->finish)
+        return 1;
+    dsv4_sample_out buf[TAKE];
+    int fin = 0;
+    int n = dsv4_request_take(g->r, g->n_tok, TAKE, buf, timeout_s, &fin);
+    for (int k = 0; k < n; k++) {
+        if (g->n_tok == g->cap_tok) {
+            int cap = g->cap_tok ? 2 * g->cap_tok : 64;
+            size_t *o = realloc(g->off, (size_t)cap * sizeof *o);
+            if (o)
+                g->off = o;
+            dsv4_sample_out *t = realloc(g->tok, (size_t)cap * sizeof *t);
+            if (t)
+                g->tok = t;
+            if (!o || !t) {
+                g->finish = DSV4_FINISH_ERROR;
+                dsv4_request_cancel(g->r);
+                return 1;
+            }
+            g->cap_tok = cap;
+        }
+        g->tok[g->n_tok] = buf[k];
+        g->off[g->n_tok++] = g->text.n;
+        size_t len;
+        dsv4_err err = {0};
+        const char *piece = dsv4_detok_push(&g->dt, buf[k].id, &len, &err);
+        size_t before = g->text.n;
+        if (piece)
+            dsv4_buf_put(&g->text, piece, len);
+        for (int i = 0; i < g->n_stops; i++) {
+            size_t from = before > g->max_stop ? before - g->max_stop : 0;
+            char *hit = g->text.n ? memmem(g->text.p + from, g->text.n - from, g->stops[i], strlen(g->stops[i])) : NULL;
+            if (hit) {
+                g->text.n = (size_t)(hit - g->text.p);
+                g->text.p[g->text.n] = 0;
+                g->stop_string = 1;
+            }
+        }
+        if (g->stop_string) {
+            dsv4_request_cancel(g->r);
+            g->finish = DSV4_FINISH_CANCELLED;
+            return 1;
+        }
+    }
+    if (fin) {
+        size_t len;
+        const char *rest = dsv4_detok_flush(&g->dt, &len);
+        if (rest)
+            dsv4_buf_put(&g->text, rest, len);
+        g->finish = fin;
+        return 1;
+    }
+    return 0;
+}
+
+/* Bytes of text safe to stream: all once finished, else all but the longest suffix that
+ * could still grow into a stop string. */
+static size_t gen_safe_len(const gen *g)
+{
+    if (g->finish)
+        return g->text.n;
+    size_t hold = 0;
+    for (int i = 0; i < g->n_stops; i++) {
+        size_t L = strlen(g->stops[i]);
+        for (size_t k = L - 1; k > hold; k--)
+            if (k <= g->text.n && !memcmp(g->text.p + g->text.n - k, g->stops[i], k)) {
+                hold = k;
+                break;
+            }
+    }
+    return g->text.n - hold;
+}
+
+/* A token's text for logprobs: its raw bytes made valid UTF-8. */
+static cJSON *token_string(server *s, int32_t id)
+{
+    size_t n, m;
+    const char *b = dsv4_tokenizer_id_bytes(s->tok, id, &n);
+    char *u = dsv4_utf8_sanitize(b ? b : "", b ? n : 0, &m);
+    cJSON *j = cJSON_CreateString(u ? u : "");
+    free(u);
+    return j;
+}
+
+/* The token's raw bytes as numbers (chat logprobs' "bytes"). */
+static cJSON *bytes_array(server *s, int32_t id)
+{
+    size_t n;
+    const char *b = dsv4_tokenizer_id_bytes(s->tok, id, &n);
+    cJSON *a = cJSON_CreateArray();
+    for (size_t i = 0; b && i < n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber((unsigned char)b[i]));
+    return a;
+}
+
+/* The text piece of consumed token k (as detokenized in order, so pieces concatenate). */
+static cJSON *piece_string(const gen *g, int k)
+{
+    size_t a = g->off[k], b = k + 1 < g->n_tok ? g->off[k + 1] : g->text.n;
+    a = a < g->text.n ? a : g->text.n;
+    b = b < g->text.n ? b : g->text.n;
+    char *t = strndup(g->text.p ? g->text.p + a : "", b > a ? b - a : 0);
+    cJSON *j = cJSON_CreateString(t ? t : "");
+    free(t);
+    return j;
+}
+
+/* Chat logprobs: {"content": [{token, logprob, bytes, top_logprobs}]} for tokens [from, to). */
+static cJSON *chat_logprobs(gen *g, int from, int to)
+{
+    cJSON *lp = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(lp, "content");
+    for (int k = from; k < to; k++) {
+        const dsv4_sample_out *t = &g->tok[k];
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddItemToObject(e, "token", piece_string(g, k));
+        cJSON_AddNumberToObject(e, "logprob", t->logprob);
+        cJSON_AddItemToObject(e, "bytes", bytes_array(g->s, t->id));
+        cJSON *top = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int i = 0; i < t->n_top; i++) {
+            cJSON *x = cJSON_CreateObject();
+            cJSON_AddItemToObject(x, "token", token_string(g->s, t->top_ids[i]));
+            cJSON_AddNumberToObject(x, "logprob", t->top_logprobs[i]);
+            cJSON_AddItemToObject(x, "bytes", bytes_array(g->s, t->top_ids[i]));
+            cJSON_AddItemToArray(top, x);
+        }
+        cJSON_AddItemToArray(content, e);
+    }
+    return lp;
+}
+
+/* The completions API's top_logprobs entry: {token string: logprob}. Two ids spelling the
+ * same string keep the more likely one (the object cannot hold both). */
+static cJSON *top_map(server *s, const dsv4_sample_out *t)
+{
+    cJSON *m = cJSON_CreateObject();
+    for (int i = 0; i < t->n_top; i++) {
+        cJSON *name = token_string(s, t->top_ids[i]);
+        if (!cJSON_GetObjectItemCaseSensitive(m, name->valuestring))
+            cJSON_AddNumberToObject(m, name->valuestring, t->top_logprobs[i]);
+        cJSON_Delete(name);
+    }
+    return m;
+}
+
+/* Completions logprobs: {tokens, token_logprobs, top_logprobs, text_offset}, with the prompt's
+ * tokens first when echoing. base: text offset of the generated text. */
+static cJSON *completion_logprobs(gen *g, int from, int to, size_t base, int with_prompt)
+{
+    cJSON *lp = cJSON_CreateObject();
+    cJSON *toks = cJSON_AddArrayToObject(lp, "tokens"), *tlp = cJSON_AddArrayToObject(lp, "token_logprobs");
+    cJSON *top = cJSON_AddArrayToObject(lp, "top_logprobs"), *off = cJSON_AddArrayToObject(lp, "text_offset");
+    dsv4_request *r = g->r;
+    if (with_prompt) {
+        dsv4_detok d;
+        dsv4_detok_init(&d, g->s->tok, 0);
+        size_t at = 0;
+        for (int i = 0; i < r->n_prompt; i++) {
+            size_t len = 0;
+            dsv4_err err = {0};
+            const char *p = dsv4_detok_push(&d, r->prompt[i], &len, &err);
+            char *t = strndup(p ? p : "", len);
+            cJSON_AddItemToArray(toks, cJSON_CreateString(t ? t : ""));
+            free(t);
+            cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
+            at += len;
+            if (i == 0 || i >= r->n_prompt_lp) {
+                cJSON_AddItemToArray(tlp, cJSON_CreateNull());
+                cJSON_AddItemToArray(top, cJSON_CreateNull());
+            } else {
+                cJSON_AddItemToArray(tlp, cJSON_CreateNumber(r->prompt_lp[i].logprob));
+                cJSON_AddItemToArray(top, top_map(g->s, &r->prompt_lp[i]));
+            }
+        }
+        dsv4_detok_free(&d);
+    }
+    for (int k = from; k < to; k++) {
+        const dsv4_sample_out *t = &g->tok[k];
+        cJSON_AddItemToArray(toks, piece_string(g, k));
+        cJSON_AddItemToArray(tlp, cJSON_CreateNumber(t->logprob));
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(base + g->off[k])));
+        cJSON_AddItemToArray(top, top_map(g->s, t));
+    }
+    return lp;
+}
+
+/* usage: prompt, completion and total tokens, and the prompt tokens served from the cache. */
+static cJSON *usage_json(const gen *g)
+{
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", g->r->n_prompt);
+    cJSON_AddNumberToObject(u, "completion_tokens", g->n_tok);
+    cJSON_AddNumberToObject(u, "total_tokens", g->r->n_prompt + g->n_tok);
+    cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
+    cJSON_AddNumberToObject(d, "cached_tokens", g->r->n_cached);
+    return u;
+}
+
+/* The ids of consumed tokens [from, to) (the return_token_ids extension). */
+static cJSON *ids_json(const gen *g, int from, int to)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int k = from; k < to; k++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(g->tok[k].id));
+    return a;
+}
+
+/* The fields every response and chunk starts with: id, object, created, model. */
+static cJSON *envelope(const gen *g, const char *object)
+{
+    cJSON *j = cJSON_CreateObject();
+    cJSON_AddStringToObject(j, "id", g->id);
+    cJSON_AddStringToObject(j, "object", object);
+    cJSON_AddNumberToObject(j, "created", (double)g->created);
+    cJSON_AddStringToObject(j, "model", g->s->name);
+    return j;
+}
+
+/* Feeds the parser the text up to `upto` (and ends it when the generation has ended). */
+static void chat_parse(gen *g, size_t upto)
+{
+    dsv4_err err = {0};
+    if (upto > g->parsed) {
+        dsv4_dsml_feed(g->dsml, g->text.p + g->parsed, upto - g->parsed, &g->dout, &err);
+        g->parsed = upto;
+    }
+    if (g->finish && g->parsed == g->text.n && g->dsml) {
+        dsv4_dsml_finish(g->dsml, &g->dout, &err);
+        dsv4_dsml_free(g->dsml);
+        g->dsml = NULL;
+    }
+}
+
+/* OpenAI tool_calls from the parser's calls [from, n); with_index for stream deltas. */
+static cJSON *tool_calls_json(gen *g, int from, int with_index)
+{
+    cJSON *a = cJSON_CreateArray();
+    int n = cJSON_GetArraySize(g->dout.calls);
+    for (int i = from; i < n; i++) {
+        const cJSON *c = cJSON_GetArrayItem(g->dout.calls, i);
+        cJSON *t = cJSON_CreateObject(), *f;
+        char id[sizeof g->id + 24];
+        snprintf(id, sizeof id, "call_%s_%d", g->id, i);
+        if (with_index)
+            cJSON_AddNumberToObject(t, "index", i);
+        cJSON_AddStringToObject(t, "id", id);
+        cJSON_AddStringToObject(t, "type", "function");
+        f = cJSON_AddObjectToObject(t, "function");
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(c, "name");
+        cJSON_AddStringToObject(f, "name", cJSON_IsString(name) ? name->valuestring : "");
+        char *args = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(c, "arguments"));
+        cJSON_AddStringToObject(f, "arguments", args ? args : "{}");
+        free(args);
+        cJSON_AddItemToArray(a, t);
+    }
+    return a;
+}
+
+/* The one log line per generation request: status, token counts, queue wait, time to first
+ * token, generation speed and total time. */
+/* Counts x (seconds) into its bucket and the sum. */
+static void histo_add(histo *h, double x)
+{
+    int b = 0;
+    while (b < N_BUCKETS - 1 && x > bucket_le[b])
+        b++;
+    atomic_fetch_add(&h->count[b], 1);
+    double old = atomic_load(&h->sum);
+    while (!atomic_compare_exchange_weak(&h->sum, &old, old + x))
+        ;
+}
+
+/* Writes h as a Prometheus histogram (cumulative buckets, sum, count). */
+static void histo_write(FILE *f, const char *name, const char *help, histo *h)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int b = 0; b < N_BUCKETS; b++) {
+        cum += (uint64_t)atomic_load(&h->count[b]);
+        if (b < N_BUCKETS - 1)
+            fprintf(f, "%s_bucket{le=\"%g\"} %" PRIu64 "\n", name, bucket_le[b], cum);
+        else
+            fprintf(f, "%s_bucket{le=\"+Inf\"} %" PRIu64 "\n", name, cum);
+    }
+    fprintf(f, "%s_sum %.6f\n%s_count %" PRIu64 "\n", name, atomic_load(&h->sum), name, cum);
+}
+
+static void log_line(gen *g, int status)
+{
+    const dsv4_request *r = g->r;
+    double now = dsv4_now();
+    double queue = r && r->t_start > 0 ? r->t_start - r->t_submit : 0;
+    double ttft = r && r->t_first > 0 ? r->t_first - r->t_submit : 0;
+    double gen_s = r && r->t_first > 0 && r->t_done > r->t_first ? r->t_done - r->t_first : 0;
+    if (status == 200) {
+        if (r && r->t_first > 0)
+            histo_add(&g->s->ttft, ttft);
+        histo_add(&g->s->duration, now - g->t0);
+    }
+    dsv4_log("%s %s %d prompt=%d cached=%d generated=%d finish=%s queue=%.3fs ttft=%.3fs gen=%.3fs (%.1f tok/s) total=%.3fs",
+             g->id, g->path, status, r ? r->n_prompt : 0, r ? r->n_cached : 0, g->n_tok, g->finish ? finish_name(g) : "-",
+             queue, ttft, gen_s, gen_s > 0 && g->n_tok > 1 ? (g->n_tok - 1) / gen_s : 0.0, now - g->t0);
+}
+
+/* ---- streaming ------------------------------------------------------------------- */
+
+/* Appends j (consumed) to the pending SSE bytes as one data event. */
+static void sse_event(gen *g, cJSON *j)
+{
+    char *s = cJSON_PrintUnformatted(j);
+    cJSON_Delete(j);
+    dsv4_buf_puts(&g->sse, "data: ");
+    dsv4_buf_puts(&g->sse, s ? s : "{}");
+    dsv4_buf_puts(&g->sse, "\n\n");
+    free(s);
+}
+
+/* Appends the events for what is new: a delta with the streamable text (and its tokens'
+ * logprobs and ids), then on the end the finish chunk, the usage chunk and [DONE]. */
+static void stream_events(gen *g)
+{
+    size_t safe = gen_safe_len(g);
+    if (g->chat)
+        chat_parse(g, safe);
+    /* tokens whose piece starts before `safe` go out with this chunk */
+    int to = g->n_streamed;
+    while (to < g->n_tok && (g->off[to] < safe || (g->finish && !g->stop_string)))
+        to++;
+    if (g->finish && g->stop_string)
+        while (to < g->n_tok && g->off[to] < g->text.n)
+            to++;
+    /* the first chunk: a chat's role, or an echoed prompt once its scores exist (after the
+     * first token or the end: both come after the prompt was read) */
+    int fresh_role = !g->role_sent && (g->chat || (g->echo && (g->n_tok > 0 || g->finish)));
+    int new_calls = g->chat && cJSON_GetArraySize(g->dout.calls) > g->n_calls_sent;
+    int chat_text = g->chat && (g->dout.content.n || g->dout.reasoning.n);
+    if ((!g->chat && safe > g->emitted) || chat_text || new_calls || to > g->n_streamed || fresh_role) {
+        cJSON *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
+        cJSON *ch = cJSON_AddArrayToObject(j, "choices"), *c0 = cJSON_CreateObject();
+        cJSON_AddItemToArray(ch, c0);
+        cJSON_AddNumberToObject(c0, "index", 0);
+        if (g->chat) {
+            cJSON *d = cJSON_AddObjectToObject(c0, "delta");
+            if (fresh_role)
+                cJSON_AddStringToObject(d, "role", "assistant");
+            if (g->dout.reasoning.n)
+                cJSON_AddStringToObject(d, "reasoning_content", g->dout.reasoning.p);
+            if (g->dout.content.n || !g->dout.reasoning.n)
+                cJSON_AddStringToObject(d, "content", g->dout.content.n ? g->dout.content.p : "");
+            if (new_calls) {
+                cJSON_AddItemToObject(d, "tool_calls", tool_calls_json(g, g->n_calls_sent, 1));
+                g->n_calls_sent = cJSON_GetArraySize(g->dout.calls);
+            }
+            g->dout.content.n = g->dout.reasoning.n = 0;
+            if (g->n_logprobs >= 0 && to > g->n_streamed)
+                cJSON_AddItemToObject(c0, "logprobs", chat_logprobs(g, g->n_streamed, to));
+            else
+                cJSON_AddNullToObject(c0, "logprobs");
+        } else {
+            size_t a = g->emitted, b = safe > a ? safe : a;
+            dsv4_buf t = {0};
+            if (!g->role_sent && g->echo && g->prompt_text)
+                dsv4_buf_puts(&t, g->prompt_text);
+            dsv4_buf_put(&t, g->text.p ? g->text.p + a : "", b - a);
+            cJSON_AddStringToObject(c0, "text", t.p ? t.p : "");
+            dsv4_buf_free(&t);
+            /* echo: the prompt (and its scores) lead the first chunk; offsets count from its start */
+            int lead = !g->role_sent && g->echo;
+            size_t base = g->echo && g->prompt_text ? strlen(g->prompt_text) : 0;
+            if (g->n_logprobs >= 0)
+                cJSON_AddItemToObject(c0, "logprobs", completion_logprobs(g, g->n_streamed, to, base, lead));
+            else
+                cJSON_AddNullToObject(c0, "logprobs");
+        }
+        cJSON_AddNullToObject(c0, "finish_reason");
+        if (g->want_ids)
+            cJSON_AddItemToObject(c0, "token_ids", ids_json(g, g->n_streamed, to));
+        sse_event(g, j);
+        g->role_sent = 1;
+        g->emitted = safe > g->emitted ? safe : g->emitted;
+        g->n_streamed = to;
+    }
+    if (g->finish && !g->final_sent) {
+        g->final_sent = 1;
+        if (g->finish == DSV4_FINISH_ERROR) {
+            cJSON *e = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(e, "error");
+            cJSON_AddStringToObject(o, "message", g->r->errmsg[0] ? g->r->errmsg : "generation failed");
+            cJSON_AddStringToObject(o, "type", "server_error");
+            sse_event(g, e);
+        } else {
+            cJSON *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
+            cJSON *ch = cJSON_AddArrayToObject(j, "choices"), *c0 = cJSON_CreateObject();
+            cJSON_AddItemToArray(ch, c0);
+            cJSON_AddNumberToObject(c0, "index", 0);
+            if (g->chat)
+                cJSON_AddObjectToObject(c0, "delta");
+            else
+                cJSON_AddStringToObject(c0, "text", "");
+            cJSON_AddNullToObject(c0, "logprobs");
+            cJSON_AddStringToObject(c0, "finish_reason", finish_name(g));
+            sse_event(g, j);
+            if (g->include_usage) {
+                cJSON *u = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
+                cJSON_AddArrayToObject(u, "choices");
+                cJSON_AddItemToObject(u, "usage", usage_json(g));
+                sse_event(g, u);
+            }
+        }
+        dsv4_buf_puts(&g->sse, "data: [DONE]\n\n");
+    }
+}
+
+/* libmicrohttpd's content callback for a stream: hands out pending SSE bytes, waiting up to a
+ * second for tokens when none are pending (then a keep-alive comment, so a gone client shows). */
+static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
+{
+    (void)pos;
+    gen *g = cls;
+    while (g->sse_pos == g->sse.n) {
+        if (g->final_sent)
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        g->sse.n = 0;
+        g->sse_pos = 0;
+        int before = g->n_tok;
+        gen_pull(g, 1.0);
+        stream_events(g);
+        if (g->sse.oom)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (g->sse.n == 0 && g->n_tok == before)
+            dsv4_buf_puts(&g->sse, ": keep-alive\n\n");
+    }
+    size_t n = g->sse.n - g->sse_pos;
+    n = n < max ? n : max;
+    memcpy(out, g->sse.p + g->sse_pos, n);
+    g->sse_pos += n;
+    return (ssize_t)n;
+}
+
+/* Called when the stream's response is dropped: finished, or the client went away (499). */
+static void stream_done(void *cls)
+{
+    gen *g = cls;
+    if (!g->finish) {
+        g->finish = DSV4_FINISH_CANCELLED;
+        log_line(g, 499); /* the client closed the stream */
+    } else {
+        log_line(g, 200);
+    }
+    gen_free(g);
+}
+
+/* ---- endpoints ------------------------------------------------------------------- */
+
+/* 1 when the client closed its end (a read would return end of file). */
+static int client_gone(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return 0;
+    char b;
+    return recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
+/* tools: [{"type": "function", "function": {"name": str, "description"?: str, "parameters"?: object}}];
+ * tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name": one of them}}.
+ * "required" and a named choice are accepted but not enforced (decoding is not constrained). */
+static int check_tools(const cJSON *tools, const cJSON *choice, bad *b)
+{
+    if (tools && !cJSON_IsNull(tools)) {
+        if (!cJSON_IsArray(tools))
+            return fail_bad(b, "tools", "'tools' must be an array");
+        const cJSON *t;
+        int i = 0;
+        cJSON_ArrayForEach(t, tools)
+        {
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(t, "type");
+            const cJSON *f = cJSON_GetObjectItemCaseSensitive(t, "function");
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+            const cJSON *params = cJSON_GetObjectItemCaseSensitive(f, "parameters");
+            const cJSON *desc = cJSON_GetObjectItemCaseSensitive(f, "description");
+            if (!cJSON_IsObject(t) || !cJSON_IsString(type) || strcmp(type->valuestring, "function"))
+                return fail_bad(b, "tools", "tools[%d]: 'type' must be \"function\"", i);
+            if (!cJSON_IsObject(f) || !cJSON_IsString(name) || !*name->valuestring)
+                return fail_bad(b, "tools", "tools[%d]: 'function.name' must be a non-empty string", i);
+            if (params && !cJSON_IsNull(params) && !cJSON_IsObject(params))
+                return fail_bad(b, "tools", "tools[%d]: 'function.parameters' must be a JSON Schema object", i);
+            if (desc && !cJSON_IsNull(desc) && !cJSON_IsString(desc))
+                return fail_bad(b, "tools", "tools[%d]: 'function.description' must be a string", i);
+            i++;
+        }
+    }
+    if (!choice || cJSON_IsNull(choice))
+        return 0;
+    if (cJSON_IsString(choice)) {
+        const char *c = choice->valuestring;
+        if (strcmp(c, "none") && strcmp(c, "auto") && strcmp(c, "required"))
+            return fail_bad(b, "tool_choice", "'tool_choice' must be none, auto, required or a named function");
+        if (!strcmp(c, "required") && cJSON_GetArraySize(tools) == 0)
+            return fail_bad(b, "tool_choice", "'tool_choice' required needs 'tools'");
+        return 0;
+    }
+    const cJSON *f = cJSON_GetObjectItemCaseSensitive(choice, "function");
+    const cJSON *name = cJSON_GetObjectItemCaseSensitive(f, "name");
+    if (!cJSON_IsObject(choice) || !cJSON_IsString(name))
+        return fail_bad(b, "tool_choice", "'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+    const cJSON *t;
+    cJSON_ArrayForEach(t, tools)
+    {
+        const cJSON *n = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(t, "function"), "name");
+        if (!strcmp(n->valuestring, name->valuestring))
+            return 0;
+    }
+    return fail_bad(b, "tool_choice", "'tool_choice' names '%s', which is not among the tools", name->valuestring);
+}
+
+/* Parses a generation request (prompt: the completions prompt to use, NULL for chat), renders
+ * and tokenizes it, and submits it. wait_for_room: when the queue is full, wait for room
+ * instead of failing (later prompts of a batch). Returns the running generation, or NULL with
+ * *b set (the failure logged). */
+static gen *gen_start(server *s, struct MHD_Connection *c, const cJSON *j, int chat, const cJSON *prompt, int wait_for_room,
+                      const char *path, bad *b)
+{
+    gen *g = calloc(1, sizeof *g);
+    if (!g) {
+        fail_bad(b, NULL, "out of memory");
+        b->status = 500;
+        return NULL;
+    }
+    g->s = s;
+    atomic_fetch_add(&s->active, 1);
+    g->chat = chat;
+    g->path = path;
+    g->t0 = dsv4_now();
+    dsv4_dsml_out_init(&g->dout);
+    g->n_logprobs = -1;
+    g->created = (long)time(NULL);
+    snprintf(g->id, sizeof g->id, "%s-%016" PRIx64, chat ? "chatcmpl" : "cmpl",
+             (uint64_t)(s->seed_base ^ (atomic_fetch_add(&s->id_counter, 1) * 0x9E3779B97F4A7C15ull)));
+    dsv4_detok_init(&g->dt, s->tok, 1);
+    dsv4_ids ids = {0};
+    dsv4_err err = {0};
+    int rc = -1;
+
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
+    if (model && !cJSON_IsNull(model) && (!cJSON_IsString(model) || strcmp(model->valuestring, s->name))) {
+        b->status = 404;
+        b->param = "model";
+        b->code = "model_not_found";
+        snprintf(b->msg, sizeof b->msg, "the model '%s' does not exist; this server serves '%s'",
+                 cJSON_IsString(model) ? model->valuestring : "?", s->name);
+        goto out;
+    }
+    if (chat) {
+        const cJSON *msgs = cJSON_GetObjectItemCaseSensitive(j, "messages");
+        if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0) {
+            fail_bad(b, "messages", "'messages' must be a non-empty array");
+            goto out;
+        }
+        const cJSON *tools = cJSON_GetObjectItemCaseSensitive(j, "tools");
+        const cJSON *choice = cJSON_GetObjectItemCaseSensitive(j, "tool_choice");
+        if (check_tools(tools, choice, b))
+            goto out;
+        /* the render request: the client's fields, defaulting to non-thinking chat */
+        cJSON *rq = cJSON_Duplicate(j, 1);
+        if (cJSON_IsString(choice) && !strcmp(choice->valuestring, "none")) {
+            cJSON_DeleteItemFromObjectCaseSensitive(rq, "tools");
+        } else if (cJSON_GetArraySize(tools) > 0) {
+            /* the encoder keeps tools on a system message: give the conversation an empty one */
+            cJSON *ms = cJSON_GetObjectItemCaseSensitive(rq, "messages");
+            const cJSON *role = cJSON_GetObjectItemCaseSensitive(ms->child, "role");
+            if (!cJSON_IsString(role) || strcmp(role->valuestring, "system")) {
+                cJSON *sys = cJSON_CreateObject();
+                cJSON_AddStringToObject(sys, "role", "system");
+                cJSON_AddStringToObject(sys, "content", "");
+                cJSON_InsertItemInArray(ms, 0, sys);
+            }
+        }
+        if (!cJSON_GetObjectItemCaseSensitive(rq, "family"))
+            cJSON_AddStringToObject(rq, "family", s->family);
+        if (!cJSON_GetObjectItemCaseSensitive(rq, "thinking_mode")) {
+            const cJSON *re = cJSON_GetObjectItemCaseSensitive(j, "reasoning_effort");
+            cJSON_AddStringToObject(rq, "thinking_mode", re && !cJSON_IsNull(re) ? "thinking" : "chat");
+        }
+        const cJSON *tm = cJSON_GetObjectItemCaseSensitive(rq, "thinking_mode");
+        const cJSON *fam = cJSON_GetObjectItemCaseSensitive(rq, "family");
+        g->dsml = dsv4_dsml_new_family(cJSON_IsString(tm) && !strcmp(tm->valuestring, "thinking"),
+                                       cJSON_IsString(fam) && !strcmp(fam->valuestring, "deepseek_v4"), &err);
+        if (!g->dsml) {
+            cJSON_Delete(rq);
+            fail_bad(b, NULL, "%s", err.msg);
+            goto out;
+        }
+        char *text = NULL;
+        size_t len = 0;
+        int r = dsv4_chat_render(rq, &text, &len, &err);
+        cJSON_Delete(rq);
+        if (r) {
+            fail_bad(b, "messages", "%s", err.msg);
+            goto out;
+        }
+        r = dsv4_tokenizer_encode(s->tok, text, len, &ids, &err);
+        free(text);
+        if (r) {
+            fail_bad(b, "messages", "%s", err.msg);
+            goto out;
+        }
+        int lp = 0;
+        int64_t top = 0;
+        if (get_bool(j, "logprobs", &lp, b) || get_int(j, "top_logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &top, b))
+            goto out;
+        if (top > 0 && !lp) {
+            fail_bad(b, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+            goto out;
+        }
+        g->n_logprobs = lp ? (int)top : -1;
+    } else {
+        if (parse_prompt(s, prompt, &ids, &g->prompt_text, b))
+            goto out;
+        int64_t lp = -1;
+        if (get_int(j, "logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &lp, b) || get_bool(j, "echo", &g->echo, b))
+            goto out;
+        g->n_logprobs = (int)lp;
+    }
+    if (ids.n == 0) {
+        fail_bad(b, chat ? "messages" : "prompt", "the prompt is empty");
+        goto out;
+    }
+    g->r = dsv4_request_new(ids.v, (int)ids.n, &err);
+    if (!g->r) {
+        fail_bad(b, NULL, "out of memory");
+        goto out;
+    }
+    if (parse_sampling(s, g, j, g->r, b))
+        goto out;
+    g->r->sp.n_top_logprobs = g->n_logprobs > 0 ? g->n_logprobs : 0;
+    if (g->echo) {
+        if (!g->prompt_text) {
+            char *t = NULL;
+            size_t tl;
+            if (!dsv4_tokenizer_decode(s->tok, ids.v, ids.n, 0, &t, &tl, &err))
+                g->prompt_text = t;
+        }
+        g->r->prompt_logprobs = g->n_logprobs >= 0;
+    }
+    /* later prompts of a batch wait for room in the queue; a first one is refused (503) */
+    int rc_submit;
+    while ((rc_submit = dsv4_lanes_submit(s->lanes, g->r, &err)) == DSV4_E_STATE && wait_for_room && !client_gone(c)) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+        dsv4_err_clear(&err);
+    }
+    if (rc_submit) {
+        if (err.code == DSV4_E_STATE) {
+            b->status = 503;
+            snprintf(b->msg, sizeof b->msg, "%.400s; retry later", err.msg);
+        } else {
+            fail_bad(b, chat ? "messages" : "prompt", "%s", err.msg);
+        }
+        goto out;
+    }
+    rc = 0;
+out:
+    dsv4_ids_free(&ids);
+    if (rc) {
+        if (!b->status)
+            b->status = 400;
+        log_line(g, b->status);
+        gen_free(g);
+        return NULL;
+    }
+    return g;
+}
+
+/* Waits for g to end, cancelling it if the client leaves. Returns 0 when it ended. */
+static int gen_wait(gen *g, struct MHD_Connection *c)
+{
+    while (!gen_pull(g, 0.2))
+        if (client_gone(c)) {
+            dsv4_request_cancel(g->r);
+            g->finish = DSV4_FINISH_CANCELLED;
+            return -1;
+        }
+    return 0;
+}
+
+/* One choice of a finished non-streaming reply. */
+static cJSON *choice_json(gen *g, int index)
+{
+    const int chat = g->chat;
+    if (chat)
+        chat_parse(g, g->text.n);
+    cJSON *c0 = cJSON_CreateObject();
+    cJSON_AddNumberToObject(c0, "index", index);
+    if (chat) {
+        cJSON *msg = cJSON_AddObjectToObject(c0, "message");
+        cJSON_AddStringToObject(msg, "role", "assistant");
+        int n_calls = cJSON_GetArraySize(g->dout.calls);
+        if (n_calls && !g->dout.content.n)
+            cJSON_AddNullToObject(msg, "content");
+        else
+            cJSON_AddStringToObject(msg, "content", g->dout.content.n ? g->dout.content.p : "");
+        if (g->dout.has_reasoning)
+            cJSON_AddStringToObject(msg, "reasoning_content", g->dout.reasoning.n ? g->dout.reasoning.p : "");
+        if (n_calls)
+            cJSON_AddItemToObject(msg, "tool_calls", tool_calls_json(g, 0, 0));
+        if (g->n_logprobs >= 0)
+            cJSON_AddItemToObject(c0, "logprobs", chat_logprobs(g, 0, g->n_tok));
+        else
+            cJSON_AddNullToObject(c0, "logprobs");
+    } else {
+        dsv4_buf t = {0};
+        size_t base = 0;
+        if (g->echo && g->prompt_text) {
+            dsv4_buf_puts(&t, g->prompt_text);
+            base = t.n;
+        }
+        dsv4_buf_put(&t, g->text.p ? g->text.p : "", g->text.n);
+        cJSON_AddStringToObject(c0, "text", t.p ? t.p : "");
+        dsv4_buf_free(&t);
+        if (g->n_logprobs >= 0)
+            cJSON_AddItemToObject(c0, "logprobs", completion_logprobs(g, 0, g->n_tok, base, g->echo));
+        else
+            cJSON_AddNullToObject(c0, "logprobs");
+    }
+    cJSON_AddStringToObject(c0, "finish_reason", finish_name(g));
+    if (g->want_ids)
+        cJSON_AddItemToObject(c0, "token_ids", ids_json(g, 0, g->n_tok));
+    return c0;
+}
+
+/* /v1/completions (chat 0) and /v1/chat/completions (chat 1): start the generation, then answer
+ * with a stream or wait for the whole reply. A completions prompt may be a list of prompts
+ * (strings or id lists): one choice each, not streamed. */
+static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON *j, int chat, const char *path)
+{
+    bad b = {0};
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    if (!chat && !p)
+        return send_error(s, c, 400, "prompt", NULL, "'prompt' is required");
+    int n = !chat && cJSON_IsArray(p) && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)) ? cJSON_GetArraySize(p) : 1;
+    if (n > 1) {
+        int stream = 0;
+        if (get_bool(j, "stream", &stream, &b) || stream)
+            return send_error(s, c, 400, "stream", NULL, "a list of prompts is answered whole: 'stream' takes one prompt");
+        if (n > MAX_BATCH)
+            return send_error(s, c, 400, "prompt", NULL, "at most %d prompts per request", MAX_BATCH);
+    }
+    gen *gs[n > 1 ? n : 1];
+    gs[0] = NULL;
+    int started = 0;
+    const cJSON *pi = n > 1 ? p->child : p;
+    for (; started < n; started++, pi = pi ? pi->next : NULL)
+        if (!(gs[started] = gen_start(s, c, j, chat, pi, started > 0, path, &b)))
+            break;
+    if (started < n) {
+        for (int i = 0; i < started; i++)
+            gen_free(gs[i]);
+        return send_error(s, c, b.status ? b.status : 400, b.param, b.code, "%s", b.msg);
+    }
+    gen *g = gs[0];
+    if (g->stream) {
+        struct MHD_Response *rs = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, stream_done);
+        MHD_add_response_header(rs, "Content-Type", "text/event-stream");
+        MHD_add_response_header(rs, "Cache-Control", "no-cache");
+        enum MHD_Result ok = MHD_queue_response(c, 200, rs);
+        MHD_destroy_response(rs);
+        return ok;
+    }
+    int gone = 0, failed = -1;
+    for (int i = 0; i < n; i++) {
+        gone = gone || gen_wait(gs[i], c);
+        if (gone)
+            dsv4_request_cancel(gs[i]->r);
+        else if (gs[i]->finish == DSV4_FINISH_ERROR && failed < 0)
+            failed = i;
+    }
+    enum MHD_Result res;
+    if (gone) {
+        res = MHD_NO;
+    } else if (failed >= 0) {
+        res = send_error(s, c, 500, NULL, NULL, "generation failed: %s", gs[failed]->r->errmsg);
+    } else {
+        cJSON *resp = envelope(g, chat ? "chat.completion" : "text_completion");
+        cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
+        int prompt = 0, cached = 0, completion = 0;
+        for (int i = 0; i < n; i++) {
+            cJSON_AddItemToArray(ch, choice_json(gs[i], i));
+            prompt += gs[i]->r->n_prompt;
+            cached += gs[i]->r->n_cached;
+            completion += gs[i]->n_tok;
+        }
+        cJSON *u = cJSON_AddObjectToObject(resp, "usage");
+        cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
+        cJSON_AddNumberToObject(u, "completion_tokens", completion);
+        cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", cached);
+        res = send_json(c, 200, resp);
+    }
+    for (int i = 0; i < n; i++) {
+        log_line(gs[i], gone ? 499 : failed >= 0 ? 500 : 200);
+        gen_free(gs[i]);
+    }
+    return res;
+}
+
+/* POST /tokenize {"prompt": str}: the ids, no BOS added. */
+static enum MHD_Result tokenize(server *s, struct MHD_Connection *c, const cJSON *j)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    if (!p)
+        p = cJSON_GetObjectItemCaseSensitive(j, "text");
+    if (!cJSON_IsString(p))
+        return send_error(s, c, 400, "prompt", NULL, "'prompt' must be a string");
+    dsv4_ids ids = {0};
+    dsv4_err err = {0};
+    if (dsv4_tokenizer_encode(s->tok, p->valuestring, strlen(p->valuestring), &ids, &err)) {
+        dsv4_ids_free(&ids);
+        return send_error(s, c, 400, "prompt", NULL, "%s", err.msg);
+    }
+    cJSON *r = cJSON_CreateObject(), *a = cJSON_AddArrayToObject(r, "tokens");
+    for (size_t i = 0; i < ids.n; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateNumber(ids.v[i]));
+    cJSON_AddNumberToObject(r, "count", (double)ids.n);
+    cJSON_AddNumberToObject(r, "max_model_len", (double)s->ctx);
+    dsv4_ids_free(&ids);
+    return send_json(c, 200, r);
+}
+
+/* POST /detokenize {"tokens": [...]}: the text, special tokens included. */
+static enum MHD_Result detokenize(server *s, struct MHD_Connection *c, const cJSON *j)
+{
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "tokens");
+    if (!cJSON_IsArray(t))
+        return send_error(s, c, 400, "tokens", NULL, "'tokens' must be an array of token ids");
+    int n = cJSON_GetArraySize(t), i = 0;
+    int32_t *ids = malloc((size_t)(n ? n : 1) * sizeof *ids);
+    if (!ids)
+        return send_error(s, c, 500, NULL, NULL, "out of memory");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, t)
+    {
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= s->vocab || x->valuedouble != floor(x->valuedouble)) {
+            free(ids);
+            return send_error(s, c, 400, "tokens", NULL, "'tokens' must hold token ids in [0, %d)", s->vocab);
+        }
+        ids[i++] = (int32_t)x->valuedouble;
+    }
+    char *out = NULL;
+    size_t len;
+    dsv4_err err = {0};
+    int rc = dsv4_tokenizer_decode(s->tok, ids, (size_t)n, 0, &out, &len, &err);
+    free(ids);
+    if (rc)
+        return send_error(s, c, 400, "tokens", NULL, "%s", err.msg);
+    cJSON *r = cJSON_CreateObject();
+    cJSON_AddStringToObject(r, "prompt", out);
+    free(out);
+    return send_json(c, 200, r);
+}
+
+/* GET /metrics in Prometheus text format. */
+static enum MHD_Result metrics(server *s, struct MHD_Connection *c)
+{
+    dsv4_lanes_stats st;
+    dsv4_lanes_get_stats(s->lanes, &st);
+    char *b = NULL;
+    size_t n = 0;
+    FILE *f = open_memstream(&b, &n);
+    if (!f)
+        return MHD_NO;
+#define M(name, type, help, fmt, v) fprintf(f, "# HELP " name " " help "\n# TYPE " name " " type "\n" name " " fmt "\n", v)
+    M("dsv4_http_requests_total", "counter", "HTTP requests received.", "%" PRIu64, (uint64_t)atomic_load(&s->http_requests));
+    M("dsv4_http_errors_total", "counter", "HTTP requests answered with an error.", "%" PRIu64, (uint64_t)atomic_load(&s->http_errors));
+    M("dsv4_requests_total", "counter", "Generation requests started.", "%" PRIu64, st.requests);
+    M("dsv4_prompt_tokens_total", "counter", "Prompt tokens of started requests.", "%" PRIu64, st.prompt_tokens);
+    M("dsv4_cached_prompt_tokens_total", "counter", "Prompt tokens served from the prompt cache.", "%" PRIu64, st.cached_tokens);
+    M("dsv4_generated_tokens_total", "counter", "Tokens generated.", "%" PRIu64, st.generated_tokens);
+    M("dsv4_steps_total", "counter", "Scheduler steps (batched forward passes).", "%" PRIu64, st.steps);
+    M("dsv4_busy_seconds_total", "counter", "Seconds spent in steps.", "%.6f", st.busy_seconds);
+    M("dsv4_lanes", "gauge", "Concurrent sequences.", "%d", st.n_lanes);
+    M("dsv4_lanes_busy", "gauge", "Lanes serving a request.", "%d", st.busy);
+    M("dsv4_queue_length", "gauge", "Requests waiting for a lane.", "%d", st.queued);
+    M("dsv4_cache_entries", "gauge", "Saved states in the prompt cache.", "%zu", st.cache_entries);
+    M("dsv4_cache_bytes", "gauge", "Bytes held by the prompt cache.", "%zu", st.cache_bytes);
+#undef M
+    histo_write(f, "dsv4_time_to_first_token_seconds", "Submission to first generated token, successful requests.", &s->ttft);
+    histo_write(f, "dsv4_request_duration_seconds", "Whole generation requests, successful ones.", &s->duration);
+    fclose(f);
+    return send_text(c, 200, "text/plain; version=0.0.4", b, n);
+}
+
+/* The model object of /v1/models. */
+static cJSON *model_json(const server *s)
+{
+    cJSON *m = cJSON_CreateObject();
+    cJSON_AddStringToObject(m, "id", s->name);
+    cJSON_AddStringToObject(m, "object", "model");
+    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddStringToObject(m, "owned_by", "dsv4");
+    cJSON_AddNumberToObject(m, "max_model_len", (double)s->ctx);
+    cJSON_AddStringToObject(m, "family", s->family);
+    return m;
+}
+
+/* libmicrohttpd's request handler: collects the body over calls, then routes. */
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                               const char *version, const char *upload, size_t *upload_size, void **con_cls)
+{
+    (void)version;
+    server *s = cls;
+    conn *k = *con_cls;
+    if (!k) {
+        k = calloc(1, sizeof *k);
+        if (!k)
+            return MHD_NO;
+        *con_cls = k;
+        atomic_fetch_add(&s->http_requests, 1);
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (k->body.n + *upload_size > MAX_BODY)
+            k->too_big = 1;
+        else
+            dsv4_buf_put(&k->body, upload, *upload_size);
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+    if (!strcmp(url, "/") && get) /* the page is public; its API calls carry the key */
+        return send_text(c, 200, "text/html; charset=utf-8", strdup(dsv4_webui_html), strlen(dsv4_webui_html));
+    if (s->api_key && strcmp(url, "/health")) {
+        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+        if (!auth || strncmp(auth, "Bearer ", 7) || strcmp(auth + 7, s->api_key))
+            return send_error(s, c, 401, NULL, "invalid_api_key", "a valid API key is required (Authorization: Bearer ...)");
+    }
+    if (!strcmp(url, "/health") && get) {
+        cJSON *r = cJSON_CreateObject();
+        cJSON_AddStringToObject(r, "status", "ok");
+        return send_json(c, 200, r);
+    }
+    if (!strcmp(url, "/v1/models") && get) {
+        cJSON *r = cJSON_CreateObject(), *d = cJSON_AddArrayToObject(r, "data");
+        cJSON_AddStringToObject(r, "object", "list");
+        cJSON_AddItemToArray(d, model_json(s));
+        return send_json(c, 200, r);
+    }
+    if (!strncmp(url, "/v1/models/", 11) && get) {
+        if (strcmp(url + 11, s->name))
+            return send_error(s, c, 404, "model", "model_not_found", "the model '%s' does not exist", url + 11);
+        return send_json(c, 200, model_json(s));
+    }
+    if (!strcmp(url, "/metrics") && get)
+        return metrics(s, c);
+    static const char *posts[] = {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"};
+    int which = -1;
+    for (int i = 0; i < 4; i++)
+        if (!strcmp(url, posts[i]))
+            which = i;
+    if (which < 0) {
+        if (!strcmp(url, "/health") || !strncmp(url, "/v1/models", 10) || !strcmp(url, "/metrics") || !strcmp(url, "/"))
+            return send_error(s, c, 405, NULL, NULL, "%s %s is not allowed", method, url);
+        return send_error(s, c, 404, NULL, NULL, "no route for %s %s", method, url);
+    }
+    if (!post)
+        return send_error(s, c, 405, NULL, NULL, "%s needs POST", url);
+    if (k->too_big || k->body.oom)
+        return send_error(s, c, 413, NULL, NULL, "the request body exceeds %d bytes", MAX_BODY);
+    cJSON *j = k->body.n ? cJSON_ParseWithLength(k->body.p, k->body.n) : NULL;
+    if (!j || !cJSON_IsObject(j)) {
+        cJSON_Delete(j);
+        return send_error(s, c, 400, NULL, "invalid_json", "the body must be a JSON object");
+    }
+    enum MHD_Result res = which == 0   ? generate(s, c, j, 0, posts[0])
+                          : which == 1 ? generate(s, c, j, 1, posts[1])
+                          : which == 2 ? tokenize(s, c, j)
+                                       : detokenize(s, c, j);
+    cJSON_Delete(j);
+    return res;
+}
+
+/* Frees a request's body buffer once libmicrohttpd is done with it. */
+static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why)
+{
+    (void)cls;
+    (void)c;
+    (void)why;
+    conn *k = *con_cls;
+    if (k) {
+        dsv4_buf_free(&k->body);
+        free(k);
+    }
+    *con_cls = NULL;
+}
+
+int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
+{
+    server s = {0};
+    s.m = dsv4_model_load(o->model_dir, &o->load, err);
+    if (!s.m)
+        return err->code;
+    s.tok = dsv4_tokenizer_load(o->tokenizer ? o->tokenizer : o->model_dir, err);
+    if (!s.tok) {
+        dsv4_err_prefix(err, "tokenizer (give --tokenizer DIR when the model folder has none)");
+        dsv4_model_free(s.m);
+        return err->code;
+    }
+    dsv4_model_info mi;
+    dsv4_model_get_info(s.m, &mi);
+    s.vocab = mi.vocab_size;
+    s.eos = mi.eos_id;
+    s.ctx = mi.max_position;
+    s.family = mi.family;
+    s.api_key = o->api_key;
+    const char *base = strrchr(o->model_dir, '/');
+    char name[256];
+    snprintf(name, sizeof name, "%s", o->model_name ? o->model_name : base && base[1] ? base + 1 : o->model_dir);
+    size_t nl = strlen(name);
+    while (nl > 1 && name[nl - 1] == '/')
+        name[--nl] = 0;
+    s.name = name;
+    s.seed_base = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(dsv4_now() * 1e9);
+    dsv4_lanes_opts lop = {.n_lanes = o->n_lanes, .queue_max = o->queue_max, .max_rollback = o->load.max_rollback,
+                           .n_threads = o->load.n_threads,
+                           .cache_bytes = o->cache_bytes ? o->cache_bytes : (size_t)1 << 30};
+    s.lanes = dsv4_lanes_new(s.m, &lop, err);
+    if (!s.lanes || dsv4_lanes_start(s.lanes, err)) {
+        dsv4_lanes_free(s.lanes);
+        dsv4_tokenizer_free(s.tok);
+        dsv4_model_free(s.m);
+        return err->code;
+    }
+
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
+    if (inet_pton(AF_INET, o->host ? o->host : "127.0.0.1", &addr.sin_addr) != 1) {
+        dsv4_fail(err, DSV4_E_ARG, "--host %s is not an IPv4 address", o->host);
+        goto fail;
+    }
+    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ITC,
+                                            0, NULL, NULL, handler, &s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                                            MHD_OPTION_NOTIFY_COMPLETED, completed, &s,
+                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+    if (!d) {
+        dsv4_fail(err, DSV4_E_IO, "cannot listen on %s:%d", o->host ? o->host : "127.0.0.1", o->port);
+        goto fail;
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    dsv4_log("dsv4 serve: %s (%d lanes) listening on http://%s:%u", s.name, lop.n_lanes ? lop.n_lanes : 4,
+             o->host ? o->host : "127.0.0.1", di ? di->port : (unsigned)o->port);
+
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    int sig = 0;
+    sigwait(&set, &sig);
+    dsv4_log("dsv4 serve: signal %d, shutting down", sig);
+    /* refuse new work and cancel what runs, so every connection thread can answer and end */
+    dsv4_lanes_shutdown(s.lanes);
+    MHD_socket lfd = MHD_quiesce_daemon(d); /* stop accepting; the socket is ours to close */
+    if (lfd != MHD_INVALID_SOCKET)
+        close(lfd);
+    /* let cancelled streams send their last events before connections are closed */
+    for (double t0 = dsv4_now(); atomic_load(&s.active) > 0 && dsv4_now() - t0 < 10;) {
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    MHD_stop_daemon(d);
+    dsv4_lanes_free(s.lanes);
+    dsv4_tokenizer_free(s.tok);
+    dsv4_model_free(s.m);
+    dsv4_log("dsv4 serve: stopped");
+    return 0;
+fail:
+    dsv4_lanes_free(s.lanes);
+    dsv4_tokenizer_free(s.tok);
+    dsv4_model_free(s.m);
+    return err->code;
+}
