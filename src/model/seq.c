@@ -146,16 +146,19 @@ size_t dsv4_seq_bytes(const dsv4_seq *s)
 }
 
 typedef struct { uint8_t *p; const uint8_t *q; } cursor;
+/* Empty buffers (no entries yet) may be NULL: memcpy must not see them. */
 static void put_fn(void *ctx, void *buf, size_t n)
 {
     cursor *c = ctx;
-    memcpy(c->p, buf, n * sizeof(float));
+    if (n)
+        memcpy(c->p, buf, n * sizeof(float));
     c->p += n * sizeof(float);
 }
 static void get_fn(void *ctx, void *buf, size_t n)
 {
     cursor *c = ctx;
-    memcpy(buf, c->q, n * sizeof(float));
+    if (n)
+        memcpy(buf, c->q, n * sizeof(float));
     c->q += n * sizeof(float);
 }
 
