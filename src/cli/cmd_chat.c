@@ -126,7 +126,7 @@ static int turn(dsv4_lanes *l, dsv4_tokenizer *tok, cJSON *msgs, const chat_opts
     return failed;
 }
 
-int cmd_chat(int argc, char **argv)
+int dsv4_cmd_chat(int argc, char **argv)
 {
     cli_model_opts mo = {0};
     chat_opts o = {.temperature = 0.7, .top_p = 0.95, .max_tokens = 512};

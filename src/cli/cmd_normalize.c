@@ -6,7 +6,7 @@
 #include "text/normalize.h"
 #include "text/token_map.h"
 
-int cmd_normalize(int argc, char **argv)
+int dsv4_cmd_normalize(int argc, char **argv)
 {
     const char *spec = NULL;
     for (int i = 1; i < argc; i++) {

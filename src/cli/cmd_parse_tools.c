@@ -5,7 +5,7 @@
 #include "cli/cli.h"
 #include "text/dsml.h"
 
-int cmd_parse_tools(int argc, char **argv)
+int dsv4_cmd_parse_tools(int argc, char **argv)
 {
     int mode = -1; /* -1: auto, 0: chat, 1: thinking */
     int v4 = 0;

@@ -55,7 +55,7 @@ static char *load_template(const char *path, cJSON *vars)
     return out;
 }
 
-int cmd_render(int argc, char **argv)
+int dsv4_cmd_render(int argc, char **argv)
 {
     const char *jinja = NULL;
     if (argc > 2 && !strcmp(argv[1], "--jinja")) {

@@ -16,7 +16,7 @@ static void serve_usage(FILE *f)
                "  SIGTERM or SIGINT cancels what is in flight and exits.\n%s", cli_model_usage());
 }
 
-int cmd_serve(int argc, char **argv)
+int dsv4_cmd_serve(int argc, char **argv)
 {
     dsv4_server_opts o = {.port = 8080};
     cli_model_opts mo = {0};

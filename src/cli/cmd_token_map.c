@@ -29,7 +29,7 @@ static int print_keys(dsv4_tokenizer *t)
     return rc;
 }
 
-int cmd_token_map(int argc, char **argv)
+int dsv4_cmd_token_map(int argc, char **argv)
 {
     const char *dir = NULL;
     int print = 0, keys = 0;

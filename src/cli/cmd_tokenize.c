@@ -54,7 +54,7 @@ static void write_ids(const int32_t *v, size_t n)
     fwrite(buf, 1, k, stdout);
 }
 
-int cmd_tokenize(int argc, char **argv)
+int dsv4_cmd_tokenize(int argc, char **argv)
 {
     if (argc > 1 && cli_is_help(argv[1])) {
         printf("usage: dsv4 tokenize -t DIR [--time]\n"
@@ -155,7 +155,7 @@ static int decode_stream(const dsv4_tokenizer *t, const int32_t *ids, size_t n, 
     return 0;
 }
 
-int cmd_detokenize(int argc, char **argv)
+int dsv4_cmd_detokenize(int argc, char **argv)
 {
     if (argc > 1 && cli_is_help(argv[1])) {
         printf("usage: dsv4 detokenize -t DIR [--skip-special] [--stream]\n"
