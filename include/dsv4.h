@@ -48,7 +48,12 @@ typedef struct dsv4_load_opts {
     dsv4_numerics numerics;
     const char *device;     /* NULL or "cpu" or "cuda" */
     int max_rollback;       /* tokens a sequence can be rolled back; 0: default (256) */
+    /* V4.1 Engram tables: DSV4_ENGRAM_AUTO (resident when the tables fit in half of RAM,
+     * else streamed), RESIDENT (read through the mapping) or STREAMED (rows read by
+     * address with pread, O_DIRECT where the file system allows, fetched ahead per step). */
+    int engram_tables;
 } dsv4_load_opts;
+enum { DSV4_ENGRAM_AUTO = 0, DSV4_ENGRAM_RESIDENT = 1, DSV4_ENGRAM_STREAMED = 2 };
 
 /* Loads a checkpoint folder (config.json + model.safetensors or sharded index). */
 dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err);
@@ -68,6 +73,9 @@ typedef struct dsv4_model_info {
     size_t weight_bytes;    /* bytes of weights as stored */
 } dsv4_model_info;
 void dsv4_model_get_info(const dsv4_model *m, dsv4_model_info *out);
+/* Engram table traffic since load: bytes of rows read (or touched, when resident), and the
+ * tokens they served. streamed: 1 if the tables are streamed. */
+void dsv4_engram_stats(const dsv4_model *m, uint64_t *bytes, uint64_t *tokens, int *streamed);
 
 /* ---- sequences ------------------------------------------------------------------- */
 /* A sequence owns every cache one conversation needs (window rows, compressor windows,

@@ -10,6 +10,21 @@ typedef struct dsv4_cmd {
     int (*run)(int argc, char **argv); /* argv[0] is the command name */
 } dsv4_cmd;
 
+#include <stddef.h>
+#include <stdio.h>
+
+int cmd_tokenize(int argc, char **argv);
+int cmd_detokenize(int argc, char **argv);
+int cmd_render(int argc, char **argv);
+int cmd_parse_tools(int argc, char **argv);
+int cmd_token_map(int argc, char **argv);
+int cmd_normalize(int argc, char **argv);
+
+/* JSON string values with explicit lengths (the text may hold NUL). parse: line[0..n) must be
+ * one JSON string (surrounding blanks allowed); *out is malloc'd UTF-8 (lone surrogates become
+ * U+FFFD). Returns 0, or -1 on malformed input. write: escapes as JSON.stringify does. */
+int cli_json_string_parse(const char *line, size_t n, char **out, size_t *out_len);
+void cli_json_string_write(FILE *f, const char *s, size_t n);
 /* Commands (each in its cmd_<name>.c). */
 int dsv4_cmd_dequant(int argc, char **argv);
 int dsv4_cmd_bench_exl3(int argc, char **argv);
@@ -20,6 +35,7 @@ int dsv4_cmd_logits(int argc, char **argv);
 int dsv4_cmd_generate(int argc, char **argv);
 int dsv4_cmd_bench(int argc, char **argv);
 int dsv4_cmd_synth(int argc, char **argv);
+int dsv4_cmd_engram_bench(int argc, char **argv);
 
 /* The options every model-running command takes. */
 typedef struct cli_model_opts {

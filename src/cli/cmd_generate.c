@@ -76,6 +76,7 @@ int dsv4_cmd_generate(int argc, char **argv)
         }
     }
     printf("\n");
+    fflush(stdout);
     double t = dsv4_now() - t0;
     if (!rc)
         fprintf(stderr, "prompt %d tokens in %.3fs (%.1f tok/s); %d generated, %.1f tok/s decode\n", T, t_prefill,

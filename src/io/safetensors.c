@@ -91,6 +91,14 @@ const char *dsv4_st_file_path(const dsv4_st *st, int f) { return st->files[f].pa
 const char *dsv4_st_label(const dsv4_st *st) { return st->label; }
 const char *dsv4_st_metadata(const dsv4_st *st, int f) { return st->files[f].metadata; }
 
+int64_t dsv4_st_file_offset(const dsv4_st *st, const dsv4_tensor *t)
+{
+    const st_file *f = &st->files[t->file];
+    if (!f->path || !f->map)
+        return -1;
+    return (int64_t)((const char *)t->data - (const char *)f->map);
+}
+
 size_t dsv4_st_total_bytes(const dsv4_st *st)
 {
     size_t s = 0;

@@ -47,6 +47,8 @@ const dsv4_tensor *dsv4_st_at(const dsv4_st *st, int i);
 const char *dsv4_st_file_path(const dsv4_st *st, int file);
 /* The folder or file the set was opened from (for messages). */
 const char *dsv4_st_label(const dsv4_st *st);
+/* Byte offset of a tensor's data in its file, or -1 when the set is not backed by files. */
+int64_t dsv4_st_file_offset(const dsv4_st *st, const dsv4_tensor *t);
 /* The JSON text of a file's "__metadata__" object, or NULL. */
 const char *dsv4_st_metadata(const dsv4_st *st, int file);
 size_t dsv4_st_total_bytes(const dsv4_st *st);

@@ -1,6 +1,7 @@
 /* A human-readable summary of a loaded model: config, layer schedule, tensors by storage
  * form, and what a sequence's state costs per token of context. */
 #include <stdio.h>
+#include <unistd.h>
 #include <string.h>
 #include "core/core.h"
 #include "model/model.h"
@@ -14,12 +15,12 @@ void dsv4_state_cost(const dsv4_model *m, int64_t ctx, dsv4_state_cost_t *out)
         int64_t win = ctx < c->window ? ctx : c->window;
         out->window_bytes += (double)win * c->head_dim * 4;
         out->window_bytes_q += (double)win * (c->head_dim + c->head_dim / 32);
-        if (!L->ratio)
+        if (!L->own_ent)
             continue;
         int64_t ne = ctx / L->ratio;
         out->entry_bytes += (double)ne * c->head_dim * 4;
         out->entry_bytes_q += (double)ne * (c->head_dim / 2 + c->head_dim / 16);
-        if (L->csa) {
+        if (L->own_ikey) {
             out->ikey_bytes += (double)ne * c->index_dim * 4;
             out->ikey_bytes_q += (double)ne * (c->index_dim / 2 + c->index_dim / 32);
         }
@@ -42,9 +43,39 @@ void dsv4_model_print_info(const dsv4_model *m, FILE *f)
         fprintf(f, " with YaRN factor %g, original %g, beta %g/%g", c->rope_compress.factor, c->rope_compress.orig_max_pos,
                 c->rope_compress.beta_fast, c->rope_compress.beta_slow);
     fprintf(f, "\nnumerics  %s\n", m->numerics == DSV4_NUMERICS_REF ? "ref" : "fp32");
+    if (c->family == DSV4_FAMILY_V41) {
+        fprintf(f, "csa2      kv sources");
+        for (int i = 0; i < c->n_kv_source; i++)
+            fprintf(f, " %d", c->kv_source[i]);
+        fprintf(f, "; index sources");
+        for (int i = 0; i < c->n_index_source; i++)
+            fprintf(f, " %d", c->index_source[i]);
+        fprintf(f, "; candidate source %d (top %d blocks of %d)\n", c->candidate_source, c->candidate_topk_blocks,
+                c->candidate_block_size);
+    }
+    if (c->n_engram) { /* the memory admission plan: weights resident, tables by their mode */
+        double tb = 0, ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        for (int i = 0; i < c->n_engram; i++)
+            tb += (double)m->engram[i].table.w.bytes;
+        fprintf(f, "engram    layers");
+        for (int i = 0; i < c->n_engram; i++)
+            fprintf(f, " %d (%lld rows)", c->engram_layer[i], (long long)c->engram_rows[i]);
+        fprintf(f, "; 2..%d-grams x %d heads of %d; tables %.3f GB, %s\n", c->engram_max_ngram, c->engram_heads,
+                c->engram_head_dim, tb / 1e9, m->engram_streamed ? "streamed" : "resident");
+        fprintf(f, "memory    weights resident %.3f GB + tables %s %.3f GB; RAM %.1f GB\n", (m->weight_bytes - tb) / 1e9,
+                m->engram_streamed ? "on disk" : "mapped", tb / 1e9, ram / 1e9);
+    }
     fprintf(f, "layers   ");
     for (int i = 0; i < c->n_layers; i++) {
         const dsv4_layer *L = &m->layers[i];
+        if (c->family == DSV4_FAMILY_V41) { /* CSA2 roles: kv = KV source, idx = index source, cand = candidate source */
+            fprintf(f, " %d:%s", i, L->engram >= 0 ? "engram+" : "");
+            if (!L->ratio)
+                fprintf(f, "SWA");
+            else
+                fprintf(f, "r%d%s%s%s", L->ratio, L->own_ent ? "+kv" : "", L->index_source ? "+idx" : "", L->cand_source ? "+cand" : "");
+            continue;
+        }
         fprintf(f, " %d:%s%s", i, !L->ratio ? "SWA" : L->csa ? "CSA" : "HCA", L->hash ? "+hash" : "");
         if (L->ratio)
             fprintf(f, "/%d", L->ratio);
@@ -83,13 +114,15 @@ size_t dsv4_decode_weight_bytes(const dsv4_model *m)
         const dsv4_layer *L = &m->layers[i];
         const dsv4_weight *all[] = {&L->wq_a, &L->wq_b, &L->wkv, &L->wo_a, &L->wo_b, &L->comp.wkv, &L->comp.wgate,
                                     &L->icomp.wkv, &L->icomp.wgate, &L->iwq_b, &L->iweights, &L->gate,
-                                    &L->sw1, &L->sw2, &L->sw3};
+                                    &L->sw1, &L->sw2, &L->sw3, &L->iwk};
         for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
             s += wbytes(all[k]);
         size_t ex = 0;
         for (int e = 0; e < c->n_experts; e++)
             ex += wbytes(&L->w1[e]) + wbytes(&L->w2[e]) + wbytes(&L->w3[e]);
         s += ex / c->n_experts * c->n_active;
+        if (L->engram >= 0) /* the projection; table rows are counted by the Engram reader */
+            s += wbytes(&m->engram[L->engram].wkv);
     }
     return s;
 }

@@ -5,7 +5,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <cjson/cJSON.h>
+#include <errno.h>
 #include "core/core.h"
+#include "model/engram.h"
 #include "model/model.h"
 
 typedef struct binder {
@@ -97,15 +100,14 @@ static void bind_tid2eid(binder *b, dsv4_layer *L, int li)
     dsv4_progress_step(&b->prog, 1);
 }
 
-static void bind_layer(binder *b, int li)
+/* What every layer of both families has: norms, hyper-connection mixes, the attention's
+ * query/window/output projections. */
+static void bind_common(binder *b, int li, const char *p)
 {
     dsv4_model *m = b->m;
     const dsv4_config *c = &m->cfg;
     dsv4_layer *L = &m->layers[li];
     int D = c->dim, H = c->n_heads, d = c->head_dim, n = c->hc_mult, nm = (2 + n) * n;
-    L->ratio = c->ratio[li];
-    char p[64];
-    snprintf(p, sizeof p, "layers.%d", li);
     L->attn_norm = bf(b, D, "%s.attn_norm.weight", p);
     L->ffn_norm = bf(b, D, "%s.ffn_norm.weight", p);
     L->hc_attn_fn = bf(b, (int64_t)nm * n * D, "%s.hc_attn_fn", p);
@@ -122,24 +124,15 @@ static void bind_layer(binder *b, int li)
     bw(b, &L->wo_a, (int64_t)c->o_groups * c->o_lora, (int64_t)H * d / c->o_groups, "%s.attn.wo_a", p);
     bw(b, &L->wo_b, D, (int64_t)c->o_groups * c->o_lora, "%s.attn.wo_b", p);
     L->sink = bf(b, H, "%s.attn.attn_sink", p);
-    if (L->ratio > 0) {
-        L->csa = c->csa[li];
-        char cp[96];
-        snprintf(cp, sizeof cp, "%s.attn.compressor", p);
-        bind_compressor(b, &L->comp, cp, L->ratio, d, L->csa);
-        if (L->csa) {
-            if (c->index_topk <= 0 || c->index_heads <= 0 || c->index_dim < c->rope_dim) {
-                if (!b->rc)
-                    b->rc = dsv4_fail(b->err, DSV4_E_MODEL, "layer %d has an indexer but the config's index_topk/index_n_heads/index_head_dim are missing or too small", li);
-                return;
-            }
-            snprintf(cp, sizeof cp, "%s.attn.indexer.compressor", p);
-            bind_compressor(b, &L->icomp, cp, L->ratio, c->index_dim, 1);
-            bw(b, &L->iwq_b, (int64_t)c->index_heads * c->index_dim, c->q_lora, "%s.attn.indexer.wq_b", p);
-            bw(b, &L->iweights, c->index_heads, D, "%s.attn.indexer.weights_proj", p);
-        }
-    }
-    int E = c->n_experts;
+    L->engram = -1;
+}
+
+/* Routed experts (gate, bias or hash table) and the shared expert. */
+static void bind_ffn(binder *b, int li, const char *p)
+{
+    const dsv4_config *c = &b->m->cfg;
+    dsv4_layer *L = &b->m->layers[li];
+    int D = c->dim, E = c->n_experts;
     bw(b, &L->gate, E, D, "%s.ffn.gate", p);
     L->hash = c->hash_layer[li];
     if (L->hash)
@@ -160,6 +153,226 @@ static void bind_layer(binder *b, int li)
         bw(b, &L->sw2, D, si, "%s.ffn.shared_experts.w2", p);
         bw(b, &L->sw3, si, D, "%s.ffn.shared_experts.w3", p);
     }
+}
+
+static void bind_layer(binder *b, int li)
+{
+    dsv4_model *m = b->m;
+    const dsv4_config *c = &m->cfg;
+    dsv4_layer *L = &m->layers[li];
+    int D = c->dim, d = c->head_dim;
+    L->ratio = c->ratio[li];
+    char p[64];
+    snprintf(p, sizeof p, "layers.%d", li);
+    bind_common(b, li, p);
+    if (L->ratio > 0) {
+        L->csa = c->csa[li];
+        L->own_ent = 1;
+        L->own_ikey = L->csa;
+        L->cw = (1 + L->csa) * d;
+        L->c_span = (1 + L->csa) * L->ratio;
+        L->icw = L->csa ? 2 * c->index_dim : 0;
+        char cp[96];
+        snprintf(cp, sizeof cp, "%s.attn.compressor", p);
+        bind_compressor(b, &L->comp, cp, L->ratio, d, L->csa);
+        if (L->csa) {
+            if (c->index_topk <= 0 || c->index_heads <= 0 || c->index_dim < c->rope_dim) {
+                if (!b->rc)
+                    b->rc = dsv4_fail(b->err, DSV4_E_MODEL, "layer %d has an indexer but the config's index_topk/index_n_heads/index_head_dim are missing or too small", li);
+                return;
+            }
+            snprintf(cp, sizeof cp, "%s.attn.indexer.compressor", p);
+            bind_compressor(b, &L->icomp, cp, L->ratio, c->index_dim, 1);
+            bw(b, &L->iwq_b, (int64_t)c->index_heads * c->index_dim, c->q_lora, "%s.attn.indexer.wq_b", p);
+            bw(b, &L->iweights, c->index_heads, D, "%s.attn.indexer.weights_proj", p);
+        }
+    }
+    bind_ffn(b, li, p);
+}
+
+static int in_list(const int *v, int n, int x)
+{
+    for (int i = 0; i < n; i++)
+        if (v[i] == x)
+            return 1;
+    return 0;
+}
+
+/* V4.1 (CSA2) roles: every layer with ratio > 0 attends the entries of the latest KV source
+ * at or before it and the selection of the latest index source; an index source scores
+ * against its KV source's keys. Contradictions fail naming the layer. */
+static int v41_roles(dsv4_model *m, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    int kv = -1, ix = -1;
+    for (int li = 0; li < c->n_layers; li++) {
+        dsv4_layer *L = &m->layers[li];
+        L->ratio = c->ratio[li];
+        L->index_source = in_list(c->index_source, c->n_index_source, li);
+        int is_kv = in_list(c->kv_source, c->n_kv_source, li);
+        if ((is_kv || L->index_source) && !L->ratio)
+            return dsv4_fail(err, DSV4_E_MODEL, "config: layer %d is a KV or index source but has compress ratio 0", li);
+        if (!L->ratio)
+            continue;
+        if (is_kv) {
+            kv = li;
+            L->own_ent = 1;
+            L->own_ikey = L->index_source;
+            L->cw = L->ratio > 1 ? c->head_dim : 0;
+            L->c_span = L->ratio > 1 ? L->ratio : 0;
+        }
+        if (kv < 0 || m->layers[kv].ratio != L->ratio)
+            return dsv4_fail(err, DSV4_E_MODEL, "config: layer %d (ratio %d) has no KV source of that ratio at or before it (kv_source_layer_ids)",
+                             li, L->ratio);
+        L->kv_src = kv;
+        if (L->index_source) {
+            if (!m->layers[kv].own_ikey)
+                return dsv4_fail(err, DSV4_E_MODEL, "config: index source %d reads KV source %d, which is not an index source (no keys)", li, kv);
+            if (c->index_topk <= 0 || c->index_heads <= 0 || c->index_dim < c->rope_dim || c->index_dim % 32)
+                return dsv4_fail(err, DSV4_E_MODEL, "config: index_topk/index_n_heads/index_head_dim missing or unusable for layer %d", li);
+            L->ikey_src = kv;
+            ix = li;
+        }
+        if (ix < 0 || m->layers[ix].kv_src != kv)
+            return dsv4_fail(err, DSV4_E_MODEL, "config: layer %d has no index source reading KV source %d at or before it", li, kv);
+        L->cand_source = li == c->candidate_source;
+        if (L->cand_source && (!L->index_source || c->candidate_block_size <= 0 || c->candidate_topk_blocks <= 0))
+            return dsv4_fail(err, DSV4_E_MODEL, "config: candidate_source_layer_id %d is not an index source, or the candidate block size/count is missing", li);
+        L->cand_filter = L->index_source && c->candidate_source >= 0 && li > c->candidate_source &&
+                         m->layers[c->candidate_source].ikey_src == L->ikey_src;
+    }
+    for (int i = 0; i < c->n_engram; i++)
+        if (c->engram_layer[i] < 0 || c->engram_layer[i] >= c->n_layers)
+            return dsv4_fail(err, DSV4_E_MODEL, "config: engram_layer_ids[%d] = %d is not a layer", i, c->engram_layer[i]);
+    return 0;
+}
+
+static void bind_layer_v41(binder *b, int li)
+{
+    dsv4_model *m = b->m;
+    const dsv4_config *c = &m->cfg;
+    dsv4_layer *L = &m->layers[li];
+    int D = c->dim, d = c->head_dim, ci = c->index_dim;
+    char p[64];
+    snprintf(p, sizeof p, "layers.%d", li);
+    bind_common(b, li, p);
+    if (L->own_ent) {
+        L->comp.ratio = L->ratio;
+        L->comp.dim = d;
+        bw(b, &L->comp.wkv, d, D, "%s.attn.compressor.wkv", p);
+        if (L->ratio > 1)
+            bw(b, &L->comp.wgate, d, D, "%s.attn.compressor.wgate", p);
+        L->comp.norm = bf(b, d, "%s.attn.compressor.norm.weight", p);
+    }
+    if (L->own_ikey) {
+        bw(b, &L->iwk, ci, d, "%s.attn.indexer.wk", p);
+        L->ik_norm = bf(b, ci, "%s.attn.indexer.k_norm.weight", p);
+    }
+    if (L->index_source) {
+        bw(b, &L->iwq_b, (int64_t)c->index_heads * ci, c->q_lora, "%s.attn.indexer.wq_b", p);
+        bw(b, &L->iweights, c->index_heads, D, "%s.attn.indexer.weights_proj", p);
+    }
+    bind_ffn(b, li, p);
+}
+
+/* The Engram compressed token map, token_map.json in the checkpoint folder ("token_map":
+ * [vocab] ids below engram_compressed_vocab_size). */
+static int load_token_map(dsv4_model *m, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/token_map.json", m->dir);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return dsv4_fail(err, DSV4_E_IO, "%s: cannot open (the Engram compressed token map): %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *txt = malloc(n + 1);
+    size_t got = txt ? fread(txt, 1, n, f) : 0;
+    fclose(f);
+    if (!txt || got != (size_t)n) {
+        free(txt);
+        return dsv4_fail(err, DSV4_E_IO, "%s: read failed", path);
+    }
+    txt[n] = 0;
+    cJSON *j = cJSON_Parse(txt);
+    free(txt);
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(j, "token_map");
+    int rc = 0;
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) != c->vocab)
+        rc = dsv4_fail(err, DSV4_E_FORMAT, "%s: 'token_map' must be a list of %d ids", path, c->vocab);
+    else if (!(m->token_map = dsv4_xmalloc((size_t)c->vocab * sizeof(int32_t), err)))
+        rc = err->code;
+    int i = 0;
+    for (const cJSON *e = rc ? NULL : a->child; e; e = e->next, i++) {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble >= c->engram_compressed_vocab) {
+            rc = dsv4_fail(err, DSV4_E_FORMAT, "%s: token_map[%d] is not an id below engram_compressed_vocab_size %d", path, i,
+                           c->engram_compressed_vocab);
+            break;
+        }
+        m->token_map[i] = (int32_t)e->valuedouble;
+    }
+    cJSON_Delete(j);
+    if (!rc && (c->engram_pad_id < 0 || c->engram_pad_id >= c->vocab))
+        rc = dsv4_fail(err, DSV4_E_MODEL, "config: engram_pad_id %d is not a token", c->engram_pad_id);
+    if (!rc)
+        m->engram_pad = m->token_map[c->engram_pad_id];
+    return rc;
+}
+
+/* Engram layers: layout (primes, offsets, multipliers) computed as the reference does, checked
+ * against the config's table sizes, then the tensors. */
+static void bind_engram(binder *b)
+{
+    dsv4_model *m = b->m;
+    const dsv4_config *c = &m->cfg;
+    int ne = c->n_engram, G = c->engram_max_ngram, cols = (G - 1) * c->engram_heads, hd = c->engram_head_dim;
+    if (b->rc || !ne)
+        return;
+    if (G < 2 || G > 8 || c->engram_heads <= 0 || hd <= 0 || hd % 32 || c->engram_vocab_size < 2) {
+        b->rc = dsv4_fail(b->err, DSV4_E_MODEL, "config: engram_max_ngram_size %d (2..8), engram_n_heads %d, engram_head_dim %d (multiple of 32) or engram_vocab_size %lld unusable",
+                          G, c->engram_heads, hd, (long long)c->engram_vocab_size);
+        return;
+    }
+    if ((b->rc = load_token_map(m, b->err)))
+        return;
+    m->engram = calloc(ne, sizeof *m->engram);
+    int64_t *primes = calloc((size_t)ne * cols, sizeof(int64_t));
+    dsv4_engram_primes(ne, G, c->engram_heads, c->engram_vocab_size, primes);
+    for (int i = 0; i < ne && !b->rc; i++) {
+        dsv4_engram *e = &m->engram[i];
+        int li = e->layer = c->engram_layer[i];
+        m->layers[li].engram = i;
+        e->cols = cols;
+        e->prime = malloc(cols * sizeof(int64_t));
+        e->offset = malloc(cols * sizeof(int64_t));
+        int64_t rows = 0;
+        for (int k = 0; k < cols; k++) {
+            e->prime[k] = primes[(size_t)i * cols + k];
+            e->offset[k] = rows;
+            rows += e->prime[k];
+        }
+        if (rows != c->engram_rows[i]) {
+            b->rc = dsv4_fail(b->err, DSV4_E_MODEL, "config: engram_num_embeddings[%d] = %lld, but the layout's primes give %lld rows",
+                              i, (long long)c->engram_rows[i], (long long)rows);
+            break;
+        }
+        if (dsv4_engram_multipliers(li, c->engram_compressed_vocab, G, e->mult)) {
+            b->rc = dsv4_fail(b->err, DSV4_E_MODEL, "config: engram_compressed_vocab_size %d gives a hash bound numpy draws in 32 bits (unsupported)",
+                              c->engram_compressed_vocab);
+            break;
+        }
+        bw(b, &e->wkv, (int64_t)(c->hc_mult + 1) * c->dim, (int64_t)cols * hd, "layers.%d.engram.wkv", li);
+        float *q = bf(b, (int64_t)c->hc_mult * c->dim, "layers.%d.engram.q_weight", li);
+        float *k = bf(b, (int64_t)c->hc_mult * c->dim, "layers.%d.engram.k_weight", li);
+        if (q && k)
+            for (int64_t j = 0; j < (int64_t)c->hc_mult * c->dim; j++)
+                q[j] *= k[j];
+        e->qk = q;
+        free(k);
+    }
+    free(primes);
 }
 
 /* inv_freq[i] for i < rd/2, as transformers builds it (fp32 powers); YaRN blends the
@@ -201,21 +414,34 @@ static int model_bind(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     m->layers = calloc(c->n_layers, sizeof(dsv4_layer));
     if (!m->layers)
         return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
+    int v41 = c->family == DSV4_FAMILY_V41;
+    if (v41 && v41_roles(m, err))
+        return err->code;
     binder b = {.m = m, .err = err};
     int per_layer = 20 + 3 * c->n_experts;
-    dsv4_progress_begin(&b.prog, "loading", (uint64_t)per_layer * c->n_layers + 6, o->progress);
+    dsv4_progress_begin(&b.prog, "loading", (uint64_t)per_layer * c->n_layers + 6 + 4 * c->n_engram, o->progress);
     bw(&b, &m->embed, c->vocab, c->dim, "embed");
     bw(&b, &m->head, c->vocab, c->dim, "head");
     m->norm = bf(&b, c->dim, "norm.weight");
-    m->hc_head_fn = bf(&b, (int64_t)c->hc_mult * c->hc_mult * c->dim, "hc_head_fn");
-    m->hc_head_base = bf(&b, c->hc_mult, "hc_head_base");
-    m->hc_head_scale = bf(&b, 1, "hc_head_scale");
-    for (int i = 0; i < c->n_layers && !b.rc; i++)
-        bind_layer(&b, i);
+    if (!v41) { /* V4.1 collapses with the last FFN site's pre instead of a head mix */
+        m->hc_head_fn = bf(&b, (int64_t)c->hc_mult * c->hc_mult * c->dim, "hc_head_fn");
+        m->hc_head_base = bf(&b, c->hc_mult, "hc_head_base");
+        m->hc_head_scale = bf(&b, 1, "hc_head_scale");
+    }
+    /* The DSpark draft stages (mtp.*) stay in the mapping unbound: drafting is not run here. */
+    for (int i = 0; i < c->n_layers && !b.rc; i++) {
+        if (v41)
+            bind_layer_v41(&b, i);
+        else
+            bind_layer(&b, i);
+    }
+    bind_engram(&b);
     b.prog.total = b.prog.done;
     dsv4_progress_end(&b.prog);
     if (b.rc)
         return b.rc;
+    if (dsv4_engram_open(m, o->engram_tables, err))
+        return err->code;
     m->inv_freq_main = rope_table(&c->rope_main, c->rope_dim);
     m->inv_freq_compress = rope_table(&c->rope_compress, c->rope_dim);
     return 0;
@@ -246,10 +472,12 @@ static int model_check(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
     m->numerics = o->numerics ? o->numerics : (c->family == DSV4_FAMILY_V41 ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32);
-    if (c->family == DSV4_FAMILY_V41)
-        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: DeepSeek-V4.1 checkpoints are not supported by this build yet", m->dir);
-    if (m->numerics != DSV4_NUMERICS_FP32)
+    if (c->family == DSV4_FAMILY_V4 && m->numerics != DSV4_NUMERICS_FP32)
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, "numerics 'ref' is defined for V4.1 checkpoints; V4 runs in fp32");
+    for (int i = 0; i < c->n_layers; i++)
+        if (c->ratio[i] > DSV4_MAX_RATIO)
+            return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: layer %d compresses by %d (at most %d)", m->dir, i, c->ratio[i],
+                             DSV4_MAX_RATIO);
     if (c->hc_mult > 16 || (c->n_heads * c->head_dim) % c->o_groups)
         return dsv4_fail(err, DSV4_E_MODEL, "%s: hc_mult %d or o_groups %d do not fit the attention shape", m->dir, c->hc_mult,
                          c->o_groups);
@@ -320,8 +548,17 @@ void dsv4_model_free(dsv4_model *m)
             free(L->w1);
             free(L->w2);
             free(L->w3);
+            free(L->ik_norm);
         }
     free(m->layers);
+    dsv4_engram_close(m);
+    for (int i = 0; m->engram && i < m->cfg.n_engram; i++) {
+        free(m->engram[i].prime);
+        free(m->engram[i].offset);
+        free(m->engram[i].qk);
+    }
+    free(m->engram);
+    free(m->token_map);
     free(m->norm);
     free(m->hc_head_fn);
     free(m->hc_head_base);

@@ -3,10 +3,12 @@
 #define DSV4_MODEL_H
 
 #include "dsv4.h"
+#include "core/core.h"
 #include "io/config.h"
 #include "io/safetensors.h"
 #include "io/weight.h"
 #include "kernels/backend.h"
+#include "model/engram.h"
 
 /* One compressor (attention's or the indexer's): width cd = d (HCA, one window) or 2d
  * (CSA, overlapping windows; entry w pools window w-1's first half and window w's second). */
@@ -34,7 +36,31 @@ typedef struct dsv4_layer {
     int32_t *tid2eid;        /* [vocab, n_active] for hash layers */
     dsv4_weight *w1, *w2, *w3; /* [E] each */
     dsv4_weight sw1, sw2, sw3;
+    /* What the sequence state holds for this layer (seq.c reads only these): */
+    int own_ent;             /* emits compressed entries (V4: ratio > 0; V4.1: KV sources) */
+    int own_ikey;            /* emits indexer keys (V4: csa; V4.1: KV sources with indexer.wk) */
+    int cw, c_span;          /* compressor-input ring row width (0: no ring) and tokens it must span */
+    int icw;                 /* V4 indexer-compressor ring row width (0: none) */
+    /* V4.1 (CSA2) roles within one forward: */
+    int kv_src;              /* layer whose compressed entries this layer attends (ratio > 0) */
+    int ikey_src;            /* layer whose index keys this index source scores against */
+    int index_source, cand_source, cand_filter;
+    dsv4_weight iwk;         /* KV sources: indexer.wk [index_dim, head_dim] */
+    float *ik_norm;          /* [index_dim] */
+    int engram;              /* index into model->engram, or -1 */
 } dsv4_layer;
+
+/* One Engram layer: hashed n-gram rows of a table, projected and gated into every stream. */
+typedef struct dsv4_engram {
+    int layer;
+    int cols;                /* (max_ngram - 1) * heads: rows fetched per token */
+    int64_t *prime;          /* [cols]: table size of each column */
+    int64_t *offset;         /* [cols]: first row of each column in the table */
+    int64_t mult[8];         /* [max_ngram]: odd hash multipliers */
+    dsv4_etable table;       /* [rows, head_dim] FP8 + per-32 scales */
+    dsv4_weight wkv;         /* [(hc + 1) * D, cols * head_dim] */
+    float *qk;               /* [hc, D]: q_weight * k_weight */
+} dsv4_engram;
 
 struct dsv4_model {
     dsv4_config cfg;
@@ -47,6 +73,11 @@ struct dsv4_model {
     float *hc_head_fn, *hc_head_base, *hc_head_scale;
     dsv4_layer *layers;
     float *inv_freq_main, *inv_freq_compress;     /* [rope_dim / 2] */
+    dsv4_engram *engram;     /* [cfg.n_engram] */
+    int32_t *token_map;      /* [vocab]: Engram compressed id of each token */
+    int32_t engram_pad;      /* compressed id of the pad token */
+    int engram_streamed;
+    uint64_t engram_bytes, engram_tokens; /* table traffic since load */
     size_t weight_bytes;
     char *dir;
 };
@@ -61,12 +92,25 @@ typedef struct dsv4_lstate {
     int64_t ent_cap;
 } dsv4_lstate;
 
+/* Rows of one forward step: (sequence, token) pairs in batch order. */
+typedef struct dsv4_step {
+    dsv4_model *m;
+    const dsv4_backend *be;
+    int R;
+    int64_t *pos;            /* [R] absolute position of each row */
+    int *row_seq;            /* [R] batch index of each row's sequence */
+    const int32_t *ids;      /* [R] token ids */
+    const dsv4_batch *b;
+} dsv4_step;
+
 struct dsv4_seq {
     dsv4_model *m;
     int64_t len;             /* tokens consumed */
     int64_t hi;              /* furthest length reached since creation/restore (bounds rollback) */
     int kv_cap, c_cap;
     dsv4_lstate *L;
+    int32_t *etok;           /* [e_cap]: Engram compressed ids by position mod e_cap */
+    int e_cap;
 };
 
 /* A model from a config's JSON text and a safetensors image in an mmap'd region (taken
@@ -76,5 +120,45 @@ dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size
 
 /* Sequence state helpers shared by the forward. */
 int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err);
+/* Rows of the compressor-input ring of a layer (its span plus the rollback reach). */
+int dsv4_c_cap(const dsv4_model *m, const dsv4_layer *L);
+
+/* Numerics (numerics.c). In FP32 mode each is the plain op; in REF mode it rounds where
+ * the V4.1 release reference does. */
+enum { DSV4_LIN_F32OUT = 1, DSV4_LIN_NOQ = 2 };
+/* be->linear, plus in REF: the input quantized to e4m3 per 32 channels (ue8m0 scale) when
+ * W is FP8/FP4 (unless DSV4_LIN_NOQ), and the output rounded to bf16 (unless F32OUT). */
+void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx,
+              float *y, int64_t ldy, int flags);
+void dsv4_rnd(const dsv4_model *m, float *x, int64_t n);          /* REF: round to bf16 */
+void dsv4_round_bf16(float *x, int64_t n);
+void dsv4_fp8_roundtrip(float *x, int64_t n, int block);          /* e4m3, ue8m0 scale per block */
+void dsv4_fp4_roundtrip(float *x, int64_t n, int block, int e4m3_scale); /* e2m1; e4m3 or ue8m0 scale */
+
+/* Largest compression ratio a compressor pools over (V4-Flash HCA: 128). */
+#define DSV4_MAX_RATIO 1024
+/* The pooled group w of a compressor (v4.c): per channel, softmax over the group's slots
+ * (with overlap: window w-1's first half and window w's second) of z (+ ape when present)
+ * weighting c. Rings [c_cap, (1 + overlap) * dim] by position mod c_cap; out [dim]. */
+void dsv4_pool_group(const dsv4_compressor *cp, const float *cring, const float *zring, int c_cap, int64_t w, float *out);
+
+/* A scored entry for the family's top-k selections (v4.c): descending score, ties to the
+ * lower index. */
+typedef struct dsv4_scored { float s; int64_t w; } dsv4_scored;
+/* The min(k, nvis) best of tmp[0..nvis) (reordered) into sel, ascending entry order; returns the count. */
+int dsv4_topk_ascending(dsv4_scored *tmp, int64_t nvis, int k, int64_t *sel);
+void dsv4_sort_scored(dsv4_scored *v, int64_t n);
+static inline float *dsv4_fbuf(size_t n, dsv4_err *err) { return dsv4_xmalloc(n * sizeof(float), err); }
+
+/* The routed + shared expert FFN of layer li over R rows (v4.c); ids for hash routing. */
+int dsv4_moe(const dsv4_model *m, int li, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err);
+/* Engram tables of the model: resident or streamed per opts (AUTO: streamed when the
+ * tables exceed half of RAM); engram_io.c. */
+int dsv4_engram_open(dsv4_model *m, int mode, dsv4_err *err);
+void dsv4_engram_close(dsv4_model *m);
+
+/* The V4.1 layers (v41.c): X [R, n, D] in, out; h [R, D] the final collapse. */
+int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err);
+
 
 #endif

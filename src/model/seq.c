@@ -11,12 +11,7 @@
 #include "core/core.h"
 #include "model/model.h"
 
-static int c_cap_of(const dsv4_model *m, const dsv4_layer *L)
-{
-    return (1 + L->csa) * L->ratio + m->max_rollback;
-}
-
-static int cw_of(const dsv4_layer *L, const dsv4_config *c) { return (1 + L->csa) * c->head_dim; }
+int dsv4_c_cap(const dsv4_model *m, const dsv4_layer *L) { return L->c_span + m->max_rollback; }
 
 dsv4_seq *dsv4_seq_new(dsv4_model *m, dsv4_err *err)
 {
@@ -34,14 +29,18 @@ dsv4_seq *dsv4_seq_new(dsv4_model *m, dsv4_err *err)
         const dsv4_layer *L = &m->layers[i];
         dsv4_lstate *ls = &s->L[i];
         ok = (ls->kv = calloc((size_t)s->kv_cap * c->head_dim, sizeof(float))) != NULL;
-        if (L->ratio > 0 && ok) {
-            size_t n = (size_t)c_cap_of(m, L) * cw_of(L, c);
+        if (L->cw && ok) {
+            size_t n = (size_t)dsv4_c_cap(m, L) * L->cw;
             ok = (ls->c = calloc(n, sizeof(float))) && (ls->z = calloc(n, sizeof(float)));
-            if (L->csa && ok) {
-                size_t ni = (size_t)c_cap_of(m, L) * 2 * c->index_dim;
-                ok = (ls->ic = calloc(ni, sizeof(float))) && (ls->iz = calloc(ni, sizeof(float)));
-            }
         }
+        if (L->icw && ok) {
+            size_t ni = (size_t)dsv4_c_cap(m, L) * L->icw;
+            ok = (ls->ic = calloc(ni, sizeof(float))) && (ls->iz = calloc(ni, sizeof(float)));
+        }
+    }
+    if (ok && c->n_engram) {
+        s->e_cap = c->engram_max_ngram - 1 + m->max_rollback;
+        ok = (s->etok = calloc(s->e_cap, sizeof(int32_t))) != NULL;
     }
     if (!ok) {
         dsv4_seq_free(s);
@@ -67,6 +66,7 @@ void dsv4_seq_free(dsv4_seq *s)
             free(ls->ikey);
         }
     free(s->L);
+    free(s->etok);
     free(s);
 }
 
@@ -79,7 +79,7 @@ int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err)
     for (int i = 0; i < c->n_layers; i++) {
         const dsv4_layer *L = &s->m->layers[i];
         dsv4_lstate *ls = &s->L[i];
-        if (!L->ratio)
+        if (!L->own_ent)
             continue;
         int64_t need = n_tokens / L->ratio;
         if (need <= ls->ent_cap)
@@ -91,7 +91,7 @@ int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err)
         if (!e)
             return dsv4_fail(err, DSV4_E_NOMEM, "out of memory growing the compressed cache to %lld entries", (long long)cap);
         ls->ent = e;
-        if (L->csa) {
+        if (L->own_ikey) {
             float *k = realloc(ls->ikey, (size_t)cap * c->index_dim * sizeof(float));
             if (!k)
                 return dsv4_fail(err, DSV4_E_NOMEM, "out of memory growing the indexer keys to %lld entries", (long long)cap);
@@ -102,8 +102,9 @@ int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err)
     return 0;
 }
 
-/* Walks every buffer of the state in a fixed order; used by save, restore, copy and bytes. */
-typedef void (*visit_fn)(void *ctx, float *buf, size_t n_floats);
+/* Walks every buffer of the state in a fixed order; used by save, restore, copy and bytes.
+ * Buffers are moved as 4-byte words (the Engram history is int32, the rest float). */
+typedef void (*visit_fn)(void *ctx, void *buf, size_t n_words);
 
 static void visit(dsv4_seq *s, visit_fn f, void *ctx)
 {
@@ -112,22 +113,26 @@ static void visit(dsv4_seq *s, visit_fn f, void *ctx)
         const dsv4_layer *L = &s->m->layers[i];
         dsv4_lstate *ls = &s->L[i];
         f(ctx, ls->kv, (size_t)s->kv_cap * c->head_dim);
-        if (!L->ratio)
-            continue;
-        size_t n = (size_t)c_cap_of(s->m, L) * cw_of(L, c), ne = (size_t)(s->len / L->ratio);
-        f(ctx, ls->c, n);
-        f(ctx, ls->z, n);
-        f(ctx, ls->ent, ne * c->head_dim);
-        if (L->csa) {
-            size_t ni = (size_t)c_cap_of(s->m, L) * 2 * c->index_dim;
+        size_t n = (size_t)dsv4_c_cap(s->m, L) * L->cw, ne = L->own_ent ? (size_t)(s->len / L->ratio) : 0;
+        if (L->cw) {
+            f(ctx, ls->c, n);
+            f(ctx, ls->z, n);
+        }
+        if (L->own_ent)
+            f(ctx, ls->ent, ne * c->head_dim);
+        if (L->icw) {
+            size_t ni = (size_t)dsv4_c_cap(s->m, L) * L->icw;
             f(ctx, ls->ic, ni);
             f(ctx, ls->iz, ni);
-            f(ctx, ls->ikey, ne * c->index_dim);
         }
+        if (L->own_ikey)
+            f(ctx, ls->ikey, ne * c->index_dim);
     }
+    if (s->etok)
+        f(ctx, s->etok, (size_t)s->e_cap);
 }
 
-static void count_fn(void *ctx, float *buf, size_t n)
+static void count_fn(void *ctx, void *buf, size_t n)
 {
     (void)buf;
     *(size_t *)ctx += n * sizeof(float);
@@ -141,13 +146,13 @@ size_t dsv4_seq_bytes(const dsv4_seq *s)
 }
 
 typedef struct { uint8_t *p; const uint8_t *q; } cursor;
-static void put_fn(void *ctx, float *buf, size_t n)
+static void put_fn(void *ctx, void *buf, size_t n)
 {
     cursor *c = ctx;
     memcpy(c->p, buf, n * sizeof(float));
     c->p += n * sizeof(float);
 }
-static void get_fn(void *ctx, float *buf, size_t n)
+static void get_fn(void *ctx, void *buf, size_t n)
 {
     cursor *c = ctx;
     memcpy(buf, c->q, n * sizeof(float));
@@ -166,6 +171,11 @@ static uint64_t layout_id(const dsv4_seq *s)
         h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
     for (int i = 0; i < c->n_layers; i++)
         h = (h ^ (uint64_t)(c->ratio[i] * 2 + s->m->layers[i].csa)) * 1099511628211ull;
+    if (c->family == DSV4_FAMILY_V41) { /* which layers own caches, and the Engram history */
+        for (int i = 0; i < c->n_layers; i++)
+            h = (h ^ (uint64_t)(s->m->layers[i].own_ent * 2 + s->m->layers[i].own_ikey)) * 1099511628211ull;
+        h = (h ^ (uint64_t)s->e_cap) * 1099511628211ull;
+    }
     return h;
 }
 

@@ -120,13 +120,56 @@ static const syn_shape v4_flash = {129280, 4096, 64, 512, 64, 1024, 8, 1024, 256
 /* A toy at the real vocabulary (so the real tokenizer drives it) with every layer kind. */
 static const syn_shape tiny = {129280, 64, 2, 64, 16, 32, 2, 16, 8, 2, 32, 2, 32, 8, 16, 4, 16, 32};
 
+static const syn_shape v41_flash = {129280, 5120, 64, 512, 64, 1280, 8, 1024, 384, 6, 2304, 32, 128, 512, 128, 2, 1, 32};
+
+/* V4.1-Flash's CSA2 schedule in N layers: the first half ratio 2 (layer 0 its KV and index
+ * source), the rest ratio 1 (its first layer the KV, index and candidate source, a re-index
+ * source every 4 layers after). No Engram: its tables (~190 GB) are measured by engram-bench. */
+static int v41_kv_source(int li, int n_layers) { return li == 0 || li == (n_layers + 1) / 2; }
+static int v41_index_source(int li, int n_layers)
+{
+    int h = (n_layers + 1) / 2;
+    return li == 0 || (li >= h && (li - h) % 4 == 0);
+}
+
+static void v41_config(const syn_shape *sh, int n_layers, int *sched, char *cfg, size_t cfg_n)
+{
+    int h = (n_layers + 1) / 2, pos = 0, ip = 0, kp = 0;
+    char ratios[512] = "", kv[64] = "", idx[512] = "";
+    for (int i = 0; i < n_layers; i++) {
+        sched[i] = i < h ? 2 : 1;
+        pos += snprintf(ratios + pos, sizeof ratios - pos, i ? ",%d" : "%d", sched[i]);
+        if (v41_index_source(i, n_layers))
+            ip += snprintf(idx + ip, sizeof idx - ip, ip ? ",%d" : "%d", i);
+        if (v41_kv_source(i, n_layers))
+            kp += snprintf(kv + kp, sizeof kv - kp, kp ? ",%d" : "%d", i);
+    }
+    snprintf(cfg, cfg_n,
+             "{\"architectures\":[\"DeepseekV41ForCausalLM\"],\"model_type\":\"deepseek_v41\",\"bos_token_id\":0,\"eos_token_id\":1,"
+             "\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\",\"scale_fmt\":\"ue8m0\",\"weight_block_size\":[32,32],"
+             "\"expert_dtype\":\"fp4\"},\"text_config\":{\"vocab_size\":%d,\"hidden_size\":%d,\"num_hidden_layers\":%d,"
+             "\"num_attention_heads\":%d,\"head_dim\":%d,\"qk_rope_head_dim\":%d,\"q_lora_rank\":%d,\"o_groups\":%d,"
+             "\"o_lora_rank\":%d,\"sliding_window\":%d,\"compress_ratios\":[%s],\"kv_source_layer_ids\":[%s],"
+             "\"index_source_layer_ids\":[%s],\"candidate_source_layer_id\":%d,\"candidate_topk_blocks\":2048,"
+             "\"candidate_block_size\":8,\"index_n_heads\":%d,\"index_head_dim\":%d,\"index_topk\":%d,"
+             "\"n_routed_experts\":%d,\"num_experts_per_tok\":%d,\"n_shared_experts\":1,\"moe_intermediate_size\":%d,"
+             "\"swiglu_limit\":10.0,\"routed_scaling_factor\":1.5,\"hc_mult\":4,\"hc_sinkhorn_iters\":20,\"hc_eps\":1e-6,"
+             "\"rms_norm_eps\":1e-20,\"rope_theta\":10000,\"compress_rope_theta\":160000,\"max_position_embeddings\":1048576,"
+             "\"rope_scaling\":{\"type\":\"yarn\",\"factor\":16,\"original_max_position_embeddings\":65536,\"beta_fast\":32,"
+             "\"beta_slow\":1},\"engram_layer_ids\":[]}}",
+             sh->V, sh->D, n_layers, sh->H, sh->d, sh->rd, sh->Q, sh->G, sh->OR, sh->W, ratios, kv, idx, h < n_layers ? h : -1,
+             sh->NI, sh->CI, sh->topk, sh->E, sh->K, sh->I);
+}
+
 /* Builds the config JSON and the safetensors image (an anonymous mapping) of a preset. */
 static int synth_build(const char *preset, int n_layers, int progress, char *cfg, size_t cfg_n, uint8_t **img_out,
                        size_t *len_out, dsv4_err *err)
 {
-    const syn_shape *sh = !strcmp(preset, "v4-flash") ? &v4_flash : !strcmp(preset, "tiny") ? &tiny : NULL;
+    const syn_shape *sh = !strcmp(preset, "v4-flash") ? &v4_flash : !strcmp(preset, "tiny") ? &tiny
+                        : !strcmp(preset, "v4.1-flash") ? &v41_flash : NULL;
     if (!sh)
-        return dsv4_fail(err, DSV4_E_ARG, "unknown synthetic preset '%s' (known: v4-flash, tiny)", preset);
+        return dsv4_fail(err, DSV4_E_ARG, "unknown synthetic preset '%s' (known: v4-flash, v4.1-flash, tiny)", preset);
+    int v41 = sh == &v41_flash;
     if (n_layers < 1 || n_layers > 43)
         return dsv4_fail(err, DSV4_E_ARG, "%d layers: a synthetic model has 1 to 43", n_layers);
     const int V = sh->V, D = sh->D, H = sh->H, d = sh->d, Q = sh->Q, G = sh->G, OR = sh->OR, E = sh->E, K = sh->K,
@@ -141,7 +184,10 @@ static int synth_build(const char *preset, int n_layers, int progress, char *cfg
         sched[i] = j < 2 ? 0 : (j % 2 == 0) ? sh->csa : sh->hca;
         pos += snprintf(ratios + pos, sizeof ratios - pos, i ? ",%d" : "%d", sched[i]);
     }
-    snprintf(cfg, cfg_n,
+    if (v41)
+        v41_config(sh, n_layers, sched, cfg, cfg_n);
+    else
+        snprintf(cfg, cfg_n,
              "{\"architectures\":[\"DeepseekV4ForCausalLM\"],\"model_type\":\"deepseek_v4\",\"vocab_size\":%d,"
              "\"hidden_size\":%d,\"num_hidden_layers\":%d,\"num_attention_heads\":%d,\"head_dim\":%d,\"qk_rope_head_dim\":%d,"
              "\"q_lora_rank\":%d,\"o_groups\":%d,\"o_lora_rank\":%d,\"sliding_window\":%d,\"compress_ratios\":[%s],"
@@ -159,11 +205,13 @@ static int synth_build(const char *preset, int n_layers, int progress, char *cfg
     add(&l, DSV4_DT_BF16, V, D, 0, "embed.weight");
     add(&l, DSV4_DT_BF16, V, D, 0, "head.weight");
     add(&l, DSV4_DT_BF16, D, 0, 1, "norm.weight");
-    add(&l, DSV4_DT_F32, 4, 4 * D, 6, "hc_head_fn");
-    add(&l, DSV4_DT_F32, 4, 0, 2, "hc_head_base");
-    add(&l, DSV4_DT_F32, 1, 0, 1, "hc_head_scale");
+    if (!v41) {
+        add(&l, DSV4_DT_F32, 4, 4 * D, 6, "hc_head_fn");
+        add(&l, DSV4_DT_F32, 4, 0, 2, "hc_head_base");
+        add(&l, DSV4_DT_F32, 1, 0, 1, "hc_head_scale");
+    }
     for (int li = 0; li < n_layers; li++) {
-        int m = sched[li], csa = m == sh->csa, cw = (1 + csa) * d;
+        int m = sched[li], csa = !v41 && m == sh->csa, cw = (1 + csa) * d;
 #define P(s) (snprintf(p, sizeof p, "layers.%d.%s", li, s), p)
         add(&l, DSV4_DT_BF16, D, 0, 1, "%s", P("attn_norm.weight"));
         add(&l, DSV4_DT_BF16, D, 0, 1, "%s", P("ffn_norm.weight"));
@@ -181,7 +229,19 @@ static int synth_build(const char *preset, int n_layers, int progress, char *cfg
         fp8(&l, (int64_t)G * OR, (int64_t)H * d / G, P("attn.wo_a"));
         fp8(&l, D, (int64_t)G * OR, P("attn.wo_b"));
         add(&l, DSV4_DT_F32, H, 0, 2, "%s", P("attn.attn_sink"));
-        if (m) {
+        if (v41 && v41_kv_source(li, n_layers)) {
+            add(&l, DSV4_DT_BF16, d, D, 0, "%s", P("attn.compressor.wkv.weight"));
+            if (m > 1)
+                add(&l, DSV4_DT_BF16, d, D, 0, "%s", P("attn.compressor.wgate.weight"));
+            add(&l, DSV4_DT_BF16, d, 0, 1, "%s", P("attn.compressor.norm.weight"));
+            add(&l, DSV4_DT_BF16, CI, d, 0, "%s", P("attn.indexer.wk.weight"));
+            add(&l, DSV4_DT_BF16, CI, 0, 1, "%s", P("attn.indexer.k_norm.weight"));
+        }
+        if (v41 && v41_index_source(li, n_layers)) {
+            fp8(&l, (int64_t)NI * CI, Q, P("attn.indexer.wq_b"));
+            add(&l, DSV4_DT_BF16, NI, D, 0, "%s", P("attn.indexer.weights_proj.weight"));
+        }
+        if (m && !v41) {
             add(&l, DSV4_DT_BF16, cw, D, 0, "%s", P("attn.compressor.wkv.weight"));
             add(&l, DSV4_DT_BF16, cw, D, 0, "%s", P("attn.compressor.wgate.weight"));
             add(&l, DSV4_DT_F32, m, cw, 2, "%s", P("attn.compressor.ape"));

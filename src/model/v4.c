@@ -11,39 +11,26 @@
 #include "core/core.h"
 #include "model/model.h"
 
-typedef struct fwd {
-    dsv4_model *m;
-    const dsv4_backend *be;
-    int R;
-    int64_t *pos;            /* [R] absolute position of each row */
-    int *row_seq;            /* [R] batch index of each row's sequence */
-    const int32_t *ids;      /* [R] token ids */
-    const dsv4_batch *b;
-} fwd;
+typedef dsv4_step fwd;
 
-static float *fbuf(size_t n, dsv4_err *err) { return dsv4_xmalloc(n * sizeof(float), err); }
 
-/* Compressed entry w of one compressor: per channel, softmax over the window's slots of
- * (z + ape) weighting c; then the weighted norm and the compressed rope at position w*m. */
-static void emit_entry(const fwd *f, const dsv4_compressor *cp, const float *cring, const float *zring, int c_cap,
-                       int64_t w, float *out)
+void dsv4_pool_group(const dsv4_compressor *cp, const float *cring, const float *zring, int c_cap, int64_t w, float *out)
 {
-    const dsv4_model *m = f->m;
     int mr = cp->ratio, dim = cp->dim, cw = (1 + cp->overlap) * dim, off = cp->overlap ? dim : 0;
     int nslot = (cp->overlap && w > 0) ? 2 * mr : mr;
-    float *lg = malloc(2 * mr * sizeof(float)), *vv = malloc(2 * mr * sizeof(float));
+    float lg[2 * DSV4_MAX_RATIO], vv[2 * DSV4_MAX_RATIO];
     for (int ch = 0; ch < dim; ch++) {
         int s = 0;
         if (nslot == 2 * mr)
             for (int j = 0; j < mr; j++) {
                 int64_t tok = (w - 1) * mr + j, slot = tok % c_cap;
                 vv[s] = cring[slot * cw + ch];
-                lg[s++] = zring[slot * cw + ch] + cp->ape[(int64_t)j * cw + ch];
+                lg[s++] = zring[slot * cw + ch] + (cp->ape ? cp->ape[(int64_t)j * cw + ch] : 0.0f);
             }
         for (int j = 0; j < mr; j++) {
             int64_t tok = w * mr + j, slot = tok % c_cap;
             vv[s] = cring[slot * cw + off + ch];
-            lg[s++] = zring[slot * cw + off + ch] + cp->ape[(int64_t)j * cw + off + ch];
+            lg[s++] = zring[slot * cw + off + ch] + (cp->ape ? cp->ape[(int64_t)j * cw + off + ch] : 0.0f);
         }
         float mx = -INFINITY, den = 0, acc = 0;
         for (int i = 0; i < s; i++)
@@ -55,18 +42,24 @@ static void emit_entry(const fwd *f, const dsv4_compressor *cp, const float *cri
         }
         out[ch] = acc / den;
     }
-    free(lg);
-    free(vv);
-    f->be->rmsnorm(out, 1, dim, cp->norm, (float)m->cfg.norm_eps, out);
-    int64_t p = w * mr;
-    f->be->rope(out, 1, dim, 1, dim, m->cfg.rope_dim, m->inv_freq_compress, &p, 0);
 }
 
-typedef struct scored { float s; int64_t w; } scored;
+/* Compressed entry w of one compressor: the pooled group, then the weighted norm and the
+ * compressed rope at position w*m. */
+static void emit_entry(const fwd *f, const dsv4_compressor *cp, const float *cring, const float *zring, int c_cap,
+                       int64_t w, float *out)
+{
+    const dsv4_model *m = f->m;
+    dsv4_pool_group(cp, cring, zring, c_cap, w, out);
+    f->be->rmsnorm(out, 1, cp->dim, cp->norm, (float)m->cfg.norm_eps, out);
+    int64_t p = w * cp->ratio;
+    f->be->rope(out, 1, cp->dim, 1, cp->dim, m->cfg.rope_dim, m->inv_freq_compress, &p, 0);
+}
 
+/* Descending score, ties to the lower index (normative for every top-k of the family). */
 static int by_score_then_lower(const void *a, const void *b)
 {
-    const scored *x = a, *y = b;
+    const dsv4_scored *x = a, *y = b;
     if (x->s != y->s)
         return x->s > y->s ? -1 : 1;
     return x->w < y->w ? -1 : x->w > y->w;
@@ -78,10 +71,23 @@ static int by_index(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+int dsv4_topk_ascending(dsv4_scored *tmp, int64_t nvis, int k, int64_t *sel)
+{
+    int64_t n = nvis < k ? nvis : k;
+    if (nvis > k)
+        qsort(tmp, nvis, sizeof *tmp, by_score_then_lower);
+    for (int64_t i = 0; i < n; i++)
+        sel[i] = tmp[i].w;
+    qsort(sel, n, sizeof *sel, by_index);
+    return (int)n;
+}
+
+void dsv4_sort_scored(dsv4_scored *v, int64_t n) { qsort(v, n, sizeof *v, by_score_then_lower); }
+
 /* Indexer selection for one query: the index_topk entries of highest score among the nvis
  * visible ones (ties to the lower entry), returned in ascending entry order. */
 static int index_select(const fwd *f, const float *qi, const float *wt, const float *ikey, int64_t nvis, int64_t *sel,
-                        scored *tmp)
+                        dsv4_scored *tmp)
 {
     const dsv4_config *c = &f->m->cfg;
     int nI = c->index_heads, ci = c->index_dim, k = c->index_topk;
@@ -95,13 +101,7 @@ static int index_select(const fwd *f, const float *qi, const float *wt, const fl
         tmp[w].s = s * isq;
         tmp[w].w = w;
     }
-    int64_t n = nvis < k ? nvis : k;
-    if (nvis > k)
-        qsort(tmp, nvis, sizeof *tmp, by_score_then_lower);
-    for (int64_t i = 0; i < n; i++)
-        sel[i] = tmp[i].w;
-    qsort(sel, n, sizeof *sel, by_index);
-    return (int)n;
+    return dsv4_topk_ascending(tmp, nvis, k, sel);
 }
 
 static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
@@ -115,18 +115,18 @@ static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
     float eps = (float)c->norm_eps;
     const float *freq = L->ratio ? m->inv_freq_compress : m->inv_freq_main;
     int cw = (1 + L->csa) * d, nI = c->index_heads, ci = c->index_dim;
-    float *qr = fbuf((size_t)R * c->q_lora, err), *q = fbuf((size_t)R * Hd, err), *kv = fbuf((size_t)R * d, err);
-    float *o = fbuf((size_t)R * Hd, err), *t = fbuf((size_t)R * c->o_groups * c->o_lora, err);
+    float *qr = dsv4_fbuf((size_t)R * c->q_lora, err), *q = dsv4_fbuf((size_t)R * Hd, err), *kv = dsv4_fbuf((size_t)R * d, err);
+    float *o = dsv4_fbuf((size_t)R * Hd, err), *t = dsv4_fbuf((size_t)R * c->o_groups * c->o_lora, err);
     float *cc = NULL, *zz = NULL, *ic = NULL, *iz = NULL, *qi = NULL, *wt = NULL;
     if (L->ratio) {
-        cc = fbuf((size_t)R * cw, err);
-        zz = fbuf((size_t)R * cw, err);
+        cc = dsv4_fbuf((size_t)R * cw, err);
+        zz = dsv4_fbuf((size_t)R * cw, err);
     }
     if (L->csa) {
-        ic = fbuf((size_t)R * 2 * ci, err);
-        iz = fbuf((size_t)R * 2 * ci, err);
-        qi = fbuf((size_t)R * nI * ci, err);
-        wt = fbuf((size_t)R * nI, err);
+        ic = dsv4_fbuf((size_t)R * 2 * ci, err);
+        iz = dsv4_fbuf((size_t)R * 2 * ci, err);
+        qi = dsv4_fbuf((size_t)R * nI * ci, err);
+        wt = dsv4_fbuf((size_t)R * nI, err);
     }
     int rc = err && err->code;
     if (rc)
@@ -164,7 +164,7 @@ static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
     }
     const float **keys = malloc((W + max_vis + 1) * sizeof *keys);
     int64_t *sel = malloc((max_vis + 1) * sizeof *sel);
-    scored *tmp = malloc((max_vis + 1) * sizeof *tmp);
+    dsv4_scored *tmp = malloc((max_vis + 1) * sizeof *tmp);
     float scale = 1.0f / sqrtf((float)d);
     for (int r = 0; r < R; r++) {
         dsv4_seq *s = f->b->seqs[f->row_seq[r]];
@@ -230,20 +230,21 @@ static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 /* Routed experts (top-k of score + bias, or the hash table's experts) plus the shared
  * expert. Rows routed to an expert are gathered and projected together; each row's
- * weighted sum runs over its chosen experts in selection order. */
-static int moe(fwd *f, int li, const float *x, float *y, dsv4_err *err)
+ * weighted sum runs over its chosen experts in selection order. V4 weights each expert's
+ * output; V4.1 weights the expert's hidden activation before w2 (spec §8), and in REF
+ * numerics rounds that activation and each projection to bf16. x: [R, D], y: [R, D]. */
+int dsv4_moe(const dsv4_model *m, int li, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err)
 {
-    dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
-    const dsv4_backend *be = f->be;
     const dsv4_layer *L = &m->layers[li];
-    int R = f->R, D = c->dim, E = c->n_experts, K = c->n_active, I = c->moe_inter;
+    int D = c->dim, E = c->n_experts, K = c->n_active, I = c->moe_inter;
+    int v41 = c->family == DSV4_FAMILY_V41;
     float lim = (float)c->swiglu_limit;
-    float *lg = fbuf((size_t)R * E, err), *Y = fbuf((size_t)R * K * D, err), *wts = fbuf((size_t)R * K, err);
+    float *lg = dsv4_fbuf((size_t)R * E, err), *Y = dsv4_fbuf((size_t)R * K * D, err), *wts = dsv4_fbuf((size_t)R * K, err);
     int *eid = malloc((size_t)R * K * sizeof(int)), *cnt = calloc(E, sizeof(int)), *rows = malloc((size_t)R * K * sizeof(int));
     int64_t SI = (int64_t)I * (c->n_shared > 0 ? c->n_shared : 1), HI = SI > I ? SI : I;
-    float *xb = fbuf((size_t)R * D, err), *g = fbuf((size_t)R * HI, err), *u = fbuf((size_t)R * HI, err);
-    float *yb = fbuf((size_t)R * D, err), *ys = fbuf((size_t)R * D, err);
+    float *xb = dsv4_fbuf((size_t)R * D, err), *g = dsv4_fbuf((size_t)R * HI, err), *u = dsv4_fbuf((size_t)R * HI, err);
+    float *yb = dsv4_fbuf((size_t)R * D, err), *ys = dsv4_fbuf((size_t)R * D, err);
     int rc = (err && err->code) || !eid || !cnt || !rows;
     if (rc) {
         if (!err->code)
@@ -251,7 +252,7 @@ static int moe(fwd *f, int li, const float *x, float *y, dsv4_err *err)
         rc = err->code;
         goto out;
     }
-    be->linear(&L->gate, 0, E, x, R, D, lg, E);
+    dsv4_lin(m, &L->gate, 0, E, x, R, D, lg, E, DSV4_LIN_F32OUT | DSV4_LIN_NOQ);
     for (int r = 0; r < R; r++) {
         float *sc = lg + (int64_t)r * E;
         for (int e = 0; e < E; e++)
@@ -259,7 +260,7 @@ static int moe(fwd *f, int li, const float *x, float *y, dsv4_err *err)
         int *ch = eid + r * K;
         if (L->hash) {
             for (int k = 0; k < K; k++)
-                ch[k] = L->tid2eid[(int64_t)f->ids[r] * K + k];
+                ch[k] = L->tid2eid[(int64_t)ids[r] * K + k];
         } else {
             for (int k = 0; k < K; k++) { /* k-th best of score + bias, ties to the lower expert */
                 int best = -1;
@@ -298,27 +299,34 @@ static int moe(fwd *f, int li, const float *x, float *y, dsv4_err *err)
                 memcpy(xb + (int64_t)n * D, x + (int64_t)(i / K) * D, D * sizeof(float));
                 n++;
             }
-        be->linear(&L->w1[e], 0, I, xb, n, D, g, I);
-        be->linear(&L->w3[e], 0, I, xb, n, D, u, I);
-        be->swiglu(g, u, (int64_t)n * I, lim, g);
-        be->linear(&L->w2[e], 0, D, g, n, I, yb, D);
+        dsv4_lin(m, &L->w1[e], 0, I, xb, n, D, g, I, 0);
+        dsv4_lin(m, &L->w3[e], 0, I, xb, n, D, u, I, 0);
+        m->be->swiglu(g, u, (int64_t)n * I, lim, g);
+        if (v41)
+            for (int i = 0; i < n; i++)
+                for (int j = 0; j < I; j++)
+                    g[(int64_t)i * I + j] *= wts[rows[i]];
+        dsv4_rnd(m, g, (int64_t)n * I);
+        dsv4_lin(m, &L->w2[e], 0, D, g, n, I, yb, D, 0);
         for (int i = 0; i < n; i++)
             memcpy(Y + (int64_t)rows[i] * D, yb + (int64_t)i * D, D * sizeof(float));
     }
     if (c->n_shared > 0) {
-        be->linear(&L->sw1, 0, SI, x, R, D, g, SI);
-        be->linear(&L->sw3, 0, SI, x, R, D, u, SI);
-        be->swiglu(g, u, (int64_t)R * SI, lim, g);
-        be->linear(&L->sw2, 0, D, g, R, SI, ys, D);
+        dsv4_lin(m, &L->sw1, 0, SI, x, R, D, g, SI, 0);
+        dsv4_lin(m, &L->sw3, 0, SI, x, R, D, u, SI, 0);
+        m->be->swiglu(g, u, (int64_t)R * SI, lim, g);
+        dsv4_rnd(m, g, (int64_t)R * SI);
+        dsv4_lin(m, &L->sw2, 0, D, g, R, SI, ys, D, 0);
     } else
         memset(ys, 0, (size_t)R * D * sizeof(float));
     for (int r = 0; r < R; r++)
         for (int dd = 0; dd < D; dd++) {
             float s = 0;
             for (int k = 0; k < K; k++)
-                s += wts[r * K + k] * Y[((int64_t)r * K + k) * D + dd];
+                s += (v41 ? 1.0f : wts[r * K + k]) * Y[((int64_t)r * K + k) * D + dd];
             y[(int64_t)r * D + dd] = s + ys[(int64_t)r * D + dd];
         }
+    dsv4_rnd(m, y, (int64_t)R * D);
 out:
     free(lg);
     free(Y);
@@ -368,9 +376,9 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
     f.pos = malloc(R * sizeof(int64_t));
     f.row_seq = malloc(R * sizeof(int));
     int32_t *ids = malloc(R * sizeof(int32_t));
-    float *X = fbuf((size_t)R * n * D, err), *h = fbuf((size_t)R * D, err), *a = fbuf((size_t)R * D, err);
-    float *y = fbuf((size_t)R * D, err), *pre = fbuf((size_t)R * n, err), *post = fbuf((size_t)R * n, err);
-    float *comb = fbuf((size_t)R * n * n, err);
+    float *X = dsv4_fbuf((size_t)R * n * D, err), *h = dsv4_fbuf((size_t)R * D, err), *a = dsv4_fbuf((size_t)R * D, err);
+    float *y = dsv4_fbuf((size_t)R * D, err), *pre = dsv4_fbuf((size_t)R * n, err), *post = dsv4_fbuf((size_t)R * n, err);
+    float *comb = dsv4_fbuf((size_t)R * n * n, err);
     int rc = (err && err->code) || !f.pos || !f.row_seq || !ids;
     if (rc) {
         rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory for a step of %d rows", R);
@@ -390,7 +398,9 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
             memcpy(X + ((int64_t)r * n + i) * D, X + (int64_t)r * n * D, D * sizeof(float));
     }
     float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
-    for (int li = 0; li < c->n_layers && !rc; li++) {
+    if (c->family == DSV4_FAMILY_V41)
+        rc = dsv4_v41_layers(&f, X, h, err);
+    for (int li = 0; li < c->n_layers && !rc && c->family == DSV4_FAMILY_V4; li++) {
         const dsv4_layer *L = &m->layers[li];
         be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre, post, comb, h);
         be->rmsnorm(h, R, D, L->attn_norm, eps, a);
@@ -399,7 +409,7 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
         be->hc_post(X, y, R, n, D, post, comb);
         be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre, post, comb, h);
         be->rmsnorm(h, R, D, L->ffn_norm, eps, a);
-        if ((rc = moe(&f, li, a, y, err)))
+        if ((rc = dsv4_moe(m, li, ids, R, a, y, err)))
             break;
         be->hc_post(X, y, R, n, D, post, comb);
     }
@@ -411,18 +421,23 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
             b->seqs[i]->hi = b->seqs[i]->len;
     }
     if (b->logits) {
-        /* Head rows: every row, or each sequence's last. */
-        int nr = 0;
+        /* Head rows: every row, or each sequence's last. V4.1's layers already left the
+         * final collapse in h; V4 collapses the selected rows with its head mix. */
+        int v41 = c->family == DSV4_FAMILY_V41, nr = 0;
         for (int i = 0, r = 0; i < b->n_seqs; i++) {
             for (int j = 0; j < b->n_ids[i]; j++, r++)
                 if (b->all_logits || j == b->n_ids[i] - 1) {
-                    if (nr != r)
+                    if (nr != r && v41)
+                        memmove(h + (int64_t)nr * D, h + (int64_t)r * D, (size_t)D * sizeof(float));
+                    else if (nr != r)
                         memmove(X + (int64_t)nr * n * D, X + (int64_t)r * n * D, (size_t)n * D * sizeof(float));
                     nr++;
                 }
         }
-        be->hc_pre(X, nr, n, D, m->hc_head_fn, m->hc_head_base, m->hc_head_scale, 0, hce, eps, pre, NULL, NULL, h);
+        if (!v41)
+            be->hc_pre(X, nr, n, D, m->hc_head_fn, m->hc_head_base, m->hc_head_scale, 0, hce, eps, pre, NULL, NULL, h);
         be->rmsnorm(h, nr, D, m->norm, eps, h);
+        dsv4_rnd(m, h, (int64_t)nr * D);
         be->linear(&m->head, 0, c->vocab, h, nr, D, b->logits, c->vocab);
     }
 out:

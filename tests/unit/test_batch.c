@@ -104,6 +104,20 @@ int main(void)
     CHECK(dsv4_forward(m, &b2, &err) && strstr(err.msg, "same sequence"), "same sequence twice: %s", err.msg);
     int64_t before = dsv4_seq_len(seqs[1]);
     CHECK(dsv4_seq_truncate(seqs[1], before + 1, &err) != 0, "truncate beyond the length must fail");
+    /* rollback is bounded by max_rollback; past it the caller must restore a saved state */
+    dsv4_load_opts lo = {.max_rollback = 8};
+    dsv4_model *m8 = dsv4_model_load(dir, &lo, &err);
+    dsv4_seq *s8 = m8 ? dsv4_seq_new(m8, &err) : NULL;
+    if (s8) {
+        const int32_t *p = prompt[2];
+        int n = plen[2];
+        dsv4_batch b = {.n_seqs = 1, .seqs = &s8, .ids = &p, .n_ids = &n};
+        dsv4_forward(m8, &b, &err);
+        CHECK(!dsv4_seq_truncate(s8, n - 8, &err), "rollback by max_rollback: %s", err.msg);
+        CHECK(dsv4_seq_truncate(s8, n - 9, &err) == DSV4_E_STATE && strstr(err.msg, "restore"), "rollback past it: %s", err.msg);
+    }
+    dsv4_seq_free(s8);
+    dsv4_model_free(m8);
     for (int i = 0; i < NS; i++) {
         dsv4_seq_free(seqs[i]);
         free(prompt[i]);

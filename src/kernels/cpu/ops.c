@@ -40,11 +40,25 @@ float dsv4_dot(const float *a, const float *b, int64_t n)
     return acc;
 }
 
+/* 2^(e-127) built from its bits: e8m0 scales are read once per block on the hot path. */
+static inline float e8m0_fast(uint8_t e)
+{
+    uint32_t u = e ? (uint32_t)e << 23 : 0x00400000u;
+    float f;
+    memcpy(&f, &u, 4);
+    return e == 0xff ? NAN : f;
+}
+
+static inline float block_scale(const dsv4_weight *w, int64_t si)
+{
+    return w->scale_e8m0 ? e8m0_fast(((const uint8_t *)w->scale)[si]) : ((const float *)w->scale)[si];
+}
+
 /* Decodes block b of row r (at most `len` values) into out as exact fp32 values that are
  * the stored ones up to a power-of-two factor, which is returned (with the block's scale
  * folded in). A row's dot product is then sum over blocks of dot(block, x) * factor: one fixed
  * order for every row whatever the batch. */
-static float decode_block(const dsv4_weight *w, int64_t r, int64_t b, int64_t bk, int len, float *out)
+static inline float decode_block(const dsv4_weight *w, int64_t r, int64_t b, int64_t bk, int len, float *out)
 {
     int64_t k = w->k, k0 = b * bk;
     switch (w->form) {
@@ -55,6 +69,8 @@ static float decode_block(const dsv4_weight *w, int64_t r, int64_t b, int64_t bk
         const uint16_t *p = (const uint16_t *)w->data + r * k + k0;
         int i = 0;
 #ifdef __AVX2__
+        _mm_prefetch((const char *)(p + 1024), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + 1056), _MM_HINT_T0);
         for (; i + 8 <= len; i += 8)
             _mm256_storeu_ps(out + i, _mm256_castsi256_ps(_mm256_slli_epi32(
                                           _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(p + i))), 16)));
@@ -71,13 +87,15 @@ static float decode_block(const dsv4_weight *w, int64_t r, int64_t b, int64_t bk
     }
     case DSV4_WF_FP8: {
         const uint8_t *p = (const uint8_t *)w->data + r * k + k0;
-        int64_t si = (r / w->bn) * ((k + w->bk - 1) / w->bk) + b;
-        float s = w->scale_e8m0 ? dsv4_e8m0_to_f32(((const uint8_t *)w->scale)[si]) : ((const float *)w->scale)[si];
+        float s = block_scale(w, (r / w->bn) * ((k + w->bk - 1) / w->bk) + b);
         int i = 0;
 #ifdef __AVX2__
         /* e4m3 bits placed in an f16 (sign to bit 15, exponent and mantissa shifted by 7) give
          * the value times 2^-8 exactly, subnormals included; NaN codes are a corrupt file. */
         const __m128i m7f = _mm_set1_epi16(0x7f), m80 = _mm_set1_epi16(0x80);
+        /* the hardware prefetcher alone leaves this loop waiting on memory: ask 1 KB ahead */
+        _mm_prefetch((const char *)(p + 1024), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + 1088), _MM_HINT_T0);
         for (; i + 8 <= len; i += 8) {
             __m128i v = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(p + i)));
             __m128i h = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(v, m80), 8), _mm_slli_epi16(_mm_and_si128(v, m7f), 7));
@@ -93,35 +111,39 @@ static float decode_block(const dsv4_weight *w, int64_t r, int64_t b, int64_t bk
         return s;
     }
     case DSV4_WF_FP4: {
+        /* A block here spans several scale groups of gs values; each group's scale is folded
+         * into its values (q * s, exact: e2m1 times a power of two), so the factor is 1. */
         const uint8_t *p = (const uint8_t *)w->data + r * (k / 2) + k0 / 2;
-        int64_t si = r * (k / w->bk) + b;
-        float s = w->scale_e8m0 ? dsv4_e8m0_to_f32(((const uint8_t *)w->scale)[si]) : ((const float *)w->scale)[si];
-        int i = 0;
+        int64_t gs = w->bk, s0 = r * (k / gs) + k0 / gs;
 #ifdef __AVX2__
+        _mm_prefetch((const char *)(p + 1024), _MM_HINT_T0);
+        _mm_prefetch((const char *)(p + 1088), _MM_HINT_T0);
         /* twice the e2m1 values are small integers: a byte shuffle decodes 16 codes at once */
         const __m128i lut = _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12), m0f = _mm_set1_epi8(0x0f);
-        for (; i + 32 <= len; i += 32) {
-            __m128i v = _mm_loadu_si128((const __m128i *)(p + i / 2));
-            __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(v, m0f));
-            __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m0f));
-            __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
-            _mm256_storeu_ps(out + i, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0)));
-            _mm256_storeu_ps(out + i + 8, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8))));
-            _mm256_storeu_ps(out + i + 16, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1)));
-            _mm256_storeu_ps(out + i + 24, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8))));
+        if (gs % 32 == 0) {
+            for (int g0 = 0; g0 < len; g0 += (int)gs) {
+                __m256 sv = _mm256_set1_ps(block_scale(w, s0 + g0 / gs) * 0.5f);
+                for (int i = g0; i < g0 + gs; i += 32) {
+                    __m128i v = _mm_loadu_si128((const __m128i *)(p + i / 2));
+                    __m128i lo = _mm_shuffle_epi8(lut, _mm_and_si128(v, m0f));
+                    __m128i hi = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(v, 4), m0f));
+                    __m128i e0 = _mm_unpacklo_epi8(lo, hi), e1 = _mm_unpackhi_epi8(lo, hi);
+                    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e0)), sv));
+                    _mm256_storeu_ps(out + i + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e0, 8))), sv));
+                    _mm256_storeu_ps(out + i + 16, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e1)), sv));
+                    _mm256_storeu_ps(out + i + 24, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e1, 8))), sv));
+                }
+            }
+            return 1.0f;
         }
-        if (i == len)
-            return s * 0.5f;
-        for (int j = 0; j < i; j++)
-            out[j] *= 0.5f;
 #endif
-        for (; i < len; i += 2) {
+        for (int i = 0; i < len; i += 2) {
+            float sc = block_scale(w, s0 + i / gs);
             uint8_t q = p[i / 2];
-            out[i] = dsv4_e2m1_lut[q & 15];
-            if (i + 1 < len)
-                out[i + 1] = dsv4_e2m1_lut[q >> 4];
+            out[i] = dsv4_e2m1_lut[q & 15] * sc;
+            out[i + 1] = dsv4_e2m1_lut[q >> 4] * sc;
         }
-        return s;
+        return 1.0f;
     }
     default:
         memset(out, 0, len * sizeof(float));
@@ -129,8 +151,38 @@ static float decode_block(const dsv4_weight *w, int64_t r, int64_t b, int64_t bk
     }
 }
 
-/* A thread owns whole output rows; for each row the blocks are decoded once and dotted with
- * every input row (so prefill reads each weight once per step). */
+/* acc (8 lanes) += (sum of blk[j] * x[j] over the block) * f, with the 8-lane partial sums
+ * kept across blocks and reduced once per row; a ragged tail goes to *tail. */
+static inline void block_fma(const float *blk, const float *x, int len, float f, float *acc, float *tail)
+{
+    int j = 0;
+#ifdef __AVX2__
+    __m256 v0 = _mm256_setzero_ps(), v1 = v0;
+    for (; j + 16 <= len; j += 16) {
+        v0 = _mm256_fmadd_ps(_mm256_loadu_ps(blk + j), _mm256_loadu_ps(x + j), v0);
+        v1 = _mm256_fmadd_ps(_mm256_loadu_ps(blk + j + 8), _mm256_loadu_ps(x + j + 8), v1);
+    }
+    if (j + 8 <= len) {
+        v0 = _mm256_fmadd_ps(_mm256_loadu_ps(blk + j), _mm256_loadu_ps(x + j), v0);
+        j += 8;
+    }
+    _mm256_storeu_ps(acc, _mm256_fmadd_ps(_mm256_add_ps(v0, v1), _mm256_set1_ps(f), _mm256_loadu_ps(acc)));
+#else
+    float v[8] = {0};
+    for (; j + 8 <= len; j += 8)
+        for (int l = 0; l < 8; l++)
+            v[l] += blk[j + l] * x[j + l];
+    for (int l = 0; l < 8; l++)
+        acc[l] += v[l] * f;
+#endif
+    float t = 0;
+    for (; j < len; j++)
+        t += blk[j] * x[j];
+    *tail += t * f;
+}
+
+/* A thread owns whole output rows; for each row the blocks are decoded once and multiplied
+ * into every input row's accumulator (so prefill reads each weight once per step). */
 static void cpu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                        int64_t ldy)
 {
@@ -139,23 +191,24 @@ static void cpu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float
         return;
     }
     int64_t k = w->k, nr = r1 - r0;
-    int64_t bk = (w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4) ? w->bk : 256;
+    int64_t bk = w->form == DSV4_WF_FP8 ? w->bk : w->form == DSV4_WF_FP4 ? w->bk * (w->bk < 256 ? 256 / w->bk : 1) : 256;
     int64_t nb = (k + bk - 1) / bk;
 #pragma omp parallel
     {
-        float *blk = malloc(bk * sizeof(float)), *acc = malloc((size_t)T * sizeof(float));
+        float *blk = malloc(bk * sizeof(float)), *acc = malloc((size_t)T * 9 * sizeof(float));
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < nr; i++) {
-            for (int t = 0; t < T; t++)
-                acc[t] = 0.0f;
+            memset(acc, 0, (size_t)T * 9 * sizeof(float));
             for (int64_t b = 0; b < nb; b++) {
                 int len = (int)(k - b * bk < bk ? k - b * bk : bk);
                 float f = decode_block(w, r0 + i, b, bk, len, blk);
                 for (int t = 0; t < T; t++)
-                    acc[t] += dsv4_dot(blk, x + t * ldx + b * bk, len) * f;
+                    block_fma(blk, x + t * ldx + b * bk, len, f, acc + 9 * t, acc + 9 * t + 8);
             }
-            for (int t = 0; t < T; t++)
-                y[t * ldy + i] = acc[t];
+            for (int t = 0; t < T; t++) {
+                const float *a = acc + 9 * t;
+                y[t * ldy + i] = (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) + a[8];
+            }
         }
         free(blk);
         free(acc);
@@ -199,6 +252,24 @@ static void cpu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, 
 }
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+/* One row's collapse: h[dd] = sum_i pre[i] X[i, dd], summed in stream order. */
+static void collapse_row(const float *x, int n, int D, const float *pr, float *hr)
+{
+    for (int dd = 0; dd < D; dd++) {
+        float s = 0;
+        for (int i = 0; i < n; i++)
+            s += pr[i] * x[(int64_t)i * D + dd];
+        hr[dd] = s;
+    }
+}
+
+static void cpu_hc_collapse(const float *X, int T, int n, int D, const float *pre, float *h)
+{
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < T; t++)
+        collapse_row(X + (int64_t)t * n * D, n, D, pre + (int64_t)t * n, h + (int64_t)t * D);
+}
 
 static void cpu_hc_pre(const float *X, int T, int n, int D, const float *fn, const float *base, const float *scale,
                        int iters, float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h)
@@ -248,13 +319,8 @@ static void cpu_hc_pre(const float *X, int T, int n, int D, const float *fn, con
                 }
             }
         }
-        float *hr = h + (int64_t)t * D;
-        for (int dd = 0; dd < D; dd++) {
-            float s = 0;
-            for (int i = 0; i < n; i++)
-                s += pr[i] * x[(int64_t)i * D + dd];
-            hr[dd] = s;
-        }
+        if (h)
+            collapse_row(x, n, D, pr, h + (int64_t)t * D);
     }
 }
 
@@ -326,6 +392,7 @@ static const dsv4_backend cpu_backend = {
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .hc_pre = cpu_hc_pre,
+    .hc_collapse = cpu_hc_collapse,
     .hc_post = cpu_hc_post,
     .attend = cpu_attend,
     .swiglu = cpu_swiglu,

@@ -1,0 +1,90 @@
+/* Numerics modes. FP32 runs the equations in float32 with full-precision caches; REF rounds
+ * where the V4.1 release reference rounds (bf16 activations, e4m3 activation blocks of 32 in
+ * front of every FP8/FP4 product, fp8/fp4 cache round trips). The quantizers here are the
+ * reference's formulas bit for bit (spec §3, §6, §7). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/core.h"
+#include "model/model.h"
+
+void dsv4_round_bf16(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = dsv4_bf16_to_f32(dsv4_f32_to_bf16(x[i]));
+}
+
+void dsv4_rnd(const dsv4_model *m, float *x, int64_t n)
+{
+    if (m->numerics == DSV4_NUMERICS_REF)
+        dsv4_round_bf16(x, n);
+}
+
+/* 2^ceil(log2 t) for positive finite t, from the bits: exponent - 127 + (mantissa != 0). */
+static float pow2_ceil(float t)
+{
+    uint32_t b;
+    memcpy(&b, &t, 4);
+    int e = (int)((b >> 23) & 0xff) - 127 + ((b & 0x7fffff) != 0);
+    return ldexpf(1.0f, e);
+}
+
+/* Per block of `block` values: s = 2^ceil(log2(max(amax, 1e-4) / 448)), v = e4m3(v / s) * s. */
+void dsv4_fp8_roundtrip(float *x, int64_t n, int block)
+{
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+        int64_t e = b0 + block < n ? b0 + block : n;
+        float amax = 1e-4f;
+        for (int64_t i = b0; i < e; i++)
+            amax = fmaxf(amax, fabsf(x[i]));
+        float s = pow2_ceil(amax * (1.0f / 448.0f));
+        for (int64_t i = b0; i < e; i++)
+            x[i] = dsv4_e4m3_to_f32(dsv4_f32_to_e4m3(fminf(fmaxf(x[i] / s, -448.0f), 448.0f))) * s;
+    }
+}
+
+/* Per block: e2m1 codes with scale e4m3(max(amax, 6*2^-9) / 6) (e4m3_scale) or
+ * 2^ceil(log2(max(amax, 6*2^-126) / 6)) (ue8m0); v = e2m1(clamp(v / s, +-6)) * s. */
+void dsv4_fp4_roundtrip(float *x, int64_t n, int block, int e4m3_scale)
+{
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+        int64_t e = b0 + block < n ? b0 + block : n;
+        float amax = 0;
+        for (int64_t i = b0; i < e; i++)
+            amax = fmaxf(amax, fabsf(x[i]));
+        float s = e4m3_scale ? dsv4_e4m3_to_f32(dsv4_f32_to_e4m3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f))
+                             : pow2_ceil(fmaxf(amax, 6.0f * 0x1p-126f) * (1.0f / 6.0f));
+        for (int64_t i = b0; i < e; i++)
+            x[i] = dsv4_e2m1_to_f32(dsv4_f32_to_e2m1(fminf(fmaxf(x[i] / s, -6.0f), 6.0f))) * s;
+    }
+}
+
+void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx,
+              float *y, int64_t ldy, int flags)
+{
+    if (m->numerics != DSV4_NUMERICS_REF) {
+        m->be->linear(w, r0, r1, x, T, ldx, y, ldy);
+        return;
+    }
+    int q = (w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4) && !(flags & DSV4_LIN_NOQ);
+    float *xq = NULL;
+    if (q && !(xq = malloc((size_t)T * w->k * sizeof(float)))) {
+        for (int t = 0; t < T; t++) /* out of memory: never a silently unquantized product */
+            for (int64_t i = 0; i < r1 - r0; i++)
+                y[t * ldy + i] = NAN;
+        return;
+    }
+    if (q) {
+        for (int t = 0; t < T; t++) {
+            memcpy(xq + (int64_t)t * w->k, x + t * ldx, w->k * sizeof(float));
+            dsv4_fp8_roundtrip(xq + (int64_t)t * w->k, w->k, 32);
+        }
+        x = xq;
+        ldx = w->k;
+    }
+    m->be->linear(w, r0, r1, x, T, ldx, y, ldy);
+    free(xq);
+    if (!(flags & DSV4_LIN_F32OUT))
+        for (int t = 0; t < T; t++)
+            dsv4_round_bf16(y + t * ldy, r1 - r0);
+}

@@ -1,0 +1,473 @@
+/* The DeepSeek-V4.1 layers (spec §4-§9), on the same op table, rows and sequence state as V4.
+ *
+ * CSA2: KV-source layers emit compressed entries (and, when they are index sources, index
+ * keys) into their own sequence state; the layers after them attend those entries. Index
+ * sources choose each row's compressed entries; the choice (and the candidate source's
+ * block filter) lives in this step's scratch and is read by the layers after it in the same
+ * step, as the reference's shared runtime slots are. Every index source scores against its
+ * KV source's keys as they stand after this row's group (decode == prefill, spec §7.2).
+ *
+ * Projections run over all rows; the stateful part runs row by row in position order, so a
+ * row is computed the same way however the prompt was chunked. Shapes: R rows, D width,
+ * n streams, H heads of d, rd rope dims, nI index heads of ci, r compression ratio. */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/core.h"
+#include "model/engram.h"
+#include "model/model.h"
+
+/* This step's shared slots, per row: the latest index source's selection and the candidate
+ * source's kept blocks. */
+typedef struct v41_shared {
+    int64_t *topk;           /* [R, index_topk] ascending entry ids */
+    int *ntopk;              /* [R] */
+    int64_t *cand;           /* [R, candidate_topk_blocks] kept block ids */
+    int *ncand;              /* [R] */
+    int64_t *ehash;          /* [R, n_engram, cols] Engram row ids */
+} v41_shared;
+
+/* The step's Engram rows, fetched ahead: streamed tables are read on a thread, layer by
+ * layer, while the layers before each Engram layer compute. */
+typedef struct prefetch {
+    const dsv4_model *m;
+    int R;
+    const int64_t *ehash;
+    float *rows;             /* [n_engram, R * cols, head_dim] */
+    int done, rc;            /* Engram layers fetched; first error */
+    dsv4_err err;
+    uint64_t bytes;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} prefetch;
+
+static void *fetch_all(void *arg)
+{
+    prefetch *pf = arg;
+    const dsv4_config *c = &pf->m->cfg;
+    int cols = pf->m->engram[0].cols, ne = c->n_engram;
+    int64_t per = (int64_t)pf->R * cols;
+    int64_t *ids = malloc(per * sizeof(int64_t));
+    for (int ei = 0; ei < ne; ei++) {
+        int rc = 0;
+        if (!ids)
+            rc = dsv4_fail(&pf->err, DSV4_E_NOMEM, "out of memory fetching Engram rows");
+        for (int64_t i = 0; i < per && ids; i++)
+            ids[i] = pf->ehash[(i / cols * ne + ei) * cols + i % cols];
+        if (!rc)
+            rc = dsv4_etable_rows(&pf->m->engram[ei].table, ids, (int)per, pf->rows + ei * per * c->engram_head_dim, &pf->bytes,
+                                  &pf->err);
+        pthread_mutex_lock(&pf->mu);
+        pf->done = rc ? ne : ei + 1;
+        pf->rc = rc;
+        pthread_cond_broadcast(&pf->cv);
+        pthread_mutex_unlock(&pf->mu);
+        if (rc)
+            break;
+    }
+    free(ids);
+    return NULL;
+}
+
+/* Waits for Engram layer ei's rows; returns its [R * cols, head_dim] block or NULL on error. */
+static const float *rows_of(prefetch *pf, int ei, dsv4_err *err)
+{
+    pthread_mutex_lock(&pf->mu);
+    while (pf->done <= ei)
+        pthread_cond_wait(&pf->cv, &pf->mu);
+    int rc = pf->rc;
+    pthread_mutex_unlock(&pf->mu);
+    if (rc) {
+        *err = pf->err;
+        return NULL;
+    }
+    return pf->rows + (int64_t)ei * pf->R * pf->m->engram[0].cols * pf->m->cfg.engram_head_dim;
+}
+
+/* Engram row ids of every row: the compressed id enters the sequence's history at its
+ * position, then the look-backs (pad once they cross the sequence start). */
+static void engram_hashes(dsv4_step *f, v41_shared *sh)
+{
+    const dsv4_model *m = f->m;
+    const dsv4_config *c = &m->cfg;
+    int G = c->engram_max_ngram, ne = c->n_engram, cols = m->engram[0].cols;
+    for (int r = 0; r < f->R; r++) {
+        dsv4_seq *s = f->b->seqs[f->row_seq[r]];
+        int64_t p = f->pos[r], tok[8];
+        s->etok[p % s->e_cap] = m->token_map[f->ids[r]];
+        for (int k = 0; k < G; k++)
+            tok[k] = p - k >= 0 ? s->etok[(p - k) % s->e_cap] : m->engram_pad;
+        for (int i = 0; i < ne; i++) {
+            const dsv4_engram *e = &m->engram[i];
+            dsv4_engram_hash(tok, e->mult, e->prime, e->offset, G, c->engram_heads, sh->ehash + ((int64_t)r * ne + i) * cols);
+        }
+    }
+}
+
+/* Engram at the input of its layer: the rows' table entries [cols * hd] projected to n keys
+ * and one value [D]; each stream k gets value * sigmoid(signed sqrt of the normalised
+ * (x_k * q_k * k_k) . key_k / sqrt(D)) added (spec §9.4). X: [R, n, D] in place. */
+static int engram_apply(dsv4_step *f, int ei, prefetch *pf, float *X, dsv4_err *err)
+{
+    const dsv4_model *m = f->m;
+    const dsv4_config *c = &m->cfg;
+    const dsv4_engram *e = &m->engram[ei];
+    int R = f->R, n = c->hc_mult, D = c->dim, hd = c->engram_head_dim, cols = e->cols;
+    int64_t ew = (int64_t)cols * hd, kw = (int64_t)(n + 1) * D;
+    const float *rows = rows_of(pf, ei, err);
+    float *E = rows ? dsv4_fbuf((size_t)R * ew, err) : NULL, *kv = rows ? dsv4_fbuf((size_t)R * kw, err) : NULL;
+    int rc = !rows || (err && err->code);
+    if (!rc) {
+        memcpy(E, rows, (size_t)R * ew * sizeof(float)); /* [R, cols * hd]: each row's entries side by side */
+        dsv4_rnd(m, E, (int64_t)R * ew);
+        dsv4_lin(m, &e->wkv, 0, kw, E, R, ew, kv, kw, 0);
+        float eps = (float)c->norm_eps, isd = 1.0f / sqrtf((float)D);
+        for (int r = 0; r < R; r++) {
+            const float *val = kv + r * kw + (int64_t)n * D;
+            for (int k = 0; k < n; k++) {
+                float *x = X + ((int64_t)r * n + k) * D;
+                const float *key = kv + r * kw + (int64_t)k * D, *w = e->qk + (int64_t)k * D;
+                float dot = 0;
+                for (int j = 0; j < D; j++)
+                    dot += x[j] * w[j] * key[j];
+                float rx = 1.0f / sqrtf(dsv4_dot(x, x, D) / D + eps), rk = 1.0f / sqrtf(dsv4_dot(key, key, D) / D + eps);
+                dot = dot * rx * rk * isd;
+                float sg = (float)((dot > 0) - (dot < 0)), gate = 1.0f / (1.0f + expf(-sg * sqrtf(fmaxf(fabsf(dot), 1e-6f))));
+                for (int j = 0; j < D; j++)
+                    x[j] += gate * val[j];
+                dsv4_rnd(m, x, D);
+            }
+        }
+    }
+    free(E);
+    free(kv);
+    return rc;
+}
+
+/* Index scores of one query over the nvis visible keys: sum_h w_h relu(q_h . k) (REF: bf16
+ * per-head products, weighted terms and sum, as the reference's bf16 einsum). */
+static void index_scores(const dsv4_model *m, const float *qi, const float *wt, const float *ikey, int64_t nvis, dsv4_scored *out)
+{
+    const dsv4_config *c = &m->cfg;
+    int nI = c->index_heads, ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
+    for (int64_t w = 0; w < nvis; w++) {
+        float s = 0;
+        for (int h = 0; h < nI; h++) {
+            float dp = dsv4_dot(qi + (int64_t)h * ci, ikey + w * ci, ci);
+            if (ref)
+                dp = dsv4_bf16_to_f32(dsv4_f32_to_bf16(dp));
+            float t = wt[h] * (dp > 0 ? dp : 0);
+            s += ref ? dsv4_bf16_to_f32(dsv4_f32_to_bf16(t)) : t;
+        }
+        out[w].s = ref ? dsv4_bf16_to_f32(dsv4_f32_to_bf16(s)) : s;
+        out[w].w = w;
+    }
+}
+
+/* The candidate source's block filter for one query: block score = max over its entries,
+ * the block of the newest visible entry forced in, the best `candidate_topk_blocks` kept. */
+static int candidate_blocks(const dsv4_config *c, const dsv4_scored *sc, int64_t nvis, int64_t *blocks, dsv4_scored *tmp)
+{
+    int bs = c->candidate_block_size;
+    int64_t nb = (nvis + bs - 1) / bs;
+    for (int64_t b = 0; b < nb; b++) {
+        float mx = -INFINITY;
+        for (int64_t w = b * bs; w < nvis && w < (b + 1) * bs; w++)
+            mx = fmaxf(mx, sc[w].s);
+        tmp[b].s = b == (nvis - 1) / bs ? INFINITY : mx;
+        tmp[b].w = b;
+    }
+    dsv4_sort_scored(tmp, nb);
+    int k = 0;
+    for (int64_t i = 0; i < nb && k < c->candidate_topk_blocks; i++)
+        if (tmp[i].s != -INFINITY)
+            blocks[k++] = tmp[i].w;
+    return k;
+}
+
+/* A compressed entry's rope at its group's first position, then (REF) its cache round trip. */
+static void rope_at(const dsv4_step *f, float *x, int heads, int width, int64_t p)
+{
+    f->be->rope(x, 1, (int64_t)heads * width, heads, width, f->m->cfg.rope_dim, f->m->inv_freq_compress, &p, 0);
+    dsv4_rnd(f->m, x, (int64_t)heads * width);
+}
+
+/* KV source: group w of positions [w r, (w + 1) r) is complete. Pools the group's projected
+ * inputs (ratio > 1: per channel, softmax over the group's gate scores weighting its kv;
+ * ratio 1: the row's normed latent as it is), derives the index key from the unrotated
+ * latent, then ropes and stores the entry. */
+static void emit_group(dsv4_step *f, int li, dsv4_lstate *ls, int64_t w, const float *lat1, float *lat, float *kk)
+{
+    const dsv4_model *m = f->m;
+    const dsv4_config *c = &m->cfg;
+    const dsv4_layer *L = &m->layers[li];
+    int d = c->head_dim, r = L->ratio, ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
+    float eps = (float)c->norm_eps;
+    if (r > 1) {
+        dsv4_pool_group(&L->comp, ls->c, ls->z, dsv4_c_cap(m, L), w, lat);
+        dsv4_rnd(m, lat, d);
+        f->be->rmsnorm(lat, 1, d, L->comp.norm, eps, lat);
+        dsv4_rnd(m, lat, d);
+    } else
+        memcpy(lat, lat1, d * sizeof(float));
+    int64_t p = w * r;
+    if (L->own_ikey) {
+        dsv4_lin(m, &L->iwk, 0, ci, lat, 1, d, kk, ci, 0);
+        f->be->rmsnorm(kk, 1, ci, L->ik_norm, eps, kk);
+        dsv4_rnd(m, kk, ci);
+        rope_at(f, kk, 1, ci, p);
+        if (ref)
+            dsv4_fp4_roundtrip(kk, ci, 32, 0);
+        memcpy(ls->ikey + w * ci, kk, ci * sizeof(float));
+    }
+    rope_at(f, lat, 1, d, p);
+    if (ref)
+        dsv4_fp4_roundtrip(lat, d, 16, 1);
+    memcpy(ls->ent + w * d, lat, d * sizeof(float));
+}
+
+/* One layer's attention over R rows: a [R, D] (attn_norm output) -> y [R, D]. */
+static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float *y, dsv4_err *err)
+{
+    dsv4_model *m = f->m;
+    const dsv4_config *c = &m->cfg;
+    const dsv4_backend *be = f->be;
+    const dsv4_layer *L = &m->layers[li];
+    int R = f->R, H = c->n_heads, d = c->head_dim, rd = c->rope_dim, W = c->window, nI = c->index_heads,
+        ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
+    int64_t Hd = (int64_t)H * d;
+    float eps = (float)c->norm_eps;
+    const float *freq = L->ratio ? m->inv_freq_compress : m->inv_freq_main;
+    float *qr = dsv4_fbuf((size_t)R * c->q_lora, err), *q = dsv4_fbuf((size_t)R * Hd, err), *kv = dsv4_fbuf((size_t)R * d, err);
+    float *o = dsv4_fbuf((size_t)R * Hd, err), *t = dsv4_fbuf((size_t)R * c->o_groups * c->o_lora, err);
+    float *cc = NULL, *zz = NULL, *qi = NULL, *wt = NULL, *lat = dsv4_fbuf(d, err), *kk = dsv4_fbuf(ci > 0 ? ci : 1, err);
+    if (L->own_ent) {
+        cc = dsv4_fbuf((size_t)R * d, err);
+        zz = dsv4_fbuf((size_t)R * d, err);
+    }
+    if (L->index_source) {
+        qi = dsv4_fbuf((size_t)R * nI * ci, err);
+        wt = dsv4_fbuf((size_t)R * nI, err);
+    }
+    const float **keys = NULL;
+    dsv4_scored *tmp = NULL, *btmp = NULL;
+    uint8_t *bmask = NULL;
+    int rc = err && err->code;
+    if (rc)
+        goto out;
+
+    dsv4_lin(m, &L->wq_a, 0, c->q_lora, a, R, c->dim, qr, c->q_lora, 0);
+    be->rmsnorm(qr, R, c->q_lora, L->q_norm, eps, qr);
+    dsv4_rnd(m, qr, (int64_t)R * c->q_lora);
+    dsv4_lin(m, &L->wq_b, 0, Hd, qr, R, c->q_lora, q, Hd, 0);
+    be->rope(q, R, Hd, H, d, rd, freq, f->pos, 0);
+    dsv4_rnd(m, q, (int64_t)R * Hd);
+    dsv4_lin(m, &L->wkv, 0, d, a, R, c->dim, kv, d, 0);
+    be->rmsnorm(kv, R, d, L->kv_norm, eps, kv);
+    dsv4_rnd(m, kv, (int64_t)R * d);
+    be->rope(kv, R, d, 1, d, rd, freq, f->pos, 0);
+    dsv4_rnd(m, kv, (int64_t)R * d);
+    if (ref)
+        dsv4_fp8_roundtrip(kv, (int64_t)R * d, 32);
+    if (L->own_ent && L->ratio > 1) { /* the reference promotes these to fp32: no rounding */
+        dsv4_lin(m, &L->comp.wkv, 0, d, a, R, c->dim, cc, d, DSV4_LIN_F32OUT | DSV4_LIN_NOQ);
+        dsv4_lin(m, &L->comp.wgate, 0, d, a, R, c->dim, zz, d, DSV4_LIN_F32OUT | DSV4_LIN_NOQ);
+    } else if (L->own_ent) {
+        dsv4_lin(m, &L->comp.wkv, 0, d, a, R, c->dim, cc, d, 0);
+        be->rmsnorm(cc, R, d, L->comp.norm, eps, cc);
+        dsv4_rnd(m, cc, (int64_t)R * d);
+    }
+    if (L->index_source) {
+        int64_t qw = (int64_t)nI * ci;
+        dsv4_lin(m, &L->iwq_b, 0, qw, qr, R, c->q_lora, qi, qw, 0);
+        be->rope(qi, R, qw, nI, ci, rd, m->inv_freq_compress, f->pos, 0);
+        dsv4_rnd(m, qi, (int64_t)R * qw);
+        if (ref)
+            dsv4_fp4_roundtrip(qi, (int64_t)R * qw, 32, 0);
+        dsv4_lin(m, &L->iweights, 0, nI, a, R, c->dim, wt, nI, 0);
+        float s = 1.0f / sqrtf((float)ci) / sqrtf((float)nI);
+        for (int64_t i = 0; i < (int64_t)R * nI; i++)
+            wt[i] *= s;
+        dsv4_rnd(m, wt, (int64_t)R * nI);
+    }
+
+    int64_t max_vis = 0;
+    for (int r = 0; r < R; r++) {
+        int64_t v = L->ratio ? (f->pos[r] + 1) / L->ratio : 0;
+        if (v > max_vis)
+            max_vis = v;
+    }
+    keys = malloc((W + c->index_topk + 1) * sizeof *keys);
+    tmp = malloc((max_vis + 1) * sizeof *tmp);
+    btmp = malloc((max_vis + 1) * sizeof *btmp);
+    bmask = malloc(max_vis + 1);
+    if (!keys || !tmp || !btmp || !bmask) {
+        rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory in layer %d's attention", li);
+        goto out;
+    }
+    float scale = 1.0f / sqrtf((float)d);
+    int K = c->index_topk;
+    for (int r = 0; r < R; r++) {
+        dsv4_seq *s = f->b->seqs[f->row_seq[r]];
+        dsv4_lstate *ls = &s->L[li];
+        int64_t p = f->pos[r];
+        memcpy(ls->kv + (p % s->kv_cap) * d, kv + (int64_t)r * d, d * sizeof(float));
+        int nk = 0;
+        if (L->ratio) {
+            if (L->own_ent) {
+                if (L->ratio > 1) {
+                    int64_t slot = p % dsv4_c_cap(m, L);
+                    memcpy(ls->c + slot * d, cc + (int64_t)r * d, d * sizeof(float));
+                    memcpy(ls->z + slot * d, zz + (int64_t)r * d, d * sizeof(float));
+                }
+                if ((p + 1) % L->ratio == 0)
+                    emit_group(f, li, ls, p / L->ratio, cc + (int64_t)r * d, lat, kk);
+            }
+            int64_t nvis = (p + 1) / L->ratio;
+            if (L->index_source) {
+                index_scores(m, qi + (int64_t)r * nI * ci, wt + (int64_t)r * nI, s->L[L->ikey_src].ikey, nvis, tmp);
+                if (L->cand_source)
+                    sh->ncand[r] = candidate_blocks(c, tmp, nvis, sh->cand + (int64_t)r * c->candidate_topk_blocks, btmp);
+                if (L->cand_filter) { /* outside the kept blocks: -inf, chosen only to fill the k slots */
+                    int bs = c->candidate_block_size;
+                    memset(bmask, 0, (size_t)(nvis + bs - 1) / bs);
+                    for (int i = 0; i < sh->ncand[r]; i++) {
+                        int64_t blk = sh->cand[(int64_t)r * c->candidate_topk_blocks + i];
+                        if (blk * bs < nvis)
+                            bmask[blk] = 1;
+                    }
+                    for (int64_t w = 0; w < nvis; w++)
+                        if (!bmask[w / bs])
+                            tmp[w].s = -INFINITY;
+                }
+                sh->ntopk[r] = dsv4_topk_ascending(tmp, nvis, K, sh->topk + (int64_t)r * K);
+            }
+            const float *ent = s->L[L->kv_src].ent;
+            for (int i = 0; i < sh->ntopk[r]; i++)
+                keys[nk++] = ent + sh->topk[(int64_t)r * K + i] * d;
+        }
+        for (int64_t j = p - W + 1 < 0 ? 0 : p - W + 1; j <= p; j++)
+            keys[nk++] = ls->kv + (j % s->kv_cap) * d;
+        be->attend(q + (int64_t)r * Hd, H, d, keys, nk, scale, L->sink, o + (int64_t)r * Hd);
+    }
+    dsv4_rnd(m, o, (int64_t)R * Hd);
+    be->rope(o, R, Hd, H, d, rd, freq, f->pos, 1);
+    dsv4_rnd(m, o, (int64_t)R * Hd);
+    int G = c->o_groups, rk = c->o_lora;
+    int64_t gw = Hd / G;
+    for (int g = 0; g < G; g++) /* the reference's grouped einsum runs on wo_a dequantized to bf16 */
+        dsv4_lin(m, &L->wo_a, (int64_t)g * rk, (int64_t)(g + 1) * rk, o + g * gw, R, Hd, t + (int64_t)g * rk,
+                 (int64_t)G * rk, DSV4_LIN_NOQ);
+    dsv4_lin(m, &L->wo_b, 0, c->dim, t, R, (int64_t)G * rk, y, c->dim, 0);
+out:
+    free(keys);
+    free(tmp);
+    free(btmp);
+    free(bmask);
+    free(qr);
+    free(q);
+    free(kv);
+    free(o);
+    free(t);
+    free(cc);
+    free(zz);
+    free(qi);
+    free(wt);
+    free(lat);
+    free(kk);
+    return rc;
+}
+
+int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
+{
+    dsv4_model *m = f->m;
+    const dsv4_config *c = &m->cfg;
+    const dsv4_backend *be = f->be;
+    int R = f->R, n = c->hc_mult, D = c->dim, K = c->index_topk > 0 ? c->index_topk : 1;
+    int CB = c->candidate_topk_blocks > 0 ? c->candidate_topk_blocks : 1;
+    int cols = c->n_engram ? m->engram[0].cols : 0;
+    float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
+    v41_shared sh = {0};
+    sh.topk = calloc((size_t)R * K, sizeof(int64_t));
+    sh.ntopk = calloc(R, sizeof(int));
+    sh.cand = calloc((size_t)R * CB, sizeof(int64_t));
+    sh.ncand = calloc(R, sizeof(int));
+    sh.ehash = calloc((size_t)R * (c->n_engram ? c->n_engram * cols : 1), sizeof(int64_t));
+    /* pre_in: the collapse weights the next site uses; post/comb: this site's mixes */
+    float *pin = dsv4_fbuf((size_t)R * n, err), *pre_a = dsv4_fbuf((size_t)R * n, err), *pre_f = dsv4_fbuf((size_t)R * n, err);
+    float *post = dsv4_fbuf((size_t)R * n, err), *comb = dsv4_fbuf((size_t)R * n * n, err);
+    float *a = dsv4_fbuf((size_t)R * D, err), *y = dsv4_fbuf((size_t)R * D, err);
+    prefetch pf = {.m = m, .R = R, .ehash = sh.ehash, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    pthread_t th;
+    int threaded = 0;
+    int rc = (err && err->code) || !sh.topk || !sh.ntopk || !sh.cand || !sh.ncand || !sh.ehash;
+    if (rc) {
+        rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory for a V4.1 step of %d rows", R);
+        goto out;
+    }
+    for (int r = 0; r < R; r++) /* one-hot start: the first site reads stream 0 */
+        for (int i = 0; i < n; i++)
+            pin[r * n + i] = i == 0;
+    if (c->n_engram) {
+        engram_hashes(f, &sh);
+        if (!(pf.rows = dsv4_fbuf((size_t)c->n_engram * R * cols * c->engram_head_dim, err))) {
+            rc = err->code;
+            goto out;
+        }
+        threaded = m->engram_streamed && !pthread_create(&th, NULL, fetch_all, &pf);
+        if (!threaded)
+            fetch_all(&pf);
+    }
+    dsv4_rnd(m, X, (int64_t)R * n * D);
+    for (int li = 0; li < c->n_layers && !rc; li++) {
+        const dsv4_layer *L = &m->layers[li];
+        if (L->engram >= 0 && (rc = engram_apply(f, L->engram, &pf, X, err)))
+            break;
+        be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre_a, post, comb, NULL);
+        be->hc_collapse(X, R, n, D, pin, h);
+        dsv4_rnd(m, h, (int64_t)R * D);
+        be->rmsnorm(h, R, D, L->attn_norm, eps, a);
+        dsv4_rnd(m, a, (int64_t)R * D);
+        if ((rc = attention(f, li, &sh, a, y, err)))
+            break;
+        be->hc_post(X, y, R, n, D, post, comb);
+        dsv4_rnd(m, X, (int64_t)R * n * D);
+        be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre_f, post, comb, NULL);
+        be->hc_collapse(X, R, n, D, pre_a, h);
+        dsv4_rnd(m, h, (int64_t)R * D);
+        be->rmsnorm(h, R, D, L->ffn_norm, eps, a);
+        dsv4_rnd(m, a, (int64_t)R * D);
+        if ((rc = dsv4_moe(m, li, f->ids, R, a, y, err)))
+            break;
+        be->hc_post(X, y, R, n, D, post, comb);
+        dsv4_rnd(m, X, (int64_t)R * n * D);
+        float *sw = pin;
+        pin = pre_f;
+        pre_f = sw;
+    }
+    if (!rc) { /* the head reads the collapse with the last FFN site's pre */
+        be->hc_collapse(X, R, n, D, pin, h);
+        dsv4_rnd(m, h, (int64_t)R * D);
+    }
+    if (threaded)
+        pthread_join(th, NULL);
+    m->engram_bytes += pf.bytes;
+    if (!rc && c->n_engram)
+        m->engram_tokens += (uint64_t)R;
+out:
+    free(pf.rows);
+    free(sh.topk);
+    free(sh.ntopk);
+    free(sh.cand);
+    free(sh.ncand);
+    free(sh.ehash);
+    free(pin);
+    free(pre_a);
+    free(pre_f);
+    free(post);
+    free(comb);
+    free(a);
+    free(y);
+    return rc;
+}

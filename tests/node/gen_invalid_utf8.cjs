@@ -1,0 +1,35 @@
+#!/usr/bin/env node
+// Lines that are JSON strings holding raw, mostly invalid UTF-8 bytes (never '"', '\\' or
+// control bytes, so each line stays one JSON string), and what the WHATWG/Unicode decoder makes
+// of them (each maximal invalid subpart becomes U+FFFD, as Rust's from_utf8_lossy does).
+//   node gen_invalid_utf8.cjs OUT_LINES OUT_EXPECTED [--seed N] [--count N]
+"use strict";
+const fs = require("fs");
+const args = process.argv.slice(2);
+const opt = (k, d) => { const i = args.indexOf(k); return i >= 0 ? args[i + 1] : d; };
+let st = (Number(opt("--seed", "1")) * 0xc2b2ae35) >>> 0;
+function rnd() {
+  st = (st + 0x6d2b79f5) >>> 0;
+  let t = st;
+  t = Math.imul(t ^ (t >>> 15), t | 1);
+  t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+}
+const count = Number(opt("--count", "2000"));
+const pieces = [[0xe6, 0x97, 0xa5], [0xf0, 0x9f, 0x98, 0x80], [0xc3, 0xa9], [0x61], [0x20], [0xed, 0xa0, 0x80], [0xc0, 0xaf],
+  [0xf4, 0x90, 0x80, 0x80], [0xe0, 0x80], [0xf0, 0x9f], [0xff], [0x80], [0xbf, 0xbf]];
+const lines = [], expect = [];
+const dec = new TextDecoder("utf-8");
+for (let i = 0; i < count; i++) {
+  const bytes = [];
+  const n = 1 + Math.floor(rnd() * 24);
+  for (let k = 0; k < n; k++) {
+    if (rnd() < 0.5) bytes.push(...pieces[Math.floor(rnd() * pieces.length)]);
+    else bytes.push(0x80 + Math.floor(rnd() * 128));
+  }
+  const b = Buffer.from(bytes);
+  lines.push(Buffer.concat([Buffer.from('"'), b, Buffer.from('"\n')]));
+  expect.push(JSON.stringify(dec.decode(b)));
+}
+fs.writeFileSync(args[0], Buffer.concat(lines));
+fs.writeFileSync(args[1], expect.join("\n") + "\n");
