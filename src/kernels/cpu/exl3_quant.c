@@ -248,7 +248,7 @@ int dsv4_exl3_quantize(const dsv4_weight *w, int K, int cb, uint64_t seed, uint1
     const int64_t tn = np / 16, words = 16 * K;
     double t0 = dsv4_now();
     memset(stats, 0, sizeof *stats);
-    /* random signs; the global scale makes the rotated weight's RMS the codebook's std */
+    /* random signs; the global scale g makes the rotated weight's RMS the codebook's std */
     float *su = dsv4_xmalloc(kp * sizeof(float), err);
     float *strip = su ? dsv4_xmalloc((size_t)kp * 128 * 2 * sizeof(float), err) : NULL;
     float *row = strip ? dsv4_xmalloc((size_t)k * sizeof(float), err) : NULL;
@@ -258,7 +258,9 @@ int dsv4_exl3_quantize(const dsv4_weight *w, int K, int cb, uint64_t seed, uint1
         return err->code;
     }
     float *orig = strip + kp * 128;
-    const float g = sqrtf((float)k / (float)kp) / dsv4_exl3_codebook_std(cb);
+    /* each real output column has RMS 1 over its k real inputs once divided by its RMS; the
+     * padding is zeros, so the rotated kp x np weight has RMS sqrt(k n / (kp np)) */
+    const float g = sqrtf((float)k * (float)n / ((float)kp * (float)np)) / dsv4_exl3_codebook_std(cb);
     for (int64_t r = 0; r < kp; r++) {
         suh[r] = dsv4_f32_to_f16((splitmix(&seed) & 1 ? -g : g));
         su[r] = dsv4_f16_to_f32(suh[r]);
