@@ -21,19 +21,22 @@ CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 
 ifeq ($(CUDA),1)
+CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= nvcc
-NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=sm_90 -Iinclude -Isrc
+NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=sm_90 -Iinclude -Isrc \
+            -Xcompiler -Wall,-Wextra
 CU_SRC   := $(wildcard src/kernels/cuda/*.cu)
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS   += -DDSV4_CUDA
-LDLIBS   += -L/usr/local/cuda/lib64 -lcudart -lstdc++
+LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
+CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_ops $(BUILD)/tests/cuda/bench_cuda
 endif
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/%.o)
 TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 
-all: $(BUILD)/libdsv4.a $(BUILD)/dsv4 $(TEST_BIN)
+all: $(BUILD)/libdsv4.a $(BUILD)/dsv4 $(TEST_BIN) $(CUDA_TEST_BIN)
 
 $(BUILD)/libdsv4.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -54,6 +57,17 @@ $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c -o $@ $<
 
+$(BUILD)/tests/cuda/%: tests/cuda/%.c $(BUILD)/libdsv4.a tests/unit/check.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -I$(CUDA_HOME)/include -Itests/unit -o $@ $< $(BUILD)/libdsv4.a $(LDLIBS)
+
+$(BUILD)/tests/cuda/%.o: tests/cuda/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c -o $@ $<
+
+$(BUILD)/tests/cuda/bench_cuda: $(BUILD)/tests/cuda/bench_cuda.o $(BUILD)/libdsv4.a
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libdsv4.a $(LDLIBS)
+
 test: all
 	tests/run.sh
 
@@ -64,7 +78,21 @@ demo: all
 	$(BUILD)/dsv4 info -m $(BUILD)/tiny
 	$(BUILD)/dsv4 generate -m $(BUILD)/tiny --ids 0,19923,14,2058,223 -n 24
 
-.PHONY: all test demo clean
+# On a machine with a GPU: the op-by-op comparison, then every fixture through the CUDA backend
+# with device outputs poisoned. bench-cuda: the linear kernels against the copy bandwidth.
+ifeq ($(CUDA),1)
+test-cuda: all
+	$(BUILD)/tests/cuda/test_cuda_ops
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v4_fixtures
+
+bench-cuda: all
+	$(BUILD)/tests/cuda/bench_cuda
+else
+test-cuda bench-cuda:
+	@echo "$@ needs the CUDA build: make CUDA=1 $@" >&2; exit 2
+endif
+
+.PHONY: all test demo test-cuda bench-cuda clean
 clean:
 	rm -rf $(BUILD)
 

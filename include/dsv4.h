@@ -129,6 +129,9 @@ void dsv4_model_print_info(const dsv4_model *m, FILE *f);
 
 /* ---- misc ------------------------------------------------------------------------ */
 const char *dsv4_version(void);
+/* Whether `device` ("cpu", "cuda") can run here: 0 and a description of it in desc[n], or
+ * DSV4_E_DEVICE saying why not (not in this build, no usable GPU). */
+int dsv4_device_probe(const char *device, char *desc, size_t n, dsv4_err *err);
 
 #ifdef __cplusplus
 }

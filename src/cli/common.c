@@ -1,5 +1,5 @@
 /* Options every model-running command shares: -m DIR, --threads N, --device cpu|cuda,
- * --numerics ref|fp32. */
+ * --numerics ref|fp32, --engram-tables auto|resident|streamed. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +26,18 @@ int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o)
             fprintf(stderr, "dsv4: --numerics takes ref or fp32, not '%s'\n", v);
             exit(2);
         }
+    } else if (!strcmp(a, "--engram-tables")) {
+        const char *v = argv[++*i];
+        if (!strcmp(v, "auto"))
+            o->load.engram_tables = DSV4_ENGRAM_AUTO;
+        else if (!strcmp(v, "resident"))
+            o->load.engram_tables = DSV4_ENGRAM_RESIDENT;
+        else if (!strcmp(v, "streamed"))
+            o->load.engram_tables = DSV4_ENGRAM_STREAMED;
+        else {
+            fprintf(stderr, "dsv4: --engram-tables takes auto, resident or streamed, not '%s'\n", v);
+            exit(2);
+        }
     } else
         return 0;
     return 1;
@@ -36,7 +48,10 @@ const char *cli_model_usage(void)
     return "  -m, --model DIR      checkpoint folder (config.json + safetensors)\n"
            "  --threads N          CPU threads (default: all cores)\n"
            "  --device cpu|cuda    backend (default cpu)\n"
-           "  --numerics ref|fp32  V4.1 reference rounding or exact fp32 (default: ref for V4.1, fp32 for V4)\n";
+           "  --numerics ref|fp32  V4.1 reference rounding or exact fp32 (default: ref for V4.1, fp32 for V4)\n"
+           "  --engram-tables auto|resident|streamed\n"
+           "                       V4.1 Engram tables through the mapping or read by row from disk\n"
+           "                       (default auto: streamed when larger than half of RAM and not cached)\n";
 }
 
 dsv4_model *cli_load(cli_model_opts *o, const char *cmd)

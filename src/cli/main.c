@@ -12,6 +12,42 @@ static int cmd_version(int argc, char **argv)
     return 0;
 }
 
+/* dsv4 devices [--device NAME]: what each backend (or the one named) can run on here. */
+static int cmd_devices(int argc, char **argv)
+{
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (cli_is_help(argv[i])) {
+            printf("usage: dsv4 devices [--device cpu|cuda]\n  says whether each device can run here, and why not\n");
+            return 0;
+        }
+        if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            only = argv[++i];
+        else {
+            fprintf(stderr, "dsv4 devices: unknown option '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    const char *all[] = {"cpu", "cuda"};
+    int rc = 0;
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) {
+        if (only && strcmp(only, all[i]))
+            continue;
+        char desc[512];
+        dsv4_err err;
+        if (dsv4_device_probe(all[i], desc, sizeof desc, &err)) {
+            printf("%s: unavailable: %s\n", all[i], err.msg);
+            rc = only ? 1 : rc;
+        } else
+            printf("%s\n", desc);
+    }
+    if (only && strcmp(only, "cpu") && strcmp(only, "cuda")) {
+        fprintf(stderr, "dsv4 devices: unknown device '%s' (devices: cpu, cuda)\n", only);
+        return 2;
+    }
+    return rc;
+}
+
 static const dsv4_cmd commands[] = {
     {"info", "summarise a checkpoint: config, layer schedule, tensors, bytes by storage form", dsv4_cmd_info},
     {"logits", "write float32 logits for every position of an id sequence", dsv4_cmd_logits},
@@ -29,6 +65,7 @@ static const dsv4_cmd commands[] = {
     {"dequant", "write one weight as float32 [out, in]", dsv4_cmd_dequant},
     {"quantize", "make an EXL3 pack from a checkpoint", dsv4_cmd_quantize},
     {"bench-exl3", "time the EXL3 matvec against memory bandwidth", dsv4_cmd_bench_exl3},
+    {"devices", "say which devices (cpu, cuda) can run here", cmd_devices},
 };
 
 static void usage(FILE *f)

@@ -36,6 +36,10 @@ typedef struct dsv4_backend {
     void (*attend)(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink, float *out);
     /* h = silu(min(g, limit)) * clamp(u, -limit, limit) (limit <= 0: no clamp); [n] values. */
     void (*swiglu)(const float *g, const float *u, int64_t n, float limit, float *h);
+    /* The ops return nothing; a backend whose ops can fail (device errors) keeps the first
+     * failure, and check() reports it into err and clears it (returns its code, 0 if none).
+     * NULL where the ops cannot fail. */
+    int (*check)(dsv4_err *err);
 } dsv4_backend;
 
 const dsv4_backend *dsv4_backend_cpu(void);

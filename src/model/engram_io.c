@@ -6,9 +6,11 @@
  * with the same decoder, so streamed == resident bit for bit. */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include "core/core.h"
 #include "model/model.h"
@@ -79,6 +81,68 @@ static int64_t read_at(int fd, int fdd, void *blk, int64_t off, size_t len, void
     return got == (ssize_t)len ? got : -1;
 }
 
+/* Shared by the reader threads of one dsv4_etable_rows call: rows are claimed 4 at a time. */
+typedef struct io_job {
+    const dsv4_etable *t;
+    const int64_t *rows;
+    int n, next;
+    float *out;
+    uint64_t bytes;
+    int64_t bad_row;
+    int bad_errno;
+    pthread_mutex_t mu;
+} io_job;
+
+/* One row [hd] + its scales [sb] as stored, decoded by the resident decoder. */
+static void *io_worker(void *arg)
+{
+    io_job *j = arg;
+    const dsv4_etable *t = j->t;
+    int64_t hd = t->w.k, sb = hd / t->w.bk;
+    size_t blen = ((size_t)hd + 3 * DIO_ALIGN - 1) / DIO_ALIGN * DIO_ALIGN;
+    uint8_t *w = malloc(hd), *s = malloc(sb);
+    void *blk = aligned_alloc(DIO_ALIGN, blen);
+    dsv4_weight one = t->w;
+    one.n = 1;
+    one.data = w;
+    one.scale = s;
+    uint64_t got = 0;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        int i0 = j->next;
+        j->next += 4;
+        pthread_mutex_unlock(&j->mu);
+        if (i0 >= j->n)
+            break;
+        for (int i = i0; i < i0 + 4 && i < j->n; i++) {
+            int64_t a = -1, b = -1;
+            if (w && s && blk) {
+                a = read_at(t->fd_w, t->direct_w, blk, t->off_w + j->rows[i] * hd, (size_t)hd, w);
+                b = a < 0 ? -1 : read_at(t->fd_s, t->direct_s, blk, t->off_s + j->rows[i] * sb, (size_t)sb, s);
+            }
+            if (a < 0 || b < 0) {
+                int e = w && s && blk ? errno : ENOMEM;
+                pthread_mutex_lock(&j->mu);
+                if (j->bad_row < 0) {
+                    j->bad_row = j->rows[i];
+                    j->bad_errno = e;
+                }
+                pthread_mutex_unlock(&j->mu);
+                continue;
+            }
+            got += (uint64_t)(a + b);
+            dsv4_weight_row(&one, 0, j->out + (int64_t)i * hd);
+        }
+    }
+    pthread_mutex_lock(&j->mu);
+    j->bytes += got;
+    pthread_mutex_unlock(&j->mu);
+    free(w);
+    free(s);
+    free(blk);
+    return NULL;
+}
+
 int dsv4_etable_rows(const dsv4_etable *t, const int64_t *rows, int n, float *out, uint64_t *bytes, dsv4_err *err)
 {
     int64_t hd = t->w.k, sb = hd / t->w.bk;
@@ -93,46 +157,45 @@ int dsv4_etable_rows(const dsv4_etable *t, const int64_t *rows, int n, float *ou
         return 0;
     }
     /* Rows are independent reads: several in flight at once (queue depth is what a drive's
-     * random-read rate needs), each decoded by the resident decoder from its stored bytes. */
-    int nio = n < 16 * 4 ? (n + 3) / 4 : 16, rc = 0;
-    uint64_t total = 0;
-    int64_t bad_row = -1;
-    int bad_errno = 0;
-#pragma omp parallel num_threads(nio) reduction(+ : total)
-    {
-        size_t blen = ((size_t)hd + 2 * DIO_ALIGN + DIO_ALIGN - 1) / DIO_ALIGN * DIO_ALIGN;
-        uint8_t *w = malloc(hd), *s = malloc(sb);
-        void *blk = aligned_alloc(DIO_ALIGN, blen);
-        dsv4_weight one = t->w;
-        one.n = 1;
-        one.data = w;
-        one.scale = s;
-#pragma omp for schedule(dynamic, 4)
-        for (int i = 0; i < n; i++) {
-            int64_t a = -1, b = -1;
-            if (w && s && blk) {
-                a = read_at(t->fd_w, t->direct_w, blk, t->off_w + rows[i] * hd, (size_t)hd, w);
-                b = a < 0 ? -1 : read_at(t->fd_s, t->direct_s, blk, t->off_s + rows[i] * sb, (size_t)sb, s);
-            }
-            if (a < 0 || b < 0) {
-#pragma omp critical(dsv4_etable_err)
-                if (bad_row < 0) {
-                    bad_row = rows[i];
-                    bad_errno = w && s && blk ? errno : ENOMEM;
-                }
-                continue;
-            }
-            total += (uint64_t)(a + b);
-            dsv4_weight_row(&one, 0, out + (int64_t)i * hd);
+     * random-read rate needs). Plain threads, not an OpenMP team: this runs on the prefetch
+     * thread beside the forward's own team. */
+    io_job job = {.t = t, .rows = rows, .n = n, .out = out, .bad_row = -1, .mu = PTHREAD_MUTEX_INITIALIZER};
+    int nio = n < 16 * 4 ? (n + 3) / 4 : 16, started = 0;
+    pthread_t th[16];
+    for (int i = 1; i < nio; i++)
+        started += !pthread_create(&th[started], NULL, io_worker, &job);
+    io_worker(&job);
+    for (int i = 0; i < started; i++)
+        pthread_join(th[i], NULL);
+    *bytes += job.bytes;
+    if (job.bad_row >= 0)
+        return dsv4_fail(err, DSV4_E_IO, "reading row %lld of %s: %s", (long long)job.bad_row, t->w.name, strerror(job.bad_errno));
+    return 0;
+}
+
+/* Residency probe: are 64 sampled rows of every table already in the page cache? mincore()
+ * asks without touching them, so the probe itself warms nothing. Warm tables are read
+ * through the mapping even when they are larger than half of RAM. */
+static int tables_warm(const dsv4_model *m)
+{
+    long pg = sysconf(_SC_PAGESIZE);
+    uint64_t s = 0x9e3779b97f4a7c15ull;
+    int in = 0, total = 0;
+    for (int i = 0; i < m->cfg.n_engram; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "layers.%d.engram.embed.weight", m->engram[i].layer);
+        const dsv4_tensor *t = dsv4_st_find(m->st, name);
+        if (!t || !t->nbytes)
+            return 0;
+        for (int k = 0; k < 64; k++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            uintptr_t a = ((uintptr_t)t->data + (uintptr_t)((s >> 11) % t->nbytes)) & ~(uintptr_t)(pg - 1);
+            unsigned char v = 0;
+            total++;
+            in += !mincore((void *)a, (size_t)pg, &v) && (v & 1);
         }
-        free(w);
-        free(s);
-        free(blk);
     }
-    *bytes += total;
-    if (bad_row >= 0)
-        rc = dsv4_fail(err, DSV4_E_IO, "reading row %lld of %s: %s", (long long)bad_row, t->w.name, strerror(bad_errno));
-    return rc;
+    return total && in * 10 >= total * 9;
 }
 
 int dsv4_engram_open(dsv4_model *m, int mode, dsv4_err *err)
@@ -144,7 +207,7 @@ int dsv4_engram_open(dsv4_model *m, int mode, dsv4_err *err)
         double total = 0, ram = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
         for (int i = 0; i < c->n_engram; i++)
             total += (double)c->engram_rows[i] * c->engram_head_dim * 33 / 32;
-        mode = ram > 0 && total * 2 > ram ? DSV4_ENGRAM_STREAMED : DSV4_ENGRAM_RESIDENT;
+        mode = ram > 0 && total * 2 > ram && !tables_warm(m) ? DSV4_ENGRAM_STREAMED : DSV4_ENGRAM_RESIDENT;
     }
     m->engram_streamed = mode == DSV4_ENGRAM_STREAMED;
     for (int i = 0; i < c->n_engram; i++) {

@@ -10,6 +10,10 @@
 #include "core/core.h"
 #include "model/engram.h"
 #include "model/model.h"
+#ifdef DSV4_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
+#include "text/token_map.h"
 
 typedef struct binder {
     dsv4_model *m;
@@ -275,16 +279,11 @@ static void bind_layer_v41(binder *b, int li)
     bind_ffn(b, li, p);
 }
 
-/* The Engram compressed token map, token_map.json in the checkpoint folder ("token_map":
- * [vocab] ids below engram_compressed_vocab_size). */
-static int load_token_map(dsv4_model *m, dsv4_err *err)
+/* token_map.json ("token_map": [vocab] ids below engram_compressed_vocab_size), as the
+ * oracle fixtures ship it (they have no tokenizer). */
+static int token_map_json(dsv4_model *m, const char *path, FILE *f, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/token_map.json", m->dir);
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return dsv4_fail(err, DSV4_E_IO, "%s: cannot open (the Engram compressed token map): %s", path, strerror(errno));
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -314,8 +313,45 @@ static int load_token_map(dsv4_model *m, dsv4_err *err)
         m->token_map[i] = (int32_t)e->valuedouble;
     }
     cJSON_Delete(j);
-    if (!rc && (c->engram_pad_id < 0 || c->engram_pad_id >= c->vocab))
-        rc = dsv4_fail(err, DSV4_E_MODEL, "config: engram_pad_id %d is not a token", c->engram_pad_id);
+    return rc;
+}
+
+/* The map built from the checkpoint's tokenizer (spec §9.1); its class count must be the
+ * config's engram_compressed_vocab_size (the reference asserts the same). Embedding rows past
+ * the tokenizer's vocabulary are ids no tokenizer produces: they take the pad id's class. */
+static int token_map_tokenizer(dsv4_model *m, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer", m->dir);
+    dsv4_err e2 = {0};
+    dsv4_tokenizer *t = dsv4_tokenizer_load(m->dir, &e2);
+    if (!t && !(t = dsv4_tokenizer_load(path, &e2)))
+        return dsv4_fail(err, DSV4_E_IO, "%s: the Engram token map needs token_map.json or a tokenizer.json (here or in tokenizer/): %s",
+                         m->dir, e2.msg);
+    int32_t *map = NULL, nc = 0, nv = dsv4_tokenizer_n_vocab(t);
+    int rc = dsv4_token_map_build(t, &map, &nc, err);
+    dsv4_tokenizer_free(t);
+    if (!rc && (nc != c->engram_compressed_vocab || nv > c->vocab || c->engram_pad_id >= nv))
+        rc = dsv4_fail(err, DSV4_E_MODEL, "%s: the tokenizer gives %d Engram token classes over %d ids; the config says %d classes over %d ids (pad %d)",
+                       m->dir, nc, nv, c->engram_compressed_vocab, c->vocab, c->engram_pad_id);
+    if (!rc && !(m->token_map = dsv4_xmalloc((size_t)c->vocab * sizeof(int32_t), err)))
+        rc = err->code;
+    for (int i = 0; !rc && i < c->vocab; i++)
+        m->token_map[i] = map[i < nv ? i : c->engram_pad_id];
+    free(map);
+    return rc;
+}
+
+static int load_token_map(dsv4_model *m, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    if (c->engram_pad_id < 0 || c->engram_pad_id >= c->vocab)
+        return dsv4_fail(err, DSV4_E_MODEL, "config: engram_pad_id %d is not a token", c->engram_pad_id);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/token_map.json", m->dir);
+    FILE *f = fopen(path, "rb");
+    int rc = f ? token_map_json(m, path, f, err) : token_map_tokenizer(m, err);
     if (!rc)
         m->engram_pad = m->token_map[c->engram_pad_id];
     return rc;
@@ -407,6 +443,90 @@ static float *rope_table(const dsv4_rope_cfg *r, int rd)
     return f;
 }
 
+#ifdef DSV4_CUDA
+/* Walks every array the CUDA ops read: put (upload once) or drop (free the device copies).
+ * The embedding stays on the host (the forward looks rows up there); so do the compressors'
+ * ape tables and the routing tables, which only host code reads. */
+static int cuda_resident(dsv4_model *m, int put, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    int D = c->dim, n = c->hc_mult, nm = (2 + n) * n, rc = 0;
+#define W(w) (rc ? 0 : put ? (rc = dsv4_cuda_put_weight((w), err)) : (dsv4_cuda_drop_weight(w), 0))
+#define F(p, cnt) (rc ? 0 : put ? (rc = dsv4_cuda_put((p), (size_t)(cnt) * sizeof(float), err)) : (dsv4_cuda_drop(p), 0))
+    W(&m->head);
+    F(m->norm, D);
+    F(m->hc_head_fn, (int64_t)n * n * D);
+    F(m->hc_head_base, n);
+    F(m->hc_head_scale, 1);
+    F(m->inv_freq_main, c->rope_dim / 2);
+    F(m->inv_freq_compress, c->rope_dim / 2);
+    for (int li = 0; li < c->n_layers && m->layers; li++) {
+        dsv4_layer *L = &m->layers[li];
+        F(L->attn_norm, D);
+        F(L->ffn_norm, D);
+        F(L->hc_attn_fn, (int64_t)nm * n * D);
+        F(L->hc_attn_base, nm);
+        F(L->hc_attn_scale, 3);
+        F(L->hc_ffn_fn, (int64_t)nm * n * D);
+        F(L->hc_ffn_base, nm);
+        F(L->hc_ffn_scale, 3);
+        F(L->q_norm, c->q_lora);
+        F(L->kv_norm, c->head_dim);
+        F(L->sink, c->n_heads);
+        W(&L->wq_a);
+        W(&L->wq_b);
+        W(&L->wkv);
+        W(&L->wo_a);
+        W(&L->wo_b);
+        W(&L->gate);
+        if (L->ratio > 0) {
+            W(&L->comp.wkv);
+            W(&L->comp.wgate);
+            F(L->comp.norm, L->comp.dim);
+        }
+        if (L->csa) {
+            W(&L->icomp.wkv);
+            W(&L->icomp.wgate);
+            F(L->icomp.norm, L->icomp.dim);
+            W(&L->iwq_b);
+            W(&L->iweights);
+        }
+        for (int e = 0; e < c->n_experts && L->w1; e++) {
+            W(&L->w1[e]);
+            W(&L->w2[e]);
+            W(&L->w3[e]);
+        }
+        if (c->n_shared > 0) {
+            W(&L->sw1);
+            W(&L->sw2);
+            W(&L->sw3);
+        }
+    }
+#undef W
+#undef F
+    return rc;
+}
+#endif
+
+int dsv4_device_probe(const char *device, char *desc, size_t n, dsv4_err *err)
+{
+    dsv4_err_clear(err);
+    if (!device || !strcmp(device, "cpu")) {
+        snprintf(desc, n, "cpu: %d threads", omp_get_max_threads());
+        return 0;
+    }
+    if (strcmp(device, "cuda"))
+        return dsv4_fail(err, DSV4_E_DEVICE, "device '%s' is unknown (devices: cpu, cuda)", device);
+#ifdef DSV4_CUDA
+    if (dsv4_cuda_init(err))
+        return err->code;
+    snprintf(desc, n, "cuda: %s", dsv4_cuda_device_name());
+    return 0;
+#else
+    return dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda' is not available in this build (built without CUDA=1; it has: cpu)");
+#endif
+}
+
 /* Binds every tensor of m->st to its slot and builds the rope tables; m->cfg is set. */
 static int model_bind(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 {
@@ -451,10 +571,20 @@ static int model_bind(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 static dsv4_model *model_new(const dsv4_load_opts *o, const char *dir, dsv4_err *err)
 {
     dsv4_err_clear(err);
-    if (o->device && strcmp(o->device, "cpu")) {
-        dsv4_fail(err, DSV4_E_DEVICE, "device '%s' is not available in this build (it has: cpu)", o->device);
+    int cuda = o->device && !strcmp(o->device, "cuda");
+    if (o->device && strcmp(o->device, "cpu") && !cuda) {
+        dsv4_fail(err, DSV4_E_DEVICE, "device '%s' is unknown (devices: cpu, cuda)", o->device);
         return NULL;
     }
+#ifdef DSV4_CUDA
+    if (cuda && dsv4_cuda_init(err))
+        return NULL;
+#else
+    if (cuda) {
+        dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda' is not available in this build (built without CUDA=1; it has: cpu)");
+        return NULL;
+    }
+#endif
     dsv4_model *m = calloc(1, sizeof *m);
     if (!m) {
         dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
@@ -484,6 +614,21 @@ static int model_check(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     return 0;
 }
 
+/* Moves the weights to the chosen device (the CPU backend reads them where they are mapped). */
+static int model_place(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
+{
+    if (!o->device || strcmp(o->device, "cuda"))
+        return 0;
+    if (m->cfg.family == DSV4_FAMILY_V41)
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: the CUDA backend runs V4 checkpoints; V4.1 runs on the CPU for now", m->dir);
+#ifdef DSV4_CUDA
+    m->be = dsv4_backend_cuda();
+    if (cuda_resident(m, 1, err))
+        return dsv4_err_prefix(err, "%s: putting the weights on the GPU", m->dir);
+#endif
+    return 0;
+}
+
 dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err)
 {
     dsv4_load_opts o = {0};
@@ -493,7 +638,7 @@ dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_er
     if (!m)
         return NULL;
     if (dsv4_config_load(dir, &m->cfg, err) || model_check(m, &o, err) || !(m->st = dsv4_st_open_dir(dir, err)) ||
-        model_bind(m, &o, err)) {
+        model_bind(m, &o, err) || model_place(m, &o, err)) {
         dsv4_model_free(m);
         return NULL;
     }
@@ -510,7 +655,7 @@ dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size
     if (!m)
         return NULL;
     if (dsv4_config_parse(config_json, label, &m->cfg, err) || model_check(m, &o, err) ||
-        !(m->st = dsv4_st_open_memory(st_image, st_len, label, err)) || model_bind(m, &o, err)) {
+        !(m->st = dsv4_st_open_memory(st_image, st_len, label, err)) || model_bind(m, &o, err) || model_place(m, &o, err)) {
         dsv4_model_free(m);
         return NULL;
     }
@@ -527,6 +672,10 @@ void dsv4_model_free(dsv4_model *m)
 {
     if (!m)
         return;
+#ifdef DSV4_CUDA
+    if (m->be == dsv4_backend_cuda())
+        cuda_resident(m, 0, NULL);
+#endif
     if (m->layers)
         for (int i = 0; i < m->cfg.n_layers; i++) {
             dsv4_layer *L = &m->layers[i];

@@ -147,7 +147,8 @@ void dsv4_pool_group(const dsv4_compressor *cp, const float *cring, const float 
 typedef struct dsv4_scored { float s; int64_t w; } dsv4_scored;
 /* The min(k, nvis) best of tmp[0..nvis) (reordered) into sel, ascending entry order; returns the count. */
 int dsv4_topk_ascending(dsv4_scored *tmp, int64_t nvis, int k, int64_t *sel);
-void dsv4_sort_scored(dsv4_scored *v, int64_t n);
+/* The min(k, n) best of v moved to v[0..) in no particular order; returns the count. */
+int64_t dsv4_best_k(dsv4_scored *v, int64_t n, int k);
 static inline float *dsv4_fbuf(size_t n, dsv4_err *err) { return dsv4_xmalloc(n * sizeof(float), err); }
 
 /* The routed + shared expert FFN of layer li over R rows (v4.c); ids for hash routing. */

@@ -56,33 +56,60 @@ static void emit_entry(const fwd *f, const dsv4_compressor *cp, const float *cri
     f->be->rope(out, 1, cp->dim, 1, cp->dim, m->cfg.rope_dim, m->inv_freq_compress, &p, 0);
 }
 
-/* Descending score, ties to the lower index (normative for every top-k of the family). */
-static int by_score_then_lower(const void *a, const void *b)
-{
-    const dsv4_scored *x = a, *y = b;
-    if (x->s != y->s)
-        return x->s > y->s ? -1 : 1;
-    return x->w < y->w ? -1 : x->w > y->w;
-}
-
 static int by_index(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return x < y ? -1 : x > y;
 }
 
+/* The family's order for every top-k: descending score, ties to the lower index; a ranks
+ * below b when its score is lower, or equal at a higher index. */
+static int worse(const dsv4_scored *a, const dsv4_scored *b) { return a->s < b->s || (a->s == b->s && a->w > b->w); }
+
+static void sift_down(dsv4_scored *h, int n, int i)
+{
+    for (;;) {
+        int l = 2 * i + 1, r = l + 1, m = i;
+        if (l < n && worse(&h[l], &h[m]))
+            m = l;
+        if (r < n && worse(&h[r], &h[m]))
+            m = r;
+        if (m == i)
+            return;
+        dsv4_scored t = h[i];
+        h[i] = h[m];
+        h[m] = t;
+        i = m;
+    }
+}
+
+/* The k best of v[0..n) by the family's order, moved to v[0..k) (unordered): a heap of the k
+ * kept with the worst at its root, so n entries cost n log k. The order is total, so the set
+ * is the one a full sort would give. */
+static int64_t best_k(dsv4_scored *v, int64_t n, int k)
+{
+    if (n <= k)
+        return n;
+    for (int i = k / 2 - 1; i >= 0; i--)
+        sift_down(v, k, i);
+    for (int64_t j = k; j < n; j++)
+        if (worse(&v[0], &v[j])) {
+            v[0] = v[j];
+            sift_down(v, k, 0);
+        }
+    return k;
+}
+
 int dsv4_topk_ascending(dsv4_scored *tmp, int64_t nvis, int k, int64_t *sel)
 {
-    int64_t n = nvis < k ? nvis : k;
-    if (nvis > k)
-        qsort(tmp, nvis, sizeof *tmp, by_score_then_lower);
+    int64_t n = best_k(tmp, nvis, k);
     for (int64_t i = 0; i < n; i++)
         sel[i] = tmp[i].w;
     qsort(sel, n, sizeof *sel, by_index);
     return (int)n;
 }
 
-void dsv4_sort_scored(dsv4_scored *v, int64_t n) { qsort(v, n, sizeof *v, by_score_then_lower); }
+int64_t dsv4_best_k(dsv4_scored *v, int64_t n, int k) { return best_k(v, n, k); }
 
 /* Indexer selection for one query: the index_topk entries of highest score among the nvis
  * visible ones (ties to the lower entry), returned in ascending entry order. */
@@ -413,6 +440,8 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
             break;
         be->hc_post(X, y, R, n, D, post, comb);
     }
+    if (!rc && be->check) /* a device op failed: the sequences do not advance */
+        rc = be->check(err);
     if (rc)
         goto out;
     for (int i = 0; i < b->n_seqs; i++) {
@@ -439,6 +468,8 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
         be->rmsnorm(h, nr, D, m->norm, eps, h);
         dsv4_rnd(m, h, (int64_t)nr * D);
         be->linear(&m->head, 0, c->vocab, h, nr, D, b->logits, c->vocab);
+        if (be->check)
+            rc = be->check(err);
     }
 out:
     free(f.pos);

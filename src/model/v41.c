@@ -151,6 +151,8 @@ static void index_scores(const dsv4_model *m, const float *qi, const float *wt, 
 {
     const dsv4_config *c = &m->cfg;
     int nI = c->index_heads, ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
+    /* entries are independent: threads split them, each score summed in one order */
+#pragma omp parallel for schedule(static) if (nvis * nI * ci > 1 << 20)
     for (int64_t w = 0; w < nvis; w++) {
         float s = 0;
         for (int h = 0; h < nI; h++) {
@@ -178,9 +180,9 @@ static int candidate_blocks(const dsv4_config *c, const dsv4_scored *sc, int64_t
         tmp[b].s = b == (nvis - 1) / bs ? INFINITY : mx;
         tmp[b].w = b;
     }
-    dsv4_sort_scored(tmp, nb);
+    int64_t n = dsv4_best_k(tmp, nb, c->candidate_topk_blocks);
     int k = 0;
-    for (int64_t i = 0; i < nb && k < c->candidate_topk_blocks; i++)
+    for (int64_t i = 0; i < n; i++) /* blocks with no finite score are not kept */
         if (tmp[i].s != -INFINITY)
             blocks[k++] = tmp[i].w;
     return k;

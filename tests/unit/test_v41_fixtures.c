@@ -6,8 +6,9 @@
  * --numerics fp32 against the ideal-math oracle expected_fp64.safetensors, both paths (one
  * prefill vs caseN.logits; prefill P then one-token decodes vs caseN.inc_logits): max|logit -
  * ref| <= 1e-4 * max|ref| and the same argmax wherever the top-two gap exceeds 1e-3 (the
- * fixture README's tight gate, not to be loosened). Seams in fp32: chunks of 1, 2, 3, 7 ==
- * one prefill bit for bit; copy, save/restore and rollback == an uninterrupted run.
+ * fixture README's tight gate, not to be loosened). Seams in both modes: chunks of 1, 2, 3, 7
+ * == one prefill bit for bit; copy, save/restore and rollback == an uninterrupted run;
+ * two sequences in one step == each alone.
  *
  * --numerics ref against the bf16 reference's prefill logits (expected.safetensors), both
  * paths, as the README recommends: within 2e-2 at every position before the first one where
@@ -18,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "check.h"
 #include "core/core.h"
 #include "io/safetensors.h"
@@ -201,6 +203,46 @@ static void batch_check(dsv4_model *m, const char *what, const int32_t *const id
     printf("  %-40s batched == solo\n", what);
 }
 
+/* A copy of the fixture folder (links) whose config.json has `from` replaced by `to` must fail
+ * to load with `code` and a message containing `want`; token_map: keep the token map. */
+static void bad_config(const char *dir, const char *cfg_txt, const char *from, const char *to, int token_map, int code,
+                       const char *want)
+{
+    char tmp[] = "/tmp/dsv4_v41_bad_XXXXXX", path[4096], src[4096];
+    if (!mkdtemp(tmp)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    const char *p = strstr(cfg_txt, from);
+    CHECK(p != NULL, "config.json has no '%s'", from);
+    snprintf(path, sizeof path, "%s/config.json", tmp);
+    FILE *f = fopen(path, "w");
+    if (f && p) {
+        fwrite(cfg_txt, 1, p - cfg_txt, f);
+        fputs(to, f);
+        fputs(p + strlen(from), f);
+    }
+    if (f)
+        fclose(f);
+    const char *links[2] = {"model.safetensors", "token_map.json"};
+    for (int i = 0; i < 1 + token_map; i++) {
+        snprintf(src, sizeof src, "%s/%s", dir, links[i]);
+        snprintf(path, sizeof path, "%s/%s", tmp, links[i]);
+        CHECK(!symlink(src, path), "symlink %s", path);
+    }
+    dsv4_err err = {0};
+    dsv4_load_opts lo = {.numerics = DSV4_NUMERICS_FP32};
+    dsv4_model *m = dsv4_model_load(tmp, &lo, &err);
+    CHECK(!m && err.code == code && strstr(err.msg, want), "'%s' -> '%s': expected error %d naming '%s', got %d: %s", from, to, code,
+          want, err.code, err.msg);
+    dsv4_model_free(m);
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/%s", tmp, i < 2 ? links[i] : "config.json");
+        unlink(path);
+    }
+    rmdir(tmp);
+}
+
 int main(int argc, char **argv)
 {
     char def[2048];
@@ -227,6 +269,16 @@ int main(int argc, char **argv)
         if (!(cases && cfg && tm && ex64 && ex))
             continue;
         const cJSON *jc = cJSON_GetObjectItem(cases, "cases");
+        if (argc == 1) { /* the shared fixture's config, edited: each contradiction is refused by name */
+            bad_config(dir, gtxt, "\"kv_source_layer_ids\": [\n      2,", "\"kv_source_layer_ids\": [\n", 1, DSV4_E_MODEL, "layer 2");
+            bad_config(dir, gtxt, "\"index_source_layer_ids\": [\n      2,", "\"index_source_layer_ids\": [\n      0,", 1,
+                       DSV4_E_MODEL, "layer 0");
+            bad_config(dir, gtxt, "\"engram_num_embeddings\": [\n      280,", "\"engram_num_embeddings\": [\n      281,", 1,
+                       DSV4_E_MODEL, "engram_num_embeddings");
+            bad_config(dir, gtxt, "\"candidate_source_layer_id\": 6", "\"candidate_source_layer_id\": 7", 1, DSV4_E_MODEL,
+                       "candidate_source_layer_id 7");
+            bad_config(dir, gtxt, "\"engram_vocab_size\": 37", "\"engram_vocab_size\": 37", 0, DSV4_E_IO, "token_map.json");
+        }
         engram_checks(name, cJSON_GetObjectItem(cfg, "text_config"), tm, ttxt, dsv4_st_find(ex, "case0.engram_hash"),
                       cJSON_GetObjectItem(jc->child, "ids"));
 
@@ -265,11 +317,12 @@ int main(int argc, char **argv)
                         ref_compare(what, got, rt->data, r2->data, T, V);
                     else
                         compare(what, got, r2->data, T, V);
-                    if (ci == 0 && !mode) {
+                    if (ci == 0) {
                         static const int chunks[] = {1, 2, 3, 7};
                         snprintf(what, sizeof what, "%.100s %s case0", name, mn);
                         seams(m, what, ids, T, V, chunks, 4);
-                        streamed_check(dir, ids, T, P, V);
+                        if (!mode)
+                            streamed_check(dir, ids, T, P, V);
                     }
                 }
                 free(got);

@@ -4,7 +4,8 @@
  * wherever the reference's top-two gap exceeds 1e-3. Then the seams: chunked prefill in
  * chunks of 1, 2, 3, 7, 64 and all gives bit-identical logits, and copy / save-restore /
  * rollback reproduce an uninterrupted run bit for bit. Arguments: other fixture folders to check
- * instead (held-out ones). */
+ * instead (held-out ones). DSV4_TEST_DEVICE=cuda runs it all through the CUDA backend (same
+ * tolerances). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -36,7 +37,8 @@ int main(int argc, char **argv)
         const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
         printf("%s\n", name);
         dsv4_err err = {0};
-        dsv4_model *m = dsv4_model_load(dir, NULL, &err);
+        dsv4_load_opts lo = {.device = getenv("DSV4_TEST_DEVICE")}; /* make test-cuda runs it again on "cuda" */
+        dsv4_model *m = dsv4_model_load(dir, &lo, &err);
         CHECK(m != NULL, "%s: load: %s", name, err.msg);
         if (!m)
             continue;

@@ -266,7 +266,7 @@ static void collapse_row(const float *x, int n, int D, const float *pr, float *h
 
 static void cpu_hc_collapse(const float *X, int T, int n, int D, const float *pre, float *h)
 {
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if ((int64_t)T * n * D > 65536)
     for (int t = 0; t < T; t++)
         collapse_row(X + (int64_t)t * n * D, n, D, pre + (int64_t)t * n, h + (int64_t)t * D);
 }

@@ -1,0 +1,60 @@
+/* kernels/cuda — the CUDA backend (built with `make CUDA=1`), callable from C.
+ *
+ * Weights are uploaded once (dsv4_cuda_put_weight: the stored bytes and scales as they are,
+ * decoded inside the kernels) and found again by their host address. The op table takes
+ * host buffers, so each op copies its activations in and its outputs back; any other
+ * constant host array an op reads (norm weights, hc params, sinks, rope tables) is used from
+ * device memory when it was registered with dsv4_cuda_put, else copied in per call.
+ * Ops cannot return an error; the first failure is kept and reported by the table's check(). */
+#ifndef DSV4_CUDA_H
+#define DSV4_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "dsv4.h"
+#include "io/weight.h"
+#include "kernels/backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Selects device 0. Fails with DSV4_E_DEVICE, saying why, when no usable GPU is there.
+ * DSV4_CUDA_POISON=1 in the environment turns poisoning on (see dsv4_cuda_set_poison). */
+int dsv4_cuda_init(dsv4_err *err);
+/* "NVIDIA H200, 139.8 GiB, sm_90" after a successful init. */
+const char *dsv4_cuda_device_name(void);
+
+const dsv4_backend *dsv4_backend_cuda(void);
+
+/* Keeps a device copy of `bytes` bytes at `host` (once; a second put of the same address is
+ * a no-op), used by every op that is handed that address. */
+int dsv4_cuda_put(const void *host, size_t bytes, dsv4_err *err);
+void dsv4_cuda_drop(const void *host);
+/* The weight's data and scales (w->bytes in all). */
+int dsv4_cuda_put_weight(const dsv4_weight *w, dsv4_err *err);
+void dsv4_cuda_drop_weight(const dsv4_weight *w);
+
+/* on: every device buffer an op writes is filled with NaN bytes before its kernel runs, so
+ * an element a kernel forgets to write comes back as NaN (tests). */
+void dsv4_cuda_set_poison(int on);
+
+/* The linear op over device buffers, queued on `stream` (a cudaStream_t; NULL: the default
+ * stream) without waiting, for benchmarks and graph capture:
+ * dy[t, i] = sum_k W[r0 + i, k] dx[t, k]; dx: [T, w->k] dense, dy: [T, r1 - r0] dense.
+ * The weight must have been put. */
+int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy, void *stream,
+                         dsv4_err *err);
+
+/* Several weights of one form, shape and block layout (the active experts' w1, say) in one
+ * launch, for j < n: dy[j] = W_j dx[j] over all rows; dx[j] [T, k], dy[j] [T, n] dense device
+ * buffers. Each row is summed exactly as dsv4_cuda_linear_dev sums it (bit for bit); one
+ * launch instead of n is what small expert matrices need. n <= DSV4_CUDA_GROUP_MAX. */
+#define DSV4_CUDA_GROUP_MAX 16
+int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, const float *const *dx, int T, float *const *dy,
+                               void *stream, dsv4_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,342 @@
+/* bench_cuda — the CUDA linear kernels at V4-Flash shapes against the device's bandwidth.
+ *
+ * Ceilings, on a 2 GiB buffer: cudaMemcpy device-to-device and a plain copy kernel (bytes read
+ * + written), and a read-only kernel (bytes read), which is the matvec's own pattern.
+ * Per shape: weights resident as stored (random bytes, never zeros), rotated over enough
+ * copies (>= 512 MB) that L2 (60 MB) cannot serve them; the launches are captured in a CUDA
+ * graph and the replays timed with events (median of 10), so launch gaps stay out.
+ * GB/s counts the weight bytes (data + scales) read once per call; activations are ignored
+ * (x is <= 32 KB per token).
+ * Then a batch-1 estimate of V4-Flash decode from its matvecs alone: one CSA layer's
+ * projections, 6 routed + 1 shared expert, timed as one graph, times 43, plus the head. */
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+extern "C" {
+#include "core/core.h"
+}
+#include "kernels/cuda/cuda.h"
+
+#define CK(x) do { cudaError_t e_ = (x); if (e_ != cudaSuccess) { \
+    fprintf(stderr, "bench_cuda: %s: %s\n", #x, cudaGetErrorString(e_)); exit(1); } } while (0)
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+
+static void fill_bytes(uint8_t *p, size_t n)
+{
+    for (size_t i = 0; i < n; i += 8) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        memcpy(p + i, &rng, n - i < 8 ? n - i : 8);
+    }
+}
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median ms of `reps` replays of g. */
+static float time_graph(cudaGraphExec_t g, cudaStream_t st, int reps)
+{
+    cudaEvent_t a, b;
+    CK(cudaEventCreate(&a));
+    CK(cudaEventCreate(&b));
+    float t[32];
+    for (int i = 0; i < 3; i++)
+        CK(cudaGraphLaunch(g, st));
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(a, st));
+        CK(cudaGraphLaunch(g, st));
+        CK(cudaEventRecord(b, st));
+        CK(cudaEventSynchronize(b));
+        CK(cudaEventElapsedTime(&t[i], a, b));
+    }
+    qsort(t, reps, sizeof t[0], cmp_f);
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return t[reps / 2];
+}
+
+/* Reads n 16-byte words (four loads in flight a thread); the xor only keeps the loads alive. */
+__global__ void k_read(const uint4 *p, size_t n, unsigned *sink)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned acc = 0;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+        uint4 a = __ldg(p + i), b = __ldg(p + i + stride), c = __ldg(p + i + 2 * stride), d = __ldg(p + i + 3 * stride);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^ d.w;
+    }
+    for (; i < n; i += stride) {
+        uint4 a = __ldg(p + i);
+        acc ^= a.x ^ a.y ^ a.z ^ a.w;
+    }
+    if (acc == 0x9e3779b9u)
+        *sink = acc;
+}
+
+__global__ void k_copy(const uint4 *p, uint4 *q, size_t n)
+{
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        q[i] = __ldg(p + i);
+}
+
+typedef struct {
+    const char *name;
+    dsv4_wform form;
+    int64_t n, k;
+    int bn, bk;
+} shape;
+
+static size_t data_bytes(const shape *s)
+{
+    size_t e = (size_t)s->n * s->k;
+    return s->form == DSV4_WF_FP8 ? e : s->form == DSV4_WF_FP4 ? e / 2 : e * 2;
+}
+
+static size_t scale_bytes(const shape *s)
+{
+    if (s->form == DSV4_WF_FP8)
+        return (size_t)((s->n + s->bn - 1) / s->bn) * ((s->k + s->bk - 1) / s->bk);
+    return s->form == DSV4_WF_FP4 ? (size_t)s->n * (s->k / s->bk) : 0;
+}
+
+/* `count` resident copies of a random weight of shape s, in one host block. */
+static dsv4_weight *make_copies(const shape *s, int count, uint8_t **block)
+{
+    size_t db = data_bytes(s), sb = scale_bytes(s), per = (db + sb + 255) & ~(size_t)255;
+    uint8_t *h = (uint8_t *)malloc(per * count);
+    fill_bytes(h, per * count);
+    dsv4_weight *w = (dsv4_weight *)calloc(count, sizeof *w);
+    dsv4_err err = {};
+    for (int c = 0; c < count; c++) {
+        uint8_t *p = h + per * c;
+        if (sb) /* e8m0 scales in a sane range: 2^-8 .. 2^7 */
+            for (size_t i = 0; i < sb; i++)
+                p[db + i] = (uint8_t)(119 + p[db + i] % 16);
+        w[c].name = s->name;
+        w[c].form = s->form;
+        w[c].n = s->n;
+        w[c].k = s->k;
+        w[c].data = p;
+        w[c].scale = sb ? p + db : NULL;
+        w[c].scale_e8m0 = 1;
+        w[c].bn = s->bn;
+        w[c].bk = s->bk;
+        w[c].bytes = db + sb;
+        if (dsv4_cuda_put_weight(&w[c], &err)) {
+            fprintf(stderr, "bench_cuda: %s\n", err.msg);
+            exit(1);
+        }
+    }
+    *block = h;
+    return w;
+}
+
+static void free_copies(dsv4_weight *w, int count, uint8_t *block)
+{
+    for (int c = 0; c < count; c++)
+        dsv4_cuda_drop_weight(&w[c]);
+    free(w);
+    free(block);
+}
+
+int main(void)
+{
+    dsv4_err err = {};
+    if (dsv4_cuda_init(&err)) {
+        fprintf(stderr, "bench_cuda: %s\n", err.msg);
+        return 1;
+    }
+    printf("device: %s\n", dsv4_cuda_device_name());
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+
+    /* copy ceiling */
+    size_t cb = (size_t)2 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, cb));
+    CK(cudaMalloc(&b, cb));
+    CK(cudaMemset(a, 1, cb));
+    cudaGraph_t gr;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CK(cudaMemcpyAsync(b, a, cb, cudaMemcpyDeviceToDevice, st));
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    float ms = time_graph(ge, st, 10);
+    double copy_gbs = 2.0 * cb / (ms * 1e-3) / 1e9;
+    printf("cudaMemcpy D2D %zu MiB: %.3f ms, %.0f GB/s (read + write)\n", cb >> 20, ms, copy_gbs);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(gr);
+    int sms = 0;
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    unsigned *sink;
+    CK(cudaMalloc((void **)&sink, sizeof *sink));
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    k_copy<<<sms * 8, 256, 0, st>>>((const uint4 *)a, (uint4 *)b, cb / 16);
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    ms = time_graph(ge, st, 10);
+    double kcopy_gbs = 2.0 * cb / (ms * 1e-3) / 1e9;
+    printf("copy kernel    %zu MiB: %.3f ms, %.0f GB/s (read + write)\n", cb >> 20, ms, kcopy_gbs);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(gr);
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    k_read<<<sms * 8, 256, 0, st>>>((const uint4 *)a, cb / 16, sink);
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    ms = time_graph(ge, st, 10);
+    double read_gbs = (double)cb / (ms * 1e-3) / 1e9;
+    printf("read kernel    %zu MiB: %.3f ms, %.0f GB/s (read)\n\n", cb >> 20, ms, read_gbs);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(gr);
+    if (kcopy_gbs > copy_gbs)
+        copy_gbs = kcopy_gbs;
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+
+    float *dx, *dy;
+    CK(cudaMalloc((void **)&dx, (size_t)8 * 32768 * sizeof(float)));
+    CK(cudaMalloc((void **)&dy, (size_t)8 * 131072 * sizeof(float)));
+    CK(cudaMemset(dx, 0x3c, (size_t)8 * 32768 * sizeof(float)));
+
+    const shape shapes[] = {
+        {"wq_a FP8", DSV4_WF_FP8, 1024, 4096, 128, 128},
+        {"wq_b FP8", DSV4_WF_FP8, 32768, 1024, 128, 128},
+        {"wo_b FP8", DSV4_WF_FP8, 4096, 8192, 128, 128},
+        {"expert w1 FP4", DSV4_WF_FP4, 2048, 4096, 1, 32},
+        {"expert w2 FP4", DSV4_WF_FP4, 4096, 2048, 1, 32},
+        {"gate BF16", DSV4_WF_BF16, 4096, 4096, 0, 0},
+    };
+    printf("%-16s %-14s %3s %10s %9s %8s %8s\n", "weight", "[n, k]", "T", "us/call", "GB/s", "of copy", "of read");
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const shape *s = &shapes[si];
+        size_t bytes = data_bytes(s) + scale_bytes(s);
+        int count = (int)(((size_t)512 << 20) / bytes) + 1;
+        uint8_t *blk;
+        dsv4_weight *w = make_copies(s, count, &blk);
+        int calls = count < 64 ? 64 : count;
+        const int Ts[] = {1, 4, 8};
+        for (int ti = 0; ti < 3; ti++) {
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+            for (int c = 0; c < calls; c++)
+                if (dsv4_cuda_linear_dev(&w[c % count], 0, s->n, dx, Ts[ti], dy, st, &err)) {
+                    fprintf(stderr, "bench_cuda: %s\n", err.msg);
+                    return 1;
+                }
+            CK(cudaStreamEndCapture(st, &gr));
+            CK(cudaGraphInstantiate(&ge, gr, 0));
+            ms = time_graph(ge, st, 10);
+            double us = ms * 1e3 / calls, gbs = bytes / (us * 1e-6) / 1e9;
+            char sh[32];
+            snprintf(sh, sizeof sh, "[%lld,%lld]", (long long)s->n, (long long)s->k);
+            printf("%-16s %-14s %3d %10.2f %9.0f %7.1f%% %7.1f%%\n", s->name, sh, Ts[ti], us, gbs, 100 * gbs / copy_gbs,
+                   100 * gbs / read_gbs);
+            cudaGraphExecDestroy(ge);
+            cudaGraphDestroy(gr);
+        }
+        free_copies(w, count, blk);
+    }
+
+    /* one CSA layer's matvecs at batch 1, as V4-Flash shapes them (spec table): attention
+     * projections, compressor and indexer (FP8), the router (BF16), 6 routed experts (FP4)
+     * and the shared expert (FP8) */
+    const shape layer[] = {
+        {"wq_a", DSV4_WF_FP8, 1024, 4096, 128, 128},       {"wq_b", DSV4_WF_FP8, 32768, 1024, 128, 128},
+        {"wkv", DSV4_WF_FP8, 512, 4096, 128, 128},         {"wo_a", DSV4_WF_FP8, 8192, 4096, 128, 128},
+        {"wo_b", DSV4_WF_FP8, 4096, 8192, 128, 128},       {"comp.wkv", DSV4_WF_FP8, 1024, 4096, 128, 128},
+        {"comp.wgate", DSV4_WF_FP8, 1024, 4096, 128, 128}, {"icomp.wkv", DSV4_WF_FP8, 256, 4096, 128, 128},
+        {"icomp.wgate", DSV4_WF_FP8, 256, 4096, 128, 128}, {"iwq_b", DSV4_WF_FP8, 8192, 1024, 128, 128},
+        {"iweights", DSV4_WF_BF16, 64, 4096, 0, 0},        {"gate", DSV4_WF_BF16, 256, 4096, 0, 0},
+        {"sw1", DSV4_WF_FP8, 2048, 4096, 128, 128},        {"sw3", DSV4_WF_FP8, 2048, 4096, 128, 128},
+        {"sw2", DSV4_WF_FP8, 4096, 2048, 128, 128},
+    };
+    const shape ew[3] = {{"w1", DSV4_WF_FP4, 2048, 4096, 1, 32}, {"w3", DSV4_WF_FP4, 2048, 4096, 1, 32},
+                         {"w2", DSV4_WF_FP4, 4096, 2048, 1, 32}};
+    int nl = sizeof layer / sizeof layer[0];
+    dsv4_weight *lw[sizeof layer / sizeof layer[0] + 18];
+    uint8_t *lb[sizeof layer / sizeof layer[0] + 18];
+    size_t layer_bytes = 0;
+    for (int i = 0; i < nl; i++) {
+        lw[i] = make_copies(&layer[i], 1, &lb[i]);
+        layer_bytes += lw[i]->bytes;
+    }
+    for (int e = 0; e < 18; e++) {
+        lw[nl + e] = make_copies(&ew[e % 3], 1, &lb[nl + e]);
+        layer_bytes += lw[nl + e]->bytes;
+    }
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < nl + 18; i++)
+        if (dsv4_cuda_linear_dev(lw[i], 0, lw[i]->n, dx, 1, dy, st, &err)) {
+            fprintf(stderr, "bench_cuda: %s\n", err.msg);
+            return 1;
+        }
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    float layer_ms = time_graph(ge, st, 10);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(gr);
+    /* the same layer with the experts grouped: the 6 experts' w1 and w3 (one input) in one
+     * launch, their w2 in a second */
+    const dsv4_weight *g13[12], *g2[6];
+    const float *gx[12];
+    float *gy13[12], *gy2[6];
+    int n13 = 0, n2 = 0;
+    for (int e = 0; e < 18; e++) {
+        if (e % 3 == 2) {
+            g2[n2] = lw[nl + e];
+            gy2[n2] = dy + (size_t)n2 * 4096;
+            n2++;
+        } else {
+            g13[n13] = lw[nl + e];
+            gy13[n13] = dy + (size_t)n13 * 2048;
+            n13++;
+        }
+    }
+    for (int j = 0; j < 12; j++)
+        gx[j] = dx;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    for (int i = 0; i < nl; i++)
+        if (dsv4_cuda_linear_dev(lw[i], 0, lw[i]->n, dx, 1, dy, st, &err)) {
+            fprintf(stderr, "bench_cuda: %s\n", err.msg);
+            return 1;
+        }
+    if (dsv4_cuda_linear_group_dev(g13, 12, gx, 1, gy13, st, &err) || dsv4_cuda_linear_group_dev(g2, 6, gx, 1, gy2, st, &err)) {
+        fprintf(stderr, "bench_cuda: %s\n", err.msg);
+        return 1;
+    }
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    float glayer_ms = time_graph(ge, st, 10);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(gr);
+    shape hs = {"head BF16", DSV4_WF_BF16, 129280, 4096, 0, 0};
+    uint8_t *hb;
+    dsv4_weight *hw = make_copies(&hs, 1, &hb);
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    if (dsv4_cuda_linear_dev(hw, 0, hw->n, dx, 1, dy, st, &err)) {
+        fprintf(stderr, "bench_cuda: %s\n", err.msg);
+        return 1;
+    }
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    float head_ms = time_graph(ge, st, 10);
+    double tok_bytes = 43.0 * layer_bytes + hw->bytes, tok_ms = 43.0 * layer_ms + head_ms;
+    double gtok_ms = 43.0 * glayer_ms + head_ms;
+    double floor_ms = tok_bytes / (copy_gbs * 1e9) * 1e3, rfloor_ms = tok_bytes / (read_gbs * 1e9) * 1e3;
+    printf("\nV4-Flash batch-1 matvecs: one CSA layer %.1f MB in %.3f ms (%.0f GB/s); head %.2f GB in %.3f ms\n",
+           layer_bytes / 1e6, layer_ms, layer_bytes / (layer_ms * 1e-3) / 1e9, hw->bytes / 1e9, head_ms);
+    printf("decode estimate (43 CSA-sized layers + head, matvecs only): %.2f ms/token for %.2f GB; floor at the best "
+           "copy rate %.2f ms (%.0f%% of floor), at the read rate %.2f ms (%.0f%%)\n",
+           tok_ms, tok_bytes / 1e9, floor_ms, 100 * floor_ms / tok_ms, rfloor_ms, 100 * rfloor_ms / tok_ms);
+    printf("experts grouped (w1+w3 of the 6 in one launch, w2 in another: 17 launches a layer, not 33): layer %.3f ms "
+           "(%.0f GB/s); decode estimate %.2f ms/token (%.0f%% of the copy floor, %.0f%% of the read floor)\n",
+           glayer_ms, layer_bytes / (glayer_ms * 1e-3) / 1e9, gtok_ms, 100 * floor_ms / gtok_ms, 100 * rfloor_ms / gtok_ms);
+    return 0;
+}
