@@ -12,7 +12,7 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: dsv4 bench-exl3 [--bits 2,3,4] [--shape OUTxIN]... [--rows T] [--time S] [--codebook CB]\n"
+            "usage: dsv4 bench-exl3 [--bits 2,3,4] [--shape OUTxIN]... [--rows T] [--time S] [--codebook CB] [--pool MiB]\n"
             "       dsv4 bench-exl3 --quant TILES [--bits 1,2,...,8] [--codebook CB]\n"
             "  Times dsv4_exl3_linear on random trellises (codebook CB: 3inst (default), mcg or mul1; all\n"
             "  decode through one table) at V4-Flash shapes [2048x4096, 4096x2048, 1024x4096] unless\n"
@@ -20,7 +20,9 @@ static void usage(FILE *f)
             "  seconds. Reports effective GB/s of packed weight read per\n"
             "  matvec and its fraction of the copy bandwidth measured in the same run (a 256 MiB memcpy,\n"
             "  counting bytes read + written), beside the FP8 form of each shape (e4m3 + 128x128 scales)\n"
-            "  through the same CPU backend. Threads: OMP_NUM_THREADS (default all cores).\n"
+            "  through the same CPU backend. Each form is timed over distinct copies filling --pool MiB\n"
+            "  (default 1024, larger than the last-level cache: weights come from memory; 0: one copy,\n"
+            "  cache-resident). Threads: OMP_NUM_THREADS (default all cores).\n"
             "  --quant: encodes TILES i.i.d. Gaussian 16x16 tiles per K on one thread (the quantizer's\n"
             "  Viterbi search) and prints the MSE relative to the variance, the rate-distortion bound\n"
             "  2^-2K for a Gaussian source, and tiles/s on one core.\n");
@@ -58,15 +60,17 @@ static double copy_bw(void)
 
 /* Seconds per call of the CPU backend's linear (EXL3 goes to dsv4_exl3_linear_rows): the
  * fastest of the calls that fill `secs` (the machine is shared; the minimum is the least
- * disturbed measure). */
-static double time_linear(const dsv4_weight *w, const float *x, int T, float *y, double secs)
+ * disturbed measure). Successive calls take successive copies of the weight, so with a pool
+ * larger than the last-level cache each call reads its weight from memory. */
+static double time_linear(const dsv4_weight *ws, int ncopy, const float *x, int T, float *y, double secs)
 {
     const dsv4_backend *be = dsv4_backend_cpu();
     double ts[256];
     int n = 0;
     double t_end = dsv4_now() + secs;
-    be->linear(w, 0, w->n, x, T, w->k, y, w->n);
+    be->linear(&ws[0], 0, ws[0].n, x, T, ws[0].k, y, ws[0].n);
     while (n < 256 && (n < 3 || dsv4_now() < t_end)) {
+        const dsv4_weight *w = &ws[(n + 1) % ncopy];
         double t0 = dsv4_now();
         be->linear(w, 0, w->n, x, T, w->k, y, w->n);
         ts[n++] = dsv4_now() - t0;
@@ -78,6 +82,13 @@ static double time_linear(const dsv4_weight *w, const float *x, int T, float *y,
             ts[j - 1] = t;
         }
     return ts[0];
+}
+
+/* Copies of a weight of `bytes` that fill `pool` bytes (at least one). */
+static int copies(size_t bytes, size_t pool)
+{
+    size_t c = (pool + bytes - 1) / bytes;
+    return c < 1 ? 1 : c > 4096 ? 4096 : (int)c;
 }
 
 static double gauss(uint64_t *s)
@@ -128,6 +139,7 @@ int dsv4_cmd_bench_exl3(int argc, char **argv)
     long long shapes[16][2] = {{2048, 4096}, {4096, 2048}, {1024, 4096}};
     int nshapes = 3, custom = 0;
     double secs = 1.0;
+    size_t pool = (size_t)1 << 30;
     int quant = 0, qcb = DSV4_EXL3_3INST, bits_given = 0;
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
@@ -178,6 +190,8 @@ int dsv4_cmd_bench_exl3(int argc, char **argv)
                 fprintf(stderr, "dsv4 bench-exl3: --codebook is 3inst, mcg or mul1\n");
                 return 2;
             }
+        } else if (i + 1 < argc && !strcmp(argv[i], "--pool")) {
+            pool = (size_t)atoll(argv[++i]) << 20;
         } else if (i + 1 < argc && !strcmp(argv[i], "--time")) {
             secs = atof(argv[++i]);
         } else {
@@ -200,32 +214,39 @@ int dsv4_cmd_bench_exl3(int argc, char **argv)
         /* the FP8 form of the same shape (e4m3 + 128x128 f32 block scales) for comparison */
         {
             int64_t n = shapes[s][0], k = shapes[s][1], sn = (n + 127) / 128, sk = (k + 127) / 128;
-            uint8_t *q = malloc((size_t)n * k);
+            int ncopy = copies((size_t)n * k, pool);
+            uint8_t *q = malloc((size_t)n * k * ncopy);
+            dsv4_weight *ws = malloc(ncopy * sizeof *ws);
             float *sc = malloc(sn * sk * sizeof(float)), *x = malloc((size_t)T * k * sizeof(float));
             float *y = malloc((size_t)T * n * sizeof(float));
-            if (!q || !sc || !x || !y) {
+            if (!q || !sc || !x || !y || !ws) {
                 fprintf(stderr, "dsv4 bench-exl3: out of memory\n");
                 free(q);
                 free(sc);
                 free(x);
                 free(y);
+                free(ws);
                 return 1;
             }
             uint32_t r = 777;
-            for (int64_t i = 0; i < n * k; i++)
-                q[i] = (uint8_t)(((r = r * 1664525u + 1013904223u) >> 24) & 0x77);
+            for (size_t i = 0; i < (size_t)n * k * ncopy; i += 4) {
+                uint32_t v = (r = r * 1664525u + 1013904223u) & 0x77777777u;
+                memcpy(q + i, &v, 4);
+            }
             for (int64_t i = 0; i < sn * sk; i++)
                 sc[i] = 1.0f / 256;
             for (int64_t i = 0; i < (int64_t)T * k; i++)
                 x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
-            dsv4_weight w = {.name = "bench-fp8", .form = DSV4_WF_FP8, .n = n, .k = k, .data = q, .scale = sc,
-                             .bn = 128, .bk = 128, .bytes = (size_t)n * k + sn * sk * 4};
-            double t1 = time_linear(&w, x, 1, y, secs), tT = time_linear(&w, x, T, y, secs);
-            double gbs = w.bytes / t1 / 1e9;
+            for (int c = 0; c < ncopy; c++)
+                ws[c] = (dsv4_weight){.name = "bench-fp8", .form = DSV4_WF_FP8, .n = n, .k = k, .data = q + (size_t)c * n * k,
+                                      .scale = sc, .bn = 128, .bk = 128, .bytes = (size_t)n * k + sn * sk * 4};
+            double t1 = time_linear(ws, ncopy, x, 1, y, secs), tT = time_linear(ws, ncopy, x, T, y, secs);
+            double gbs = ws[0].bytes / t1 / 1e9;
             char sh[32];
             snprintf(sh, sizeof sh, "%lldx%lld", (long long)n, (long long)k);
-            printf("%-11s %4s %9.2f %10.1f %8.2f %6.1f%% %12.2f %9.1fx\n", sh, "fp8", w.bytes / 1048576.0, t1 * 1e6, gbs,
-                   100 * gbs / bw, (double)n * k / t1 / 1e9, t1 * T / tT);
+            printf("%-11s %4s %9.2f %10.1f %8.2f %6.1f%% %12.2f %9.1fx\n", sh, "fp8", ws[0].bytes / 1048576.0, t1 * 1e6,
+                   gbs, 100 * gbs / bw, (double)n * k / t1 / 1e9, t1 * T / tT);
+            free(ws);
             free(q);
             free(sc);
             free(x);
@@ -235,11 +256,16 @@ int dsv4_cmd_bench_exl3(int argc, char **argv)
             int64_t n = shapes[s][0], k = shapes[s][1];
             int K = bits[b];
             size_t nw = (size_t)(k / 16) * (n / 16) * 16 * K;
-            uint16_t *tr = malloc(nw * 2);
+            int ncopy = copies(nw * 2, pool);
+            uint16_t *tr = malloc(nw * 2 * ncopy);
+            dsv4_weight *ws = malloc(ncopy * sizeof *ws);
+            dsv4_exl3 *es = malloc(ncopy * sizeof *es);
             float *scales = malloc((k + n) * sizeof(float));
             float *x = malloc((size_t)T * k * sizeof(float)), *y = malloc((size_t)T * n * sizeof(float));
-            if (!tr || !scales || !x || !y) {
+            if (!tr || !scales || !x || !y || !ws || !es) {
                 fprintf(stderr, "dsv4 bench-exl3: out of memory\n");
+                free(ws);
+                free(es);
                 free(tr);
                 free(scales);
                 free(x);
@@ -247,24 +273,28 @@ int dsv4_cmd_bench_exl3(int argc, char **argv)
                 return 1;
             }
             uint32_t r = 12345;
-            for (size_t i = 0; i < nw; i++)
+            for (size_t i = 0; i < nw * ncopy; i++)
                 tr[i] = (uint16_t)((r = r * 1664525u + 1013904223u) >> 16);
             for (int64_t i = 0; i < k + n; i++)
                 scales[i] = i % 3 ? 0.01f : -0.01f;
             for (int64_t i = 0; i < (int64_t)T * k; i++)
                 x[i] = (float)((i * 7919) % 2001 - 1000) / 1000.0f;
-            dsv4_exl3 e = {.prefix = "bench", .K = K, .cb = qcb, .kp = k, .np = n, .k = k, .n = n,
-                           .trellis = tr, .suh = scales, .svh = scales + k, .bytes = nw * 2};
-            dsv4_weight w = {.name = "bench", .form = DSV4_WF_EXL3, .n = n, .k = k, .data = tr, .exl3 = &e,
-                             .bytes = nw * 2};
-            double t1 = time_linear(&w, x, 1, y, secs);
-            double tT = time_linear(&w, x, T, y, secs);
+            for (int c = 0; c < ncopy; c++) {
+                es[c] = (dsv4_exl3){.prefix = "bench", .K = K, .cb = qcb, .kp = k, .np = n, .k = k, .n = n,
+                                    .trellis = tr + nw * c, .suh = scales, .svh = scales + k, .bytes = nw * 2};
+                ws[c] = (dsv4_weight){.name = "bench", .form = DSV4_WF_EXL3, .n = n, .k = k, .data = es[c].trellis,
+                                      .exl3 = &es[c], .bytes = nw * 2};
+            }
+            double t1 = time_linear(ws, ncopy, x, 1, y, secs);
+            double tT = time_linear(ws, ncopy, x, T, y, secs);
             double gbs = nw * 2 / t1 / 1e9;
             char sh[32];
             snprintf(sh, sizeof sh, "%lldx%lld", (long long)n, (long long)k);
             printf("%-11s %4d %9.2f %10.1f %8.2f %6.1f%% %12.2f %9.1fx\n", sh, K, nw * 2 / 1048576.0, t1 * 1e6, gbs,
                    100 * gbs / bw, (double)n * k / t1 / 1e9, t1 * T / tT);
             fflush(stdout);
+            free(ws);
+            free(es);
             free(tr);
             free(scales);
             free(x);

@@ -22,7 +22,8 @@
 static void usage(FILE *f)
 {
     fprintf(f,
-            "usage: dsv4 quantize --exl3 BITS [--head-bits B] [--codebook mul1|mcg|3inst] [--seed S] -m SRC -o DST\n"
+            "usage: dsv4 quantize --exl3 BITS [--head-bits B] [--codebook mul1|mcg|3inst] [--seed S] [--only LIST]\n"
+            "                     -m SRC -o DST\n"
             "  Makes an EXL3 pack from SRC (a checkpoint folder or one .safetensors file) in the folder DST.\n"
             "  BITS, B: integer bits per weight 1..8 (B for head.weight; default 6). Quantized: the attention\n"
             "  projections (wq_a, wq_b, wkv, wo_a, wo_b, compressor wkv/wgate, indexer wq_b), routed and shared\n"
@@ -30,7 +31,9 @@ static void usage(FILE *f)
             "  weights_proj) is copied as stored. Codebook default mul1. Method: random-sign Hadamard rotation\n"
             "  on both sides with the output-channel RMS and a global scale folded into svh/suh, then a\n"
             "  tail-biting Viterbi search per 16x16 tile (no calibration data: plain weight MSE).\n"
-            "  Prints one line per quantized tensor: relative Frobenius error ||W - Q||/||W|| and speed.\n");
+            "  --only LIST: quantize only the linears whose name contains one of these comma-separated\n"
+            "  fragments (the rest are copied). Prints one line per quantized tensor: relative Frobenius\n"
+            "  error ||W - Q||/||W|| and speed.\n");
 }
 
 /* 0: copy; 1: a linear layer the pack quantizes; 2: the head. prefix: the name less ".weight". */
@@ -68,15 +71,32 @@ static void weight_dims(const dsv4_tensor *t, int64_t *n, int64_t *k)
     *k = t->dtype == DSV4_DT_I8 || t->dtype == DSV4_DT_U8 ? 2 * t->shape[1] : t->shape[1];
 }
 
-static int quant_target(const dsv4_st *st, const dsv4_tensor *t, char *prefix, size_t cap)
+/* --only: a comma-separated list of name fragments; NULL quantizes every linear. */
+static const char *only_list;
+
+static int selected(const char *prefix)
+{
+    if (!only_list)
+        return 1;
+    for (const char *p = only_list; *p;) {
+        const char *e = strchr(p, ',');
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        char frag[256];
+        snprintf(frag, sizeof frag, "%.*s", (int)(l < sizeof frag ? l : sizeof frag - 1), p);
+        if (l && strstr(prefix, frag))
+            return 1;
+        p += l + (e != NULL);
+    }
+    return 0;
+}
+
+static int quant_target(const dsv4_tensor *t, char *prefix, size_t cap)
 {
     size_t l = strlen(t->name);
     if (l <= 7 || strcmp(t->name + l - 7, ".weight") || t->ndim != 2)
         return 0;
     snprintf(prefix, cap, "%.*s", (int)(l - 7), t->name);
-    int kind = linear_kind(prefix);
-    (void)st;
-    return kind;
+    return selected(prefix) ? linear_kind(prefix) : 0;
 }
 
 /* True when t is the .scale of a weight this run quantizes (it is not copied). */
@@ -88,7 +108,7 @@ static int is_dropped_scale(const dsv4_st *st, const dsv4_tensor *t)
     char wname[600], prefix[512];
     snprintf(wname, sizeof wname, "%.*s.weight", (int)(l - 6), t->name);
     const dsv4_tensor *w = dsv4_st_find(st, wname);
-    return w && quant_target(st, w, prefix, sizeof prefix);
+    return w && quant_target(w, prefix, sizeof prefix);
 }
 
 typedef struct qout {
@@ -192,6 +212,8 @@ int dsv4_cmd_quantize(int argc, char **argv)
             head_bits = atoi(argv[++i]);
         } else if (i + 1 < argc && !strcmp(argv[i], "--codebook")) {
             cbname = argv[++i];
+        } else if (i + 1 < argc && !strcmp(argv[i], "--only")) {
+            only_list = argv[++i];
         } else if (i + 1 < argc && !strcmp(argv[i], "--seed")) {
             seed = strtoull(argv[++i], NULL, 10);
         } else if (i + 1 < argc && !strcmp(argv[i], "-m")) {
@@ -235,7 +257,7 @@ int dsv4_cmd_quantize(int argc, char **argv)
     char prefix[512];
     for (int i = 0; i < dsv4_st_count(st); i++) {
         const dsv4_tensor *t = dsv4_st_at(st, i);
-        if (quant_target(st, t, prefix, sizeof prefix)) {
+        if (quant_target(t, prefix, sizeof prefix)) {
             int64_t n, k;
             weight_dims(t, &n, &k);
             total += (uint64_t)((k + 127) / 128 * 8) * ((n + 127) / 128 * 8);
@@ -274,7 +296,7 @@ int dsv4_cmd_quantize(int argc, char **argv)
             const dsv4_tensor *t = dsv4_st_at(st, i);
             if (t->file != f || is_dropped_scale(st, t))
                 continue;
-            int kind = quant_target(st, t, prefix, sizeof prefix);
+            int kind = quant_target(t, prefix, sizeof prefix);
             if (!kind) {
                 outs[no++] = (dsv4_st_out){t->name, t->dtype, t->ndim, {0}, t->data};
                 memcpy(outs[no - 1].shape, t->shape, sizeof t->shape);
@@ -403,6 +425,10 @@ int dsv4_cmd_quantize(int argc, char **argv)
         } else {
             cJSON *old = cJSON_DetachItemFromObjectCaseSensitive(cfg, "quantization_config");
             cJSON *c = cJSON_Duplicate(qc, 1);
+            /* tensors left in FP8 (not quantized, or outside --only) still need their block size */
+            cJSON *wbs = old ? cJSON_GetObjectItemCaseSensitive(old, "weight_block_size") : NULL;
+            if (wbs)
+                cJSON_AddItemToObject(c, "weight_block_size", cJSON_Duplicate(wbs, 1));
             if (old)
                 cJSON_AddItemToObject(c, "original_quantization_config", old);
             cJSON_AddItemToObject(cfg, "quantization_config", c);

@@ -12,6 +12,10 @@ ckpt OUT_DIR: a small checkpoint for `dsv4 quantize` (BF16 Gaussian linears, one
   block scales, a norm, a router, embeddings, a head), its linears listed in layers.txt.
 checkpack SRC DST BITS HEAD_BITS CODEBOOK: checks the pack dsv4 quantize made from it.
 relerr A B BOUND: ||A - B|| / ||B|| of two float32 files <= BOUND.
+layers SRC PACK: "prefix n k" of each EXL3 layer of PACK (logical size from SRC's weights).
+deqckpt PACK DEQ OUT: PACK with its EXL3 layers replaced by F32 weights DEQ/PREFIX.f32
+  (sizes from DEQ/layers.txt); config.json gets the source's quantization_config back.
+maxdiff A B BOUND: max |A - B| of two float32 files <= BOUND.
 cmp EXPECTED GOT KIND: compares a dsv4 dequant output (float32) with an expected file;
   KIND inner: bit-exact; KIND full: |got - ref| <= 2^-24 |ref| + 1e-12 max|ref| (one fp32
   rounding of a value computed in double). Exit 0 on match, 1 with a report otherwise.
@@ -248,7 +252,8 @@ def gen_ckpt(out):
             T.append((name, "BF16", [n, k], struct.pack("<%dH" % len(u), *u)))
     write_st(os.path.join(out, "model.safetensors"), T)
     with open(os.path.join(out, "config.json"), "w") as f:
-        json.dump({"hidden_size": 256, "quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}, f)
+        json.dump({"hidden_size": 256,
+                   "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]}}, f)
     with open(os.path.join(out, "tokenizer.json"), "w") as f:
         f.write("{}\n")
     with open(os.path.join(out, "layers.txt"), "w") as f:
@@ -283,6 +288,8 @@ def check_pack(src, dst, bits, head_bits, cbname):
         problems.append("config.json quantization_config: %r" % qc)
     if qc.get("original_quantization_config", {}).get("quant_method") != "fp8":
         problems.append("config.json lost the original quantization_config")
+    if qc.get("weight_block_size") != [128, 128]:
+        problems.append("config.json quantization_config lost weight_block_size (FP8 tensors left in the pack need it)")
     qj = json.load(open(os.path.join(dst, "quantization_config.json")))
     for name, (kind, n, k) in CKPT.items():
         rec = qj.get("tensor_storage", {}).get(name[:-7])
@@ -305,6 +312,46 @@ def relerr(a, b, bound):
     e = (sum((p - q) ** 2 for p, q in zip(x, y)) / sum(q * q for q in y)) ** 0.5
     if e > bound:
         print("  %s: relative error %.5f > %.5f" % (a, e, bound))
+        return 1
+    return 0
+
+
+def pack_layers(src, pack):
+    """"prefix n k" of each EXL3 layer of PACK, the logical size taken from SRC's weight"""
+    a = read_st(os.path.join(src, "model.safetensors"))
+    qj = json.load(open(os.path.join(pack, "quantization_config.json")))
+    for pre in qj["tensor_storage"]:
+        dt, shape, _ = a[pre + ".weight"]
+        print(pre, shape[0], shape[1] * (2 if dt in ("I8", "U8") else 1))
+
+
+def deq_ckpt(pack, deq, out):
+    """PACK with each EXL3 layer replaced by DEQ/PREFIX.f32 as an F32 PREFIX.weight [n, k]"""
+    os.makedirs(out, exist_ok=True)
+    t = read_st(os.path.join(pack, "model.safetensors"))
+    qj = json.load(open(os.path.join(pack, "quantization_config.json")))
+    dims = dict((l.split()[0], (int(l.split()[1]), int(l.split()[2]))) for l in open(os.path.join(deq, "layers.txt")))
+    T = []
+    for name, (dt, shape, raw) in t.items():
+        pre = name.rsplit(".", 1)[0]
+        if pre not in qj["tensor_storage"]:
+            T.append((name, dt, shape, raw))
+        elif name.endswith(".trellis"):
+            n, k = dims[pre]
+            T.append((pre + ".weight", "F32", [n, k], open(os.path.join(deq, pre + ".f32"), "rb").read()))
+    write_st(os.path.join(out, "model.safetensors"), T)
+    cfg = json.load(open(os.path.join(pack, "config.json")))
+    cfg["quantization_config"] = cfg["quantization_config"].get("original_quantization_config", {})
+    json.dump(cfg, open(os.path.join(out, "config.json"), "w"))
+
+
+def maxdiff(a, b, bound):
+    """max |A - B| of two float32 files <= BOUND"""
+    x = struct.unpack("<%df" % (os.path.getsize(a) // 4), open(a, "rb").read())
+    y = struct.unpack("<%df" % (os.path.getsize(b) // 4), open(b, "rb").read())
+    d = max(abs(p - q) for p, q in zip(x, y)) if len(x) == len(y) and x else float("inf")
+    if d > bound:
+        print("  %s vs %s: max difference %.3g > %.3g (%d vs %d values)" % (a, b, d, bound, len(x), len(y)))
         return 1
     return 0
 
@@ -349,6 +396,12 @@ if __name__ == "__main__":
         gen_ckpt(sys.argv[2])
     elif len(sys.argv) == 7 and sys.argv[1] == "checkpack":
         sys.exit(check_pack(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6]))
+    elif len(sys.argv) == 4 and sys.argv[1] == "layers":
+        pack_layers(sys.argv[2], sys.argv[3])
+    elif len(sys.argv) == 5 and sys.argv[1] == "deqckpt":
+        deq_ckpt(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif len(sys.argv) == 5 and sys.argv[1] == "maxdiff":
+        sys.exit(maxdiff(sys.argv[2], sys.argv[3], float(sys.argv[4])))
     elif len(sys.argv) == 5 and sys.argv[1] == "relerr":
         sys.exit(relerr(sys.argv[2], sys.argv[3], float(sys.argv[4])))
     else:

@@ -289,13 +289,14 @@ static double gauss(void)
 /* Viterbi encoder: the words it returns decode (through the reader) to the values it reports,
  * and its MSE on Gaussian tiles (scaled to the codebook's std, clipped at 3 sigma so the rare
  * targets beyond a codebook's range do not dominate) is near what the trellis can do.
- * Bounds: the mean over 24 tiles per K with the codebook used here (0.283 0.0707 0.0194
- * 0.00488 0.00126 0.000416 0.000214 0.000021 of the variance; DSV4_TEST_TILES=24
+ * Bounds: the mean over 24 tiles per K with the codebook used here (0.294 0.0718 0.0189
+ * 0.00508 0.00118 0.000426 0.000085 0.000021 of the variance; DSV4_TEST_TILES=24
  * DSV4_TEST_VERBOSE=1 prints them) times ~1.3 for the spread over the 3 tiles tested; a
  * greedy or broken search is several times worse. */
 static void test_encoder(void)
 {
-    static const double bound[9] = {0, 0.37, 0.092, 0.025, 0.0064, 0.0017, 0.00055, 0.00028, 0.000028};
+    static const double bound[9] = {0, 0.38, 0.093, 0.025, 0.0066, 0.0016, 0.00056, 0.00011, 0.000028};
+    rng_s = 20261129; /* its own tiles, whatever ran before */
     for (int K = 1; K <= 8; K++) {
         int cb = K % 3;
         dsv4_err err = {0};

@@ -76,13 +76,14 @@ float dsv4_exl3_codebook(int cb, uint32_t state)
     return cb_lut[cb][state & 0xffff];
 }
 
-/* The tile's 8K stream words plus a copy of word 0 after them, so a state that wraps past
- * the end reads on without a modulo. */
+/* Tile (i, j)'s 16K stored words. */
 static inline const uint16_t *tile_ptr(const dsv4_exl3 *e, int64_t i, int64_t j)
 {
     return e->trellis + (i * (e->np / 16) + j) * 16 * e->K;
 }
 
+/* The tile's 8K stream words (little-endian word pairs) plus a copy of word 0 after them, so a
+ * state that wraps past the end reads on without a modulo. */
 static inline void tile_words(const uint16_t *tw, int K, uint32_t *ext)
 {
     uint16_t w[128];

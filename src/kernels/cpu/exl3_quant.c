@@ -6,9 +6,9 @@
  * best of its 2^K predecessors, then for every s' that cost plus (value(s') - target_p)^2.
  * The argmin rides in the low K mantissa bits of the (non-negative) cost, so the minimum is a
  * plain integer min the compiler vectorises; that perturbs costs by < 2^-15 relative.
- * Tail-biting: a free pass finds a good final state; a second pass forces the first state's
- * high 16-K bits to equal that state's low bits and ends on a state that matches them, which
- * makes the walk circular. */
+ * Tail-biting: a free pass (over the second half) finds a good final state; a second pass
+ * forces the first state's high 16-K bits to equal that state's low bits and ends on a state
+ * that matches them, which makes the walk circular. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,19 +118,25 @@ static void step(dsv4_exl3_enc *e, const float *cost, float *next, float tp, uin
 #endif
 }
 
-/* One Viterbi pass over the 256 targets t (trellis order). fix >= 0: only states whose high
- * 16-K bits equal fix may start, and only states whose low 16-K bits equal fix may end.
+/* The free pass that picks the final state only looks at positions FREE_START..255: the final
+ * state's low bits hardly depend on the distant past. Measured on 64 Gaussian tiles per K
+ * (K = 2, 3, 4): starting at 128 instead of 0 changes the MSE by at most 0.4 % (noise level)
+ * and makes a tile ~1.35x faster; starting at 192 already costs ~1 % at K = 2. */
+#define FREE_START 128
+
+/* One Viterbi pass over the targets t[start..255] (trellis order). fix >= 0: only states whose
+ * high 16-K bits equal fix may start, and only states whose low 16-K bits equal fix may end.
  * Returns the final state; e->bp holds the path. */
-static uint32_t viterbi(dsv4_exl3_enc *e, const float *t, int32_t fix)
+static uint32_t viterbi(dsv4_exl3_enc *e, const float *t, int start, int32_t fix)
 {
     const int K = e->K;
     const uint32_t B = 1u << (16 - K), bmask = B - 1;
     float *cost = e->cost, *next = e->next;
     for (uint32_t s = 0; s < 65536; s++) {
-        float d = e->lut[s] - t[0];
+        float d = e->lut[s] - t[start];
         cost[s] = fix < 0 || (s >> K) == (uint32_t)fix ? d * d : 1e30f;
     }
-    for (int p = 1; p < 256; p++) {
+    for (int p = start + 1; p < 256; p++) {
         step(e, cost, next, t[p], e->bp + (size_t)p * B);
         float *tmp = cost;
         cost = next;
@@ -158,8 +164,8 @@ double dsv4_exl3_enc_tile(dsv4_exl3_enc *e, const float *target, uint16_t *words
         el[p] = (2 * (tl % 4) + rofs[j % 4]) * 16 + tl / 4 + 8 * (j / 4);
         t[p] = target[el[p]];
     }
-    uint32_t last = viterbi(e, t, -1);
-    uint32_t s = viterbi(e, t, (int32_t)(last & (B - 1)));
+    uint32_t last = viterbi(e, t, FREE_START, -1);
+    uint32_t s = viterbi(e, t, 0, (int32_t)(last & (B - 1)));
     uint32_t codes[256];
     for (int p = 255; p >= 0; p--) {
         codes[p] = s & ((1u << K) - 1);
@@ -242,7 +248,7 @@ int dsv4_exl3_quantize(const dsv4_weight *w, int K, int cb, uint64_t seed, uint1
     const int64_t tn = np / 16, words = 16 * K;
     double t0 = dsv4_now();
     memset(stats, 0, sizeof *stats);
-    /* random signs; the global scale makes the rotated weight's RMS the codebook's std */
+    /* random signs; the global scale g makes the rotated weight's RMS the codebook's std */
     float *su = dsv4_xmalloc(kp * sizeof(float), err);
     float *strip = su ? dsv4_xmalloc((size_t)kp * 128 * 2 * sizeof(float), err) : NULL;
     float *row = strip ? dsv4_xmalloc((size_t)k * sizeof(float), err) : NULL;
@@ -252,7 +258,9 @@ int dsv4_exl3_quantize(const dsv4_weight *w, int K, int cb, uint64_t seed, uint1
         return err->code;
     }
     float *orig = strip + kp * 128;
-    const float g = sqrtf((float)k / (float)kp) / dsv4_exl3_codebook_std(cb);
+    /* each real output column has RMS 1 over its k real inputs once divided by its RMS; the
+     * padding is zeros, so the rotated kp x np weight has RMS sqrt(k n / (kp np)) */
+    const float g = sqrtf((float)k * (float)n / ((float)kp * (float)np)) / dsv4_exl3_codebook_std(cb);
     for (int64_t r = 0; r < kp; r++) {
         suh[r] = dsv4_f32_to_f16((splitmix(&seed) & 1 ? -g : g));
         su[r] = dsv4_f16_to_f32(suh[r]);
