@@ -668,6 +668,31 @@ static void free_compressor(dsv4_compressor *c)
     free(c->norm);
 }
 
+/* Every linear weight slot of the model (EXL3 weights own a small decoded record). */
+static void release_weights(dsv4_model *m)
+{
+    dsv4_weight_release(&m->embed);
+    dsv4_weight_release(&m->head);
+    for (int i = 0; m->layers && i < m->cfg.n_layers; i++) {
+        dsv4_layer *L = &m->layers[i];
+        dsv4_weight *all[] = {&L->wq_a, &L->wq_b, &L->wkv, &L->wo_a, &L->wo_b, &L->comp.wkv, &L->comp.wgate,
+                              &L->icomp.wkv, &L->icomp.wgate, &L->iwq_b, &L->iweights, &L->iwk, &L->gate,
+                              &L->sw1, &L->sw2, &L->sw3};
+        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+            dsv4_weight_release(all[k]);
+        for (int e = 0; e < m->cfg.n_experts; e++) {
+            if (L->w1)
+                dsv4_weight_release(&L->w1[e]);
+            if (L->w2)
+                dsv4_weight_release(&L->w2[e]);
+            if (L->w3)
+                dsv4_weight_release(&L->w3[e]);
+        }
+    }
+    for (int i = 0; m->engram && i < m->cfg.n_engram; i++)
+        dsv4_weight_release(&m->engram[i].wkv);
+}
+
 void dsv4_model_free(dsv4_model *m)
 {
     if (!m)
@@ -676,6 +701,7 @@ void dsv4_model_free(dsv4_model *m)
     if (m->be == dsv4_backend_cuda())
         cuda_resident(m, 0, NULL);
 #endif
+    release_weights(m);
     if (m->layers)
         for (int i = 0; i < m->cfg.n_layers; i++) {
             dsv4_layer *L = &m->layers[i];
