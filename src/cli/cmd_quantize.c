@@ -119,24 +119,6 @@ typedef struct qout {
 
 static void progress_cb(void *ctx, int64_t tiles) { dsv4_progress_step(ctx, (uint64_t)tiles); }
 
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        s = NULL;
-    }
-    if (s)
-        s[n] = 0;
-    fclose(f);
-    return s;
-}
 
 static int write_json(const char *path, cJSON *j)
 {
@@ -415,7 +397,7 @@ int dsv4_cmd_quantize(int argc, char **argv)
     }
     cJSON_Delete(wmap);
     snprintf(path, sizeof path, "%s/config.json", srcdir);
-    char *ctext = rc ? NULL : read_file(path);
+    char *ctext = rc ? NULL : dsv4_read_file(path, NULL, NULL);
     if (ctext) {
         cJSON *cfg = cJSON_Parse(ctext);
         free(ctext);

@@ -527,24 +527,6 @@ void dsv4_exl3_free(dsv4_exl3 *e) { free(e); }
 
 /* ---------------------------------------------------------------- quantization_config */
 
-static char *slurp(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *s = n >= 0 ? malloc((size_t)n + 1) : NULL;
-    if (s && fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        s = NULL;
-    }
-    if (s)
-        s[n] = 0;
-    fclose(f);
-    return s;
-}
 
 static int check_record(const char *path, const cJSON *qc, const dsv4_exl3 *e, dsv4_err *err)
 {
@@ -580,7 +562,7 @@ int dsv4_exl3_check_config(const char *dir, const dsv4_exl3 *e, dsv4_err *err)
     for (int f = 0; f < 2; f++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, files[f]);
-        char *txt = slurp(path);
+        char *txt = dsv4_read_file(path, NULL, NULL);
         if (!txt)
             continue;
         cJSON *j = cJSON_Parse(txt);
