@@ -173,16 +173,29 @@ static size_t scale_count(const dsv4_weight *w)
     return w->form == DSV4_WF_FP4 ? (size_t)w->n * (w->k / w->bk) : 0;
 }
 
-static void test_linear(const lin_case *c, int resident)
+/* Where the weight is read from: copied in per call, resident in device memory, or pinned in
+ * host memory mapped into the device (the memory plan's spilled experts). */
+enum { PER_CALL, RESIDENT, PINNED };
+
+static void test_linear(const lin_case *c, int where)
 {
     char what[160];
     snprintf(what, sizeof what, "linear %s [%lld,%lld] rows %lld..%lld T=%d%s", dsv4_wform_name(c->form),
-             (long long)c->n, (long long)c->k, (long long)c->r0, (long long)c->r1, c->T, resident ? " resident" : "");
+             (long long)c->n, (long long)c->k, (long long)c->r0, (long long)c->r1, c->T,
+             where == RESIDENT ? " resident" : where == PINNED ? " pinned" : "");
     dsv4_weight w;
     make_weight(c, &w);
     dsv4_err err = {0};
-    if (resident)
+    size_t dev0, pin0, dev1, pin1;
+    dsv4_cuda_usage(&dev0, &pin0);
+    if (where == RESIDENT)
         CHECK(!dsv4_cuda_put_weight(&w, &err), "%s: put: %s", what, err.msg);
+    if (where == PINNED)
+        CHECK(!dsv4_cuda_pin_weight(&w, &err), "%s: pin: %s", what, err.msg);
+    dsv4_cuda_usage(&dev1, &pin1);
+    size_t wb = dsv4_cuda_weight_bytes(&w);
+    CHECK(dev1 - dev0 == (where == RESIDENT ? wb : 0) && pin1 - pin0 == (where == PINNED ? wb : 0),
+          "%s: %zu bytes went to the device and %zu to pinned memory (weight %zu bytes)", what, dev1 - dev0, pin1 - pin0, wb);
     int64_t k = c->k, nr = c->r1 - c->r0, ldx = k + c->padx, ldy = nr + c->pady;
     int T = c->T;
     float *x = falloc((size_t)T * ldx), *ref = falloc((size_t)T * ldy), *got = falloc((size_t)T * ldy);
@@ -268,7 +281,7 @@ static void test_linear(const lin_case *c, int resident)
     }
     CHECK(same, "linear %s T=%d: a row alone differs from the same row in the batch", dsv4_wform_name(c->form), T);
     printf("  concurrent == solo (%d rows): %s\n", T, same ? "bitwise equal" : "DIFFERENT");
-    if (resident)
+    if (where != PER_CALL)
         dsv4_cuda_drop_weight(&w);
     free((void *)w.data);
     free((void *)w.scale);
@@ -669,7 +682,7 @@ int main(void)
         {DSV4_WF_F32, 50, 132, 0, 0, 0, 0, 50, 8, 4, 0},
     };
     for (size_t i = 0; i < sizeof lc / sizeof lc[0]; i++)
-        test_linear(&lc[i], i % 2 == 0);
+        test_linear(&lc[i], i % 3 == 0 ? RESIDENT : i % 3 == 1 ? PINNED : PER_CALL);
     test_linear_group(DSV4_WF_FP4, 96, 512, 1, 32, 6, 1);
     test_linear_group(DSV4_WF_FP8, 128, 384, 128, 128, 3, 3);
     test_rmsnorm(5, 1000, 1, 0);
