@@ -5,8 +5,8 @@
 # `make test-cuda`: the op test, every V4 and V4.1 fixture through the CUDA backend, the same
 # fixtures with a device budget that spills routed experts to pinned host memory, and a budget
 # that must be refused (these in parallel: correctness only). Then, alone on the GPU, the
-# timings: bench_cuda, the PyTorch peer at the same shapes, `dsv4 bench --synthetic v4-flash`
-# (all resident, then experts spilled). Last, the op test under compute-sanitizer. Logs
+# timings: `dsv4 bench --synthetic v4-flash`, bench_cuda, the PyTorch peer at the same shapes,
+# the synthetic bench again with experts spilled. Last, the op test under compute-sanitizer. Logs
 # go to $OUT; the exit status is that of the correctness runs.
 set -u
 cd "$(dirname "$0")/../.."
@@ -28,7 +28,7 @@ export OMP_NUM_THREADS=4  # eight test processes at once
 rc=0
 ok() { # name, command...: runs it with its log in $T/name.log, records a failure
     local n=$1; shift
-    if "$@" >"$T/$n.log" 2>&1; then echo "ok   $n"; else echo "FAIL $n"; echo "$n" >>"$T/failed"; fi
+    if timeout 200 "$@" >"$T/$n.log" 2>&1; then echo "ok   $n"; else echo "FAIL $n"; echo "$n" >>"$T/failed"; fi
 }
 export DSV4_TEST_DEVICE=cuda
 ok ops $B/tests/cuda/test_cuda_ops &
@@ -46,18 +46,17 @@ for n in ops v4 v41 spill-v4a spill-v4b spill-v4v spill-v41 refuse; do
     echo "== $n"
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done
-echo "== bench_cuda"
-timeout 150 $B/tests/cuda/bench_cuda 2>&1 | tee "$OUT/bench.log"
-echo "== peer (PyTorch)"
-PYTHONUNBUFFERED=1 timeout 150 python3 tests/cuda/peer_torch.py 2>&1 | tee "$OUT/peer.log"
+tar -czf "$OUT/tests.tgz" -C "$T" .
 echo "== dsv4 bench --synthetic v4-flash --layers 2 --device cuda"
-timeout 120 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda 2>&1 | grep -v "loading" | tee "$OUT/synth.log"
+timeout 100 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda 2>&1 | grep -v "loading" | tee "$OUT/synth.log"
+echo "== bench_cuda"
+timeout 100 $B/tests/cuda/bench_cuda 2>&1 | tee "$OUT/bench.log"
+echo "== peer (PyTorch)"
+PYTHONUNBUFFERED=1 timeout 100 python3 tests/cuda/peer_torch.py 2>&1 | tee "$OUT/peer.log"
 echo "== the same, DSV4_CUDA_BUDGET=4G (experts spilled to pinned host memory)"
-DSV4_CUDA_BUDGET=4G timeout 120 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda 2>&1 | grep -v "loading" |
+DSV4_CUDA_BUDGET=4G timeout 100 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda 2>&1 | grep -v "loading" |
     tee "$OUT/synth_spill.log"
 echo "== compute-sanitizer memcheck, op test"
-timeout 100 compute-sanitizer --tool memcheck $B/tests/cuda/test_cuda_ops >"$T/memcheck.log" 2>&1
-tail -n 3 "$T/memcheck.log"
-tar -czf "$OUT/tests.tgz" -C "$T" .
+timeout 60 compute-sanitizer --tool memcheck $B/tests/cuda/test_cuda_ops 2>&1 | tail -n 3
 echo "== test rc $rc"
 exit $rc
