@@ -53,7 +53,7 @@ echo "== bench_cuda"
 timeout 100 $B/tests/cuda/bench_cuda 2>&1 | tee "$OUT/bench.log"
 echo "== peer (PyTorch)"
 PYTHONUNBUFFERED=1 timeout 100 python3 tests/cuda/peer_torch.py 2>&1 | tee "$OUT/peer.log"
-echo "== the same, DSV4_CUDA_BUDGET=4G (experts spilled to pinned host memory)"
+echo "== dsv4 bench --synthetic again, DSV4_CUDA_BUDGET=4G (experts spilled to pinned host memory)"
 DSV4_CUDA_BUDGET=4G timeout 100 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda 2>&1 | grep -v "loading" |
     tee "$OUT/synth_spill.log"
 echo "== compute-sanitizer memcheck, op test"
