@@ -1091,7 +1091,8 @@ static void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, cons
         k_hc_pre<<<T, NB>>>(dX, n, D, dfn, db, ds, iters, hc_eps, norm_eps, dpre, dpost, dcomb, dh);
         if (launched("hc_pre")) {
             dev_back(pre, n, dpre, T, n);
-            dev_back(h, D, dh, T, D);
+            if (h) /* NULL: the mixes only (V4.1 collapses with another site's pre) */
+                dev_back(h, D, dh, T, D);
             if (post) {
                 dev_back(post, n, dpost, T, n);
                 dev_back(comb, (int64_t)n * n, dcomb, T, (int64_t)n * n);
@@ -1101,7 +1102,8 @@ static void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, cons
         }
     }
     nan_fill(pre, T, n, n);
-    nan_fill(h, T, D, D);
+    if (h)
+        nan_fill(h, T, D, D);
     if (post) {
         nan_fill(post, T, n, n);
         nan_fill(comb, T, (int64_t)n * n, (int64_t)n * n);
