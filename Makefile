@@ -81,9 +81,19 @@ demo: all
 # On a machine with a GPU: the op-by-op comparison, then every fixture through the CUDA backend
 # with device outputs poisoned. bench-cuda: the linear kernels against the copy bandwidth.
 ifeq ($(CUDA),1)
+# The spill runs give each fixture a device budget of its hot path plus a few experts (sizes
+# from tests/unit/test_place.c), so most routed experts are read from pinned host memory;
+# a budget under the hot path must be refused.
+FIX = $${DSV4_SHARED:-../shared}/fixtures
 test-cuda: all
 	$(BUILD)/tests/cuda/test_cuda_ops
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v4_fixtures
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v41_fixtures
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=2.8M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-a
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=1.8M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-b
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=8.01M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-v
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=2.2M $(BUILD)/tests/test_v41_fixtures $(FIX)/v41/v41-tiny-a
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=1M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-a 2>&1 | grep "the hot path does not fit"
 
 bench-cuda: all
 	$(BUILD)/tests/cuda/bench_cuda

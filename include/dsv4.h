@@ -124,6 +124,10 @@ void dsv4_state_cost(const dsv4_model *m, int64_t ctx, dsv4_state_cost_t *out);
  * mean size, the head, one embedding row). */
 size_t dsv4_decode_weight_bytes(const dsv4_model *m);
 
+/* Where the weights went: the CUDA loader's plan (hot path and routed experts against the
+ * device memory available, what is on the GPU, what is in pinned host memory); "" on the CPU. */
+const char *dsv4_model_placement(const dsv4_model *m);
+
 /* Prints config, layer schedule, tensors by dtype and state cost (for `dsv4 info`). */
 void dsv4_model_print_info(const dsv4_model *m, FILE *f);
 

@@ -87,6 +87,8 @@ int dsv4_cmd_bench(int argc, char **argv)
     printf("model: %s layers=%d width=%d vocab=%d threads=%d\n", synth ? synth : o.dir, info.n_layers, info.hidden_size,
            info.vocab_size, omp_get_max_threads());
     printf("load: %.2f s, %.2f GB of weights\n", t_load, info.weight_bytes / 1e9);
+    if (*dsv4_model_placement(m))
+        printf("placement: %s\n", dsv4_model_placement(m));
     dsv4_seq *s = dsv4_seq_new(m, &err);
     int32_t *ids = malloc(P * sizeof *ids);
     for (int i = 0; i < P; i++)

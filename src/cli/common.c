@@ -65,5 +65,7 @@ dsv4_model *cli_load(cli_model_opts *o, const char *cmd)
     dsv4_model *m = dsv4_model_load(o->dir, &o->load, &err);
     if (!m)
         fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
+    else if (*dsv4_model_placement(m))
+        fprintf(stderr, "placement: %s\n", dsv4_model_placement(m));
     return m;
 }

@@ -443,16 +443,21 @@ static float *rope_table(const dsv4_rope_cfg *r, int rd)
     return f;
 }
 
-#ifdef DSV4_CUDA
-/* Walks every array the CUDA ops read: put (upload once) or drop (free the device copies).
- * The embedding stays on the host (the forward looks rows up there); so do the compressors'
- * ape tables and the routing tables, which only host code reads. */
-static int cuda_resident(dsv4_model *m, int put, dsv4_err *err)
+/* Walks every array the CUDA ops read, handing each to `weight` (expert: the routed expert's
+ * index in layer order, else -1) or `floats` (arrays of cnt elements). The embedding stays on
+ * the host (the forward looks rows up there); so do the compressors' ape tables and the
+ * routing tables, which only host code reads. Stops at the first nonzero return. */
+typedef struct walker {
+    int (*weight)(struct walker *k, const dsv4_weight *w, int64_t expert);
+    int (*floats)(struct walker *k, const float *p, int64_t cnt);
+} walker;
+
+static int walk_arrays(const dsv4_model *m, walker *k)
 {
     const dsv4_config *c = &m->cfg;
     int D = c->dim, n = c->hc_mult, nm = (2 + n) * n, rc = 0;
-#define W(w) (rc ? 0 : put ? (rc = dsv4_cuda_put_weight((w), err)) : (dsv4_cuda_drop_weight(w), 0))
-#define F(p, cnt) (rc ? 0 : put ? (rc = dsv4_cuda_put((p), (size_t)(cnt) * sizeof(float), err)) : (dsv4_cuda_drop(p), 0))
+#define W(w) (rc = rc ? rc : k->weight(k, (w), -1))
+#define F(p, cnt) (rc = rc ? rc : k->floats(k, (p), (cnt)))
     W(&m->head);
     F(m->norm, D);
     F(m->hc_head_fn, (int64_t)n * n * D);
@@ -479,22 +484,22 @@ static int cuda_resident(dsv4_model *m, int put, dsv4_err *err)
         W(&L->wo_a);
         W(&L->wo_b);
         W(&L->gate);
-        if (L->ratio > 0) {
-            W(&L->comp.wkv);
-            W(&L->comp.wgate);
-            F(L->comp.norm, L->comp.dim);
-        }
-        if (L->csa) {
-            W(&L->icomp.wkv);
-            W(&L->icomp.wgate);
-            F(L->icomp.norm, L->icomp.dim);
-            W(&L->iwq_b);
-            W(&L->iweights);
-        }
+        /* what a layer does not have is unbound (NULL) and skipped by every visitor */
+        W(&L->comp.wkv);
+        W(&L->comp.wgate);
+        F(L->comp.norm, L->comp.dim);
+        W(&L->icomp.wkv);
+        W(&L->icomp.wgate);
+        F(L->icomp.norm, L->icomp.dim);
+        W(&L->iwq_b);
+        W(&L->iweights);
+        W(&L->iwk);
+        F(L->ik_norm, c->index_dim);
         for (int e = 0; e < c->n_experts && L->w1; e++) {
-            W(&L->w1[e]);
-            W(&L->w2[e]);
-            W(&L->w3[e]);
+            int64_t id = (int64_t)li * c->n_experts + e;
+            rc = rc ? rc : k->weight(k, &L->w1[e], id);
+            rc = rc ? rc : k->weight(k, &L->w2[e], id);
+            rc = rc ? rc : k->weight(k, &L->w3[e], id);
         }
         if (c->n_shared > 0) {
             W(&L->sw1);
@@ -506,7 +511,173 @@ static int cuda_resident(dsv4_model *m, int put, dsv4_err *err)
 #undef F
     return rc;
 }
+
+/* Sums the bytes of the plan's two classes. */
+typedef struct {
+    walker k;
+    dsv4_place_plan *p;
+} plan_walk;
+
+static int plan_w(walker *k, const dsv4_weight *w, int64_t expert)
+{
+    dsv4_place_plan *p = ((plan_walk *)k)->p;
+    if (!w->data)
+        return 0;
+    if (expert < 0)
+        p->hot += w->bytes;
+    else {
+        p->experts += w->bytes;
+        p->n_experts = expert + 1; /* ids are dense, in walk order */
+    }
+    return 0;
+}
+
+static int plan_f(walker *k, const float *a, int64_t cnt)
+{
+    if (a)
+        ((plan_walk *)k)->p->hot += (size_t)cnt * sizeof(float);
+    return 0;
+}
+
+void dsv4_place_plan_make(const dsv4_model *m, size_t avail, dsv4_place_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->avail = avail;
+    plan_walk pw = {{plan_w, plan_f}, p};
+    walk_arrays(m, &pw.k);
+    p->fits = p->hot <= avail;
+    /* Experts go to the device in layer order while they fit (an expert is its w1, w2, w3), the
+     * rest to pinned host memory: the first layers' experts resident, the last layers' spilled. */
+    size_t room = p->fits ? avail - p->hot : 0;
+    const dsv4_config *c = &m->cfg;
+    for (int li = 0; li < c->n_layers && m->layers && p->fits; li++)
+        for (int e = 0; e < c->n_experts && m->layers[li].w1; e++) {
+            const dsv4_layer *L = &m->layers[li];
+            size_t b = L->w1[e].bytes + L->w2[e].bytes + L->w3[e].bytes;
+            if (b > room)
+                return;
+            room -= b;
+            p->experts_dev += b;
+            p->n_experts_dev++;
+        }
+}
+
+/* "1.23 GiB", or MiB below one GiB (fixtures, small budgets). */
+static const char *human(size_t b, char *buf)
+{
+    if (b >= ((size_t)1 << 30))
+        snprintf(buf, 24, "%.2f GiB", b / 1073741824.0);
+    else
+        snprintf(buf, 24, "%.2f MiB", b / 1048576.0);
+    return buf;
+}
+
+void dsv4_place_plan_text(const dsv4_place_plan *p, char *buf, size_t n)
+{
+    char a[24], b[24], c[24], d[24], e[24];
+    if (!p->fits)
+        snprintf(buf, n, "hot path %s + routed experts %s, %s available for weights: the hot path does not fit",
+                 human(p->hot, a), human(p->experts, b), human(p->avail, c));
+    else
+        snprintf(buf, n, "hot path %s + routed experts %s, %s available for weights: hot path and %lld of %lld experts (%s) "
+                 "on the GPU, %lld (%s) in pinned host memory", human(p->hot, a), human(p->experts, b),
+                 human(p->avail, c), (long long)p->n_experts_dev, (long long)p->n_experts, human(p->experts_dev, d),
+                 (long long)(p->n_experts - p->n_experts_dev), human(p->experts - p->experts_dev, e));
+}
+
+#ifdef DSV4_CUDA
+/* "123", "64K", "1.5G" (binary units) as bytes; -1 when malformed. */
+static double parse_bytes(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    double u = 1;
+    switch (*end) {
+    case 'K': case 'k': u = 1024.0; end++; break;
+    case 'M': case 'm': u = 1048576.0; end++; break;
+    case 'G': case 'g': u = 1073741824.0; end++; break;
+    case 'T': case 't': u = 1099511627776.0; end++; break;
+    default: break;
+    }
+    return end == s || *end || v < 0 ? -1 : v * u;
+}
+
+/* Device memory kept free at load for what is allocated later: the per-op scratch arena (a
+ * prefill chunk's activations), the CUDA context's own growth. */
+#define CUDA_RESERVE ((size_t)1 << 30)
+
+/* PUT: experts with id < n_dev to the device, the rest pinned; DROP: frees every copy. */
+typedef struct {
+    walker k;
+    int64_t n_dev;
+    dsv4_err *err;
+} place_walk;
+
+static int put_w(walker *k, const dsv4_weight *w, int64_t expert)
+{
+    place_walk *pw = (place_walk *)k;
+    if (!w->data)
+        return 0;
+    return expert >= pw->n_dev ? dsv4_cuda_pin_weight(w, pw->err) : dsv4_cuda_put_weight(w, pw->err);
+}
+
+static int put_f(walker *k, const float *a, int64_t cnt)
+{
+    return dsv4_cuda_put(a, (size_t)cnt * sizeof(float), ((place_walk *)k)->err);
+}
+
+static int drop_w(walker *k, const dsv4_weight *w, int64_t expert)
+{
+    (void)k, (void)expert;
+    if (w->data)
+        dsv4_cuda_drop_weight(w);
+    return 0;
+}
+
+static int drop_f(walker *k, const float *a, int64_t cnt)
+{
+    (void)k, (void)cnt;
+    dsv4_cuda_drop(a);
+    return 0;
+}
+
+/* The admission check, then the uploads it admits. Available for weights: free device memory
+ * less CUDA_RESERVE, or DSV4_CUDA_BUDGET (bytes, K/M/G/T suffixes) when that is smaller; it
+ * lets the spill path be exercised on a GPU where everything fits. */
+static int cuda_place(dsv4_model *m, dsv4_err *err)
+{
+    size_t fr, tot;
+    if (dsv4_cuda_mem(&fr, &tot, err))
+        return err->code;
+    size_t avail = fr > CUDA_RESERVE ? fr - CUDA_RESERVE : 0;
+    const char *bs = getenv("DSV4_CUDA_BUDGET");
+    if (bs && *bs) {
+        double b = parse_bytes(bs);
+        if (b < 0)
+            return dsv4_fail(err, DSV4_E_ARG, "DSV4_CUDA_BUDGET='%s': expected bytes, optionally with K, M, G or T", bs);
+        if (b < (double)avail)
+            avail = (size_t)b;
+    }
+    dsv4_place_plan p;
+    dsv4_place_plan_make(m, avail, &p);
+    char txt[sizeof m->placement - 64];
+    dsv4_place_plan_text(&p, txt, sizeof txt);
+    snprintf(m->placement, sizeof m->placement, "%s (device %.1f of %.1f GiB free%s)", txt, fr / 1073741824.0,
+             tot / 1073741824.0, bs && *bs ? ", DSV4_CUDA_BUDGET set" : "");
+    if (!p.fits)
+        return dsv4_fail(err, DSV4_E_NOMEM, "does not fit the GPU: %s", m->placement);
+    place_walk pw = {{put_w, put_f}, p.n_experts_dev, err};
+    return walk_arrays(m, &pw.k);
+}
+
+static void cuda_unplace(dsv4_model *m)
+{
+    place_walk pw = {{drop_w, drop_f}, 0, NULL};
+    walk_arrays(m, &pw.k);
+}
 #endif
+
+const char *dsv4_model_placement(const dsv4_model *m) { return m->placement; }
 
 int dsv4_device_probe(const char *device, char *desc, size_t n, dsv4_err *err)
 {
@@ -601,7 +772,13 @@ static dsv4_model *model_new(const dsv4_load_opts *o, const char *dir, dsv4_err 
 static int model_check(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
-    m->numerics = o->numerics ? o->numerics : (c->family == DSV4_FAMILY_V41 ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32);
+    int cuda = o->device && !strcmp(o->device, "cuda");
+    /* V4.1 defaults to its bf16 reference emulation on the CPU; the CUDA backend is verified in
+     * fp32 only (through it, 'ref' missed the fixture's 2e-2 gate: docs/cuda.md) */
+    m->numerics = o->numerics ? o->numerics
+                              : (c->family == DSV4_FAMILY_V41 && !cuda ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32);
+    if (cuda && m->numerics == DSV4_NUMERICS_REF)
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "numerics 'ref' runs on the CPU; the CUDA backend runs fp32");
     if (c->family == DSV4_FAMILY_V4 && m->numerics != DSV4_NUMERICS_FP32)
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, "numerics 'ref' is defined for V4.1 checkpoints; V4 runs in fp32");
     for (int i = 0; i < c->n_layers; i++)
@@ -617,14 +794,14 @@ static int model_check(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 /* Moves the weights to the chosen device (the CPU backend reads them where they are mapped). */
 static int model_place(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 {
-    if (!o->device || strcmp(o->device, "cuda"))
-        return 0;
-    if (m->cfg.family == DSV4_FAMILY_V41)
-        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: the CUDA backend runs V4 checkpoints; V4.1 runs on the CPU for now", m->dir);
 #ifdef DSV4_CUDA
-    m->be = dsv4_backend_cuda();
-    if (cuda_resident(m, 1, err))
-        return dsv4_err_prefix(err, "%s: putting the weights on the GPU", m->dir);
+    if (o->device && !strcmp(o->device, "cuda")) {
+        m->be = dsv4_backend_cuda();
+        if (cuda_place(m, err))
+            return dsv4_err_prefix(err, "%s: putting the weights on the GPU", m->dir);
+    }
+#else
+    (void)m, (void)o, (void)err; /* model_new refused "cuda" in this build */
 #endif
     return 0;
 }
@@ -699,7 +876,7 @@ void dsv4_model_free(dsv4_model *m)
         return;
 #ifdef DSV4_CUDA
     if (m->be == dsv4_backend_cuda())
-        cuda_resident(m, 0, NULL);
+        cuda_unplace(m);
 #endif
     release_weights(m);
     if (m->layers)

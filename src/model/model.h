@@ -80,7 +80,19 @@ struct dsv4_model {
     uint64_t engram_bytes, engram_tokens; /* table traffic since load */
     size_t weight_bytes;
     char *dir;
+    char placement[320];     /* the CUDA loader's memory plan ("" on the CPU) */
 };
+
+/* The CUDA loader's memory plan: the hot path (every array the GPU ops read but the routed
+ * experts) must fit `avail` device bytes; routed experts follow in layer order while they fit,
+ * the rest are read from pinned host memory. Bytes as stored (data and scales). */
+typedef struct {
+    size_t avail, hot, experts, experts_dev;
+    int64_t n_experts, n_experts_dev;   /* an expert is its w1, w2, w3 */
+    int fits;                           /* the hot path fits */
+} dsv4_place_plan;
+void dsv4_place_plan_make(const dsv4_model *m, size_t avail, dsv4_place_plan *p);
+void dsv4_place_plan_text(const dsv4_place_plan *p, char *buf, size_t n);
 
 /* Per-layer caches of one sequence. Rings hold per-token rows indexed by position mod cap. */
 typedef struct dsv4_lstate {

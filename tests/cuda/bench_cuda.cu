@@ -202,9 +202,11 @@ int main(void)
     CK(cudaFree(b));
 
     float *dx, *dy;
-    CK(cudaMalloc((void **)&dx, (size_t)8 * 32768 * sizeof(float)));
-    CK(cudaMalloc((void **)&dy, (size_t)8 * 131072 * sizeof(float)));
-    CK(cudaMemset(dx, 0x3c, (size_t)8 * 32768 * sizeof(float)));
+    /* T up to PREFILL_T (the prefill row of the table; the head below runs at T = 1) */
+    enum { PREFILL_T = 512 };
+    CK(cudaMalloc((void **)&dx, (size_t)PREFILL_T * 32768 * sizeof(float)));
+    CK(cudaMalloc((void **)&dy, (size_t)PREFILL_T * 131072 * sizeof(float)));
+    CK(cudaMemset(dx, 0x3c, (size_t)PREFILL_T * 32768 * sizeof(float)));
 
     const shape shapes[] = {
         {"wq_a FP8", DSV4_WF_FP8, 1024, 4096, 128, 128},
@@ -214,7 +216,8 @@ int main(void)
         {"expert w2 FP4", DSV4_WF_FP4, 4096, 2048, 1, 32},
         {"gate BF16", DSV4_WF_BF16, 4096, 4096, 0, 0},
     };
-    printf("%-16s %-14s %3s %10s %9s %8s %8s\n", "weight", "[n, k]", "T", "us/call", "GB/s", "of copy", "of read");
+    printf("%-16s %-14s %3s %10s %9s %8s %8s %8s\n", "weight", "[n, k]", "T", "us/call", "GB/s", "of copy", "of read",
+           "TFLOP/s");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const shape *s = &shapes[si];
         size_t bytes = data_bytes(s) + scale_bytes(s);
@@ -222,10 +225,12 @@ int main(void)
         uint8_t *blk;
         dsv4_weight *w = make_copies(s, count, &blk);
         int calls = count < 64 ? 64 : count;
-        const int Ts[] = {1, 4, 8};
-        for (int ti = 0; ti < 3; ti++) {
+        const int Ts[] = {1, 4, 8, PREFILL_T};
+        for (int ti = 0; ti < 4; ti++) {
+            /* a prefill call is compute-bound (fp32 FMA): L2 reuse across calls does not matter */
+            int nc = Ts[ti] > 8 ? 16 : calls;
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-            for (int c = 0; c < calls; c++)
+            for (int c = 0; c < nc; c++)
                 if (dsv4_cuda_linear_dev(&w[c % count], 0, s->n, dx, Ts[ti], dy, st, &err)) {
                     fprintf(stderr, "bench_cuda: %s\n", err.msg);
                     return 1;
@@ -233,11 +238,12 @@ int main(void)
             CK(cudaStreamEndCapture(st, &gr));
             CK(cudaGraphInstantiate(&ge, gr, 0));
             ms = time_graph(ge, st, 10);
-            double us = ms * 1e3 / calls, gbs = bytes / (us * 1e-6) / 1e9;
+            double us = ms * 1e3 / nc, gbs = bytes / (us * 1e-6) / 1e9;
+            double tf = 2.0 * s->n * s->k * Ts[ti] / (us * 1e-6) / 1e12;
             char sh[32];
             snprintf(sh, sizeof sh, "[%lld,%lld]", (long long)s->n, (long long)s->k);
-            printf("%-16s %-14s %3d %10.2f %9.0f %7.1f%% %7.1f%%\n", s->name, sh, Ts[ti], us, gbs, 100 * gbs / copy_gbs,
-                   100 * gbs / read_gbs);
+            printf("%-16s %-14s %3d %10.2f %9.0f %7.1f%% %7.1f%% %8.2f\n", s->name, sh, Ts[ti], us, gbs,
+                   100 * gbs / copy_gbs, 100 * gbs / read_gbs, tf);
             cudaGraphExecDestroy(ge);
             cudaGraphDestroy(gr);
         }

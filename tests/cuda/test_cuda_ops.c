@@ -173,16 +173,29 @@ static size_t scale_count(const dsv4_weight *w)
     return w->form == DSV4_WF_FP4 ? (size_t)w->n * (w->k / w->bk) : 0;
 }
 
-static void test_linear(const lin_case *c, int resident)
+/* Where the weight is read from: copied in per call, resident in device memory, or pinned in
+ * host memory mapped into the device (the memory plan's spilled experts). */
+enum { PER_CALL, RESIDENT, PINNED };
+
+static void test_linear(const lin_case *c, int where)
 {
     char what[160];
     snprintf(what, sizeof what, "linear %s [%lld,%lld] rows %lld..%lld T=%d%s", dsv4_wform_name(c->form),
-             (long long)c->n, (long long)c->k, (long long)c->r0, (long long)c->r1, c->T, resident ? " resident" : "");
+             (long long)c->n, (long long)c->k, (long long)c->r0, (long long)c->r1, c->T,
+             where == RESIDENT ? " resident" : where == PINNED ? " pinned" : "");
     dsv4_weight w;
     make_weight(c, &w);
     dsv4_err err = {0};
-    if (resident)
+    size_t dev0, pin0, dev1, pin1;
+    dsv4_cuda_usage(&dev0, &pin0);
+    if (where == RESIDENT)
         CHECK(!dsv4_cuda_put_weight(&w, &err), "%s: put: %s", what, err.msg);
+    if (where == PINNED)
+        CHECK(!dsv4_cuda_pin_weight(&w, &err), "%s: pin: %s", what, err.msg);
+    dsv4_cuda_usage(&dev1, &pin1);
+    size_t wb = dsv4_cuda_weight_bytes(&w);
+    CHECK(dev1 - dev0 == (where == RESIDENT ? wb : 0) && pin1 - pin0 == (where == PINNED ? wb : 0),
+          "%s: %zu bytes went to the device and %zu to pinned memory (weight %zu bytes)", what, dev1 - dev0, pin1 - pin0, wb);
     int64_t k = c->k, nr = c->r1 - c->r0, ldx = k + c->padx, ldy = nr + c->pady;
     int T = c->T;
     float *x = falloc((size_t)T * ldx), *ref = falloc((size_t)T * ldy), *got = falloc((size_t)T * ldy);
@@ -268,7 +281,7 @@ static void test_linear(const lin_case *c, int resident)
     }
     CHECK(same, "linear %s T=%d: a row alone differs from the same row in the batch", dsv4_wform_name(c->form), T);
     printf("  concurrent == solo (%d rows): %s\n", T, same ? "bitwise equal" : "DIFFERENT");
-    if (resident)
+    if (where != PER_CALL)
         dsv4_cuda_drop_weight(&w);
     free((void *)w.data);
     free((void *)w.scale);
@@ -521,8 +534,61 @@ static void test_hc_pre(int T, int n, int D, int full)
         hc_free(&o);
     }
     CHECK(same, "%s: a row alone differs from the batch", what);
+    /* mixes only (h NULL, as V4.1 calls it): the same mixes, bitwise, and no error */
+    hc_out o = hc_alloc(T, n, D, full);
+    dsv4_err err = {0};
+    gpu->hc_pre(X, T, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, o.pre, o.post, o.comb, NULL);
+    int mix_same = !gpu->check(&err) && !memcmp(o.pre, g.pre, (size_t)T * n * sizeof(float));
+    if (full)
+        mix_same &= !memcmp(o.post, g.post, (size_t)T * n * sizeof(float)) &&
+                    !memcmp(o.comb, g.comb, (size_t)T * n * n * sizeof(float));
+    CHECK(mix_same, "%s: mixes only (h NULL) differ from the full call: %s", what, err.msg);
+    printf("  mixes only (h NULL): %s\n", mix_same ? "bitwise equal" : "DIFFERENT");
+    hc_free(&o);
     hc_free(&r), hc_free(&g), hc_free(&w);
     free(X), free(fn), free(fn2), free(base), free(rf), free(gf), free(wf), free(mag);
+}
+
+/* h = sum_i pre_i X_i with pre given (V4.1's collapse). */
+static void test_hc_collapse(int T, int n, int D)
+{
+    char what[128];
+    snprintf(what, sizeof what, "hc_collapse T=%d n=%d D=%d", T, n, D);
+    int64_t nd = (int64_t)n * D;
+    float *X = falloc((size_t)T * nd), *pre = falloc((size_t)T * n), *ref = falloc((size_t)T * D);
+    float *got = falloc((size_t)T * D), *wrong = falloc((size_t)T * D), *one = falloc(D), *pre2 = falloc((size_t)T * n);
+    double *mag = malloc((size_t)T * D * sizeof(double));
+    fill(X, (size_t)T * nd, -1, 1);
+    fill(pre, (size_t)T * n, 0.1f, 1.0f);
+    pre[(size_t)(T - 1) * n] = 0.2f, pre[(size_t)(T - 1) * n + 1] = 0.9f; /* the control's pair differs */
+    cpu->hc_collapse(X, T, n, D, pre, ref);
+    poison(got, (size_t)T * D);
+    gpu->hc_collapse(X, T, n, D, pre, got);
+    dsv4_err err = {0};
+    CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
+    for (int t = 0; t < T; t++)
+        for (int dd = 0; dd < D; dd++) {
+            double s = 0;
+            for (int i = 0; i < n; i++)
+                s += fabs((double)pre[t * n + i] * X[(size_t)t * nd + (size_t)i * D + dd]);
+            mag[(size_t)t * D + dd] = s;
+        }
+    CHECK(agree(what, got, ref, mag, (size_t)T * D, 0), "%s: GPU and CPU differ", what);
+    /* control: the reference with the last row's first two pre swapped (one index off) */
+    memcpy(pre2, pre, (size_t)T * n * sizeof(float));
+    float *p = pre2 + (size_t)(T - 1) * n, tmp = p[0];
+    p[0] = p[1], p[1] = tmp;
+    cpu->hc_collapse(X, T, n, D, pre2, wrong);
+    control("hc_collapse pre index off", got, wrong, mag, (size_t)T * D);
+    int same = 1;
+    for (int t = 0; t < T; t++) {
+        poison(one, D);
+        gpu->hc_collapse(X + (size_t)t * nd, 1, n, D, pre + (size_t)t * n, one);
+        same &= !memcmp(one, got + (size_t)t * D, D * sizeof(float));
+    }
+    CHECK(same, "%s: a row alone differs from the batch", what);
+    printf("  concurrent == solo (%d rows): %s\n", T, same ? "bitwise equal" : "DIFFERENT");
+    free(X), free(pre), free(ref), free(got), free(wrong), free(one), free(pre2), free(mag);
 }
 
 static void test_hc_post(int T, int n, int D)
@@ -669,7 +735,7 @@ int main(void)
         {DSV4_WF_F32, 50, 132, 0, 0, 0, 0, 50, 8, 4, 0},
     };
     for (size_t i = 0; i < sizeof lc / sizeof lc[0]; i++)
-        test_linear(&lc[i], i % 2 == 0);
+        test_linear(&lc[i], i % 3 == 0 ? RESIDENT : i % 3 == 1 ? PINNED : PER_CALL);
     test_linear_group(DSV4_WF_FP4, 96, 512, 1, 32, 6, 1);
     test_linear_group(DSV4_WF_FP8, 128, 384, 128, 128, 3, 3);
     test_rmsnorm(5, 1000, 1, 0);
@@ -680,6 +746,7 @@ int main(void)
     test_hc_pre(3, 4, 512, 1);
     test_hc_pre(2, 4, 700, 0);
     test_hc_post(3, 4, 700);
+    test_hc_collapse(5, 4, 700);
     test_attend(4, 96, 37, 50);
     test_attend(8, 512, 300, 400);
     test_attend(2, 64, 0, 1);

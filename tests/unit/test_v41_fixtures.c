@@ -9,6 +9,7 @@
  * fixture README's tight gate, not to be loosened). Seams in both modes: chunks of 1, 2, 3, 7
  * == one prefill bit for bit; copy, save/restore and rollback == an uninterrupted run;
  * two sequences in one step == each alone.
+ * DSV4_TEST_DEVICE=cuda runs the fp32 checks through the CUDA backend (ref is refused there).
  *
  * --numerics ref against the bf16 reference's prefill logits (expected.safetensors), both
  * paths, as the README recommends: within 2e-2 at every position before the first one where
@@ -138,7 +139,9 @@ static void streamed_check(const char *dir, const int32_t *ids, int T, int P, in
     uint64_t bytes[2] = {0}, toks[2] = {0};
     int st[2] = {0};
     for (int k = 0; k < 2; k++) {
-        dsv4_load_opts lo = {.numerics = DSV4_NUMERICS_FP32, .engram_tables = k ? DSV4_ENGRAM_STREAMED : DSV4_ENGRAM_RESIDENT};
+        dsv4_load_opts lo = {.numerics = DSV4_NUMERICS_FP32,
+                             .engram_tables = k ? DSV4_ENGRAM_STREAMED : DSV4_ENGRAM_RESIDENT,
+                             .device = getenv("DSV4_TEST_DEVICE")};
         dsv4_model *m = dsv4_model_load(dir, &lo, &err);
         CHECK(m != NULL, "load with engram_tables %d: %s", lo.engram_tables, err.msg);
         if (!m)
@@ -283,11 +286,21 @@ int main(int argc, char **argv)
                       cJSON_GetObjectItem(jc->child, "ids"));
 
         for (int mode = 0; mode < 2; mode++) {
-            dsv4_load_opts lo = {.numerics = mode ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32};
+            /* DSV4_TEST_DEVICE=cuda (make test-cuda): the same checks through the CUDA backend */
+            dsv4_load_opts lo = {.numerics = mode ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32, .device = getenv("DSV4_TEST_DEVICE")};
             dsv4_model *m = dsv4_model_load(dir, &lo, &err);
+            if (mode && lo.device && !strcmp(lo.device, "cuda")) { /* ref is CPU-only: refused by name */
+                CHECK(!m && err.code == DSV4_E_UNSUPPORTED && strstr(err.msg, "ref"), "%s: ref on cuda must be refused: %s",
+                      name, m ? "loaded" : err.msg);
+                printf("  ref numerics on cuda: refused (%s)\n", err.msg);
+                dsv4_model_free(m);
+                continue;
+            }
             CHECK(m != NULL, "%s: load: %s", name, err.msg);
             if (!m)
                 continue;
+            if (*dsv4_model_placement(m))
+                printf("  placement: %s\n", dsv4_model_placement(m));
             const char *mn = mode ? "ref" : "fp32";
             dsv4_model_info info;
             dsv4_model_get_info(m, &info);

@@ -42,6 +42,8 @@ int main(int argc, char **argv)
         CHECK(m != NULL, "%s: load: %s", name, err.msg);
         if (!m)
             continue;
+        if (*dsv4_model_placement(m))
+            printf("  placement: %s\n", dsv4_model_placement(m));
         snprintf(path, sizeof path, "%s/cases.json", dir);
         char *txt = slurp(path);
         cJSON *j = txt ? cJSON_Parse(txt) : NULL;

@@ -104,7 +104,7 @@ static inline float decode_block(const dsv4_weight *w, int64_t r, int64_t b, int
         if (i == len)
             return s * 256.0f;
         for (int j = 0; j < i; j++)
-            out[j] *= 0.00390625f;
+            out[j] *= 256.0f; /* back to the stored values: the f16 placement gave them times 2^-8 */
 #endif
         for (; i < len; i++)
             out[i] = dsv4_e4m3_lut[p[i]];

@@ -34,6 +34,16 @@ void dsv4_cuda_drop(const void *host);
 /* The weight's data and scales (w->bytes in all). */
 int dsv4_cuda_put_weight(const dsv4_weight *w, dsv4_err *err);
 void dsv4_cuda_drop_weight(const dsv4_weight *w);
+/* As put_weight, but the copy is in page-locked host memory mapped into the device's address
+ * space: the same kernels read it over the host link (PCIe/C2C) instead of from HBM. For the
+ * weights that do not fit the device (routed experts); dsv4_cuda_drop_weight frees it. */
+int dsv4_cuda_pin_weight(const dsv4_weight *w, dsv4_err *err);
+/* Bytes put_weight copies for w (data and scales as stored). */
+size_t dsv4_cuda_weight_bytes(const dsv4_weight *w);
+/* Free and total device memory now (cudaMemGetInfo). */
+int dsv4_cuda_mem(size_t *free_b, size_t *total_b, dsv4_err *err);
+/* Bytes held by put copies: on the device, and pinned on the host. */
+void dsv4_cuda_usage(size_t *device_b, size_t *pinned_b);
 
 /* on: every device buffer an op writes is filled with NaN bytes before its kernel runs, so
  * an element a kernel forgets to write comes back as NaN (tests). */

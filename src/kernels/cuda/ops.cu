@@ -93,12 +93,13 @@ static int cuda_check(dsv4_err *err)
 
 typedef struct {
     const void *host;           /* NULL: empty; TOMB: deleted */
-    void *dev;
+    void *dev;                  /* what kernels read: device memory, or the device view of pinned host memory */
+    void *pinned;               /* the pinned host copy (NULL when dev is device memory) */
     size_t bytes;
 } resident;
 
 static resident *g_tab;
-static size_t g_cap, g_used, g_live, g_res_bytes;
+static size_t g_cap, g_used, g_live, g_res_bytes, g_pin_bytes;
 static const void *const TOMB = (const void *)&g_tab;
 
 static size_t slot_of(const void *p, size_t cap)
@@ -144,7 +145,9 @@ static int grow(dsv4_err *err)
     return 0;
 }
 
-extern "C" int dsv4_cuda_put(const void *host, size_t bytes, dsv4_err *err)
+/* A copy of `bytes` bytes at `host`, in device memory, or (pinned) in page-locked host memory
+ * mapped into the device's address space, which kernels read over the bus. */
+static int put_copy(const void *host, size_t bytes, int pinned, dsv4_err *err)
 {
     if (!host || !bytes)
         return 0;
@@ -155,14 +158,27 @@ extern "C" int dsv4_cuda_put(const void *host, size_t bytes, dsv4_err *err)
     if ((g_used + 1) * 4 > g_cap * 3 && (rc = grow(err)))
         goto out;
     {
-        void *d = NULL;
-        cudaError_t e = cudaMalloc(&d, bytes);
-        if (e == cudaSuccess)
-            e = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+        void *d = NULL, *h = NULL;
+        cudaError_t e;
+        if (pinned) {
+            e = cudaHostAlloc(&h, bytes, cudaHostAllocMapped);
+            if (e == cudaSuccess) {
+                memcpy(h, host, bytes);
+                e = cudaHostGetDevicePointer(&d, h, 0);
+            }
+        } else {
+            e = cudaMalloc(&d, bytes);
+            if (e == cudaSuccess)
+                e = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+        }
         if (e != cudaSuccess) {
-            cudaFree(d);
-            rc = dsv4_fail(err, DSV4_E_DEVICE, "cuda: uploading %zu bytes: %s (%.2f GiB resident already)", bytes,
-                           cudaGetErrorString(e), g_res_bytes / 1073741824.0);
+            if (pinned)
+                cudaFreeHost(h);
+            else
+                cudaFree(d);
+            rc = dsv4_fail(err, DSV4_E_DEVICE, "cuda: %s %zu bytes: %s (%.2f GiB on the device, %.2f GiB pinned already)",
+                           pinned ? "pinning" : "uploading", bytes, cudaGetErrorString(e), g_res_bytes / 1073741824.0,
+                           g_pin_bytes / 1073741824.0);
             goto out;
         }
         size_t i = slot_of(host, g_cap);
@@ -170,24 +186,31 @@ extern "C" int dsv4_cuda_put(const void *host, size_t bytes, dsv4_err *err)
             i = (i + 1) & (g_cap - 1);
         if (!g_tab[i].host)
             g_used++;
-        g_tab[i] = (resident){host, d, bytes};
+        g_tab[i] = (resident){host, d, h, bytes};
         g_live++;
-        g_res_bytes += bytes;
+        *(pinned ? &g_pin_bytes : &g_res_bytes) += bytes;
     }
 out:
     pthread_mutex_unlock(&g_lock);
     return rc;
 }
 
+extern "C" int dsv4_cuda_put(const void *host, size_t bytes, dsv4_err *err) { return put_copy(host, bytes, 0, err); }
+
 extern "C" void dsv4_cuda_drop(const void *host)
 {
     pthread_mutex_lock(&g_lock);
     resident *r = find(host);
     if (r) {
-        cudaFree(r->dev);
-        g_res_bytes -= r->bytes;
+        if (r->pinned) {
+            cudaFreeHost(r->pinned);
+            g_pin_bytes -= r->bytes;
+        } else {
+            cudaFree(r->dev);
+            g_res_bytes -= r->bytes;
+        }
         r->host = TOMB;
-        r->dev = NULL;
+        r->dev = r->pinned = NULL;
         g_live--;
     }
     pthread_mutex_unlock(&g_lock);
@@ -218,18 +241,39 @@ static size_t scale_bytes(const dsv4_weight *w)
     return 0;
 }
 
-extern "C" int dsv4_cuda_put_weight(const dsv4_weight *w, dsv4_err *err)
+static int put_weight(const dsv4_weight *w, int pinned, dsv4_err *err)
 {
     if (w->form >= DSV4_WF_EXL3)
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, "cuda: weight %s: form %s has no CUDA kernel", w->name ? w->name : "?",
                          dsv4_wform_name(w->form));
-    int rc = dsv4_cuda_put(w->data, data_bytes(w), err);
+    int rc = put_copy(w->data, data_bytes(w), pinned, err);
     if (!rc && w->scale)
-        rc = dsv4_cuda_put(w->scale, scale_bytes(w), err);
+        rc = put_copy(w->scale, scale_bytes(w), pinned, err);
     if (rc && err)
         dsv4_err_prefix(err, "weight %s (%s [%lld, %lld])", w->name ? w->name : "?", dsv4_wform_name(w->form),
                         (long long)w->n, (long long)w->k);
     return rc;
+}
+
+extern "C" int dsv4_cuda_put_weight(const dsv4_weight *w, dsv4_err *err) { return put_weight(w, 0, err); }
+extern "C" int dsv4_cuda_pin_weight(const dsv4_weight *w, dsv4_err *err) { return put_weight(w, 1, err); }
+
+extern "C" size_t dsv4_cuda_weight_bytes(const dsv4_weight *w) { return data_bytes(w) + (w->scale ? scale_bytes(w) : 0); }
+
+extern "C" int dsv4_cuda_mem(size_t *free_b, size_t *total_b, dsv4_err *err)
+{
+    cudaError_t e = cudaMemGetInfo(free_b, total_b);
+    if (e != cudaSuccess)
+        return dsv4_fail(err, DSV4_E_DEVICE, "cuda: cudaMemGetInfo: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+extern "C" void dsv4_cuda_usage(size_t *device_b, size_t *pinned_b)
+{
+    pthread_mutex_lock(&g_lock);
+    *device_b = g_res_bytes;
+    *pinned_b = g_pin_bytes;
+    pthread_mutex_unlock(&g_lock);
 }
 
 extern "C" void dsv4_cuda_drop_weight(const dsv4_weight *w)
@@ -1047,7 +1091,8 @@ static void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, cons
         k_hc_pre<<<T, NB>>>(dX, n, D, dfn, db, ds, iters, hc_eps, norm_eps, dpre, dpost, dcomb, dh);
         if (launched("hc_pre")) {
             dev_back(pre, n, dpre, T, n);
-            dev_back(h, D, dh, T, D);
+            if (h) /* NULL: the mixes only (V4.1 collapses with another site's pre) */
+                dev_back(h, D, dh, T, D);
             if (post) {
                 dev_back(post, n, dpost, T, n);
                 dev_back(comb, (int64_t)n * n, dcomb, T, (int64_t)n * n);
@@ -1057,7 +1102,8 @@ static void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, cons
         }
     }
     nan_fill(pre, T, n, n);
-    nan_fill(h, T, D, D);
+    if (h)
+        nan_fill(h, T, D, D);
     if (post) {
         nan_fill(post, T, n, n);
         nan_fill(comb, T, (int64_t)n * n, (int64_t)n * n);
@@ -1232,9 +1278,43 @@ static void cu_swiglu(const float *g, const float *u, int64_t n, float limit, fl
     pthread_mutex_unlock(&g_lock);
 }
 
-/* hc_collapse is V4.1's site (the loader keeps V4.1 on the CPU until this backend has it). */
+/* h = sum_i pre_i X_i with pre given (V4.1's sites): one thread per (row, channel), the
+ * streams summed in order as on the CPU. */
+__global__ void k_hc_collapse(const float *X, int T, int n, int D, const float *pre, float *h)
+{
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)T * D)
+        return;
+    int64_t t = idx / D;
+    int dd = (int)(idx % D);
+    const float *x = X + t * n * D, *pr = pre + t * n;
+    float s = 0.0f;
+    for (int i = 0; i < n; i++)
+        s = fmaf(pr[i], x[(int64_t)i * D + dd], s);
+    h[idx] = s;
+}
+
+static void cu_hc_collapse(const float *X, int T, int n, int D, const float *pre, float *h)
+{
+    if (T <= 0)
+        return;
+    int64_t nd = (int64_t)n * D;
+    pthread_mutex_lock(&g_lock);
+    scratch_reset();
+    float *dX = dev_in(X, T, nd, nd), *dp = dev_in(pre, T, n, n), *dh = dev_out((size_t)T * D);
+    if (dX && dp && dh) {
+        k_hc_collapse<<<(unsigned)cdiv((int64_t)T * D, 256), 256>>>(dX, T, n, D, dp, dh);
+        if (launched("hc_collapse"))
+            dev_back(h, D, dh, T, D);
+        else
+            nan_fill(h, T, D, D);
+    } else
+        nan_fill(h, T, D, D);
+    pthread_mutex_unlock(&g_lock);
+}
+
 static const dsv4_backend cuda_backend = {
-    "cuda", cu_linear, cu_rmsnorm, cu_rope, cu_hc_pre, NULL, cu_hc_post, cu_attend, cu_swiglu, cuda_check,
+    "cuda", cu_linear, cu_rmsnorm, cu_rope, cu_hc_pre, cu_hc_collapse, cu_hc_post, cu_attend, cu_swiglu, cuda_check,
 };
 
 extern "C" const dsv4_backend *dsv4_backend_cuda(void) { return &cuda_backend; }

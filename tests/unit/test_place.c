@@ -1,0 +1,61 @@
+/* The CUDA loader's memory plan, computed on the CPU over a fixture's weights: the two classes
+ * add up to the weights the GPU ops read, experts go to the device in layer order while they
+ * fit, and a hot path larger than the budget is refused. Each check can fail: the expected
+ * numbers are computed here from the layers' own byte counts, not from the plan. */
+#include <stdio.h>
+#include <string.h>
+#include "check.h"
+#include "dsv4.h"
+#include "model/model.h"
+
+int main(void)
+{
+    char dir[2048], txt[512];
+    dsv4_err err;
+    snprintf(dir, sizeof dir, "%s/fixtures/v4/v4-tiny-a", check_shared());
+    dsv4_model *m = dsv4_model_load(dir, NULL, &err);
+    CHECK(m != NULL, "load: %s", err.msg);
+    if (!m)
+        return check_summary("place");
+    CHECK(!strcmp(dsv4_model_placement(m), ""), "a CPU load has no device plan: '%s'", dsv4_model_placement(m));
+    const dsv4_config *c = &m->cfg;
+    size_t experts = 0, one = 0;
+    for (int li = 0; li < c->n_layers; li++)
+        for (int e = 0; e < c->n_experts; e++) {
+            const dsv4_layer *L = &m->layers[li];
+            size_t b = L->w1[e].bytes + L->w2[e].bytes + L->w3[e].bytes;
+            experts += b;
+            one = b;
+        }
+    int64_t ne = (int64_t)c->n_layers * c->n_experts;
+    CHECK(ne > 1 && one > 0, "fixture has %lld routed experts", (long long)ne);
+
+    dsv4_place_plan p;
+    dsv4_place_plan_make(m, (size_t)-1, &p);
+    dsv4_place_plan_text(&p, txt, sizeof txt);
+    printf("  unlimited: %s\n", txt);
+    CHECK(p.fits && p.experts == experts && p.n_experts == ne && p.n_experts_dev == ne && p.experts_dev == experts,
+          "everything on the device: experts %zu (want %zu), %lld of %lld on the device", p.experts, experts,
+          (long long)p.n_experts_dev, (long long)p.n_experts);
+    /* The hot path is every weight the ops read but the experts and the embedding (host), plus
+     * small float arrays: between the weights' sum less those and that sum plus 10%. */
+    size_t weights = m->weight_bytes - m->embed.bytes - experts;
+    CHECK(p.hot > 0 && p.hot + 1 > weights * 9 / 10 && p.hot < weights + weights / 10 + (1 << 20),
+          "hot path %zu bytes vs %zu bytes of non-expert weights", p.hot, weights);
+
+    size_t hot = p.hot;
+    dsv4_place_plan_make(m, hot + 2 * one + one / 2, &p);
+    dsv4_place_plan_text(&p, txt, sizeof txt);
+    printf("  hot + 2.5 experts: %s\n", txt);
+    CHECK(p.fits && p.n_experts_dev == 2 && p.experts_dev == 2 * one, "room for 2.5 experts keeps 2: %lld (%zu bytes)",
+          (long long)p.n_experts_dev, p.experts_dev);
+    dsv4_place_plan_make(m, hot, &p);
+    CHECK(p.fits && p.n_experts_dev == 0, "room for the hot path alone spills every expert: %lld on the device",
+          (long long)p.n_experts_dev);
+    dsv4_place_plan_make(m, hot - 1, &p);
+    dsv4_place_plan_text(&p, txt, sizeof txt);
+    printf("  hot - 1 byte: %s\n", txt);
+    CHECK(!p.fits && strstr(txt, "does not fit"), "a hot path one byte over the budget is refused: %s", txt);
+    dsv4_model_free(m);
+    return check_summary("place");
+}
