@@ -2,7 +2,8 @@
  * every stored form at shapes where the SIMD paths meet their scalar tails: k not a multiple of
  * 8, partial scale blocks, sub-ranges of rows. Tolerance per element 1e-5 * sum_k |w_k x_k|.
  * Control: the GPU op test caught an FP8 tail block scaled by 2^-16 (k % 8 != 0); the planted
- * control here is a reference with one scale block changed, which must be caught. */
+ * control here is a reference with one scale block changed, which must be caught. Each case also
+ * checks that a row computed alone (T = 1) equals the same row in the batch, bit for bit. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,6 +80,17 @@ static void one(dsv4_wform form, int64_t n, int64_t k, int bn, int bk, int e8m0,
            (long long)k, (long long)r0, (long long)r1, T, bad);
     CHECK(bad <= 1, "linear %s [%lld,%lld]: CPU linear differs from the row decode (%.1f x tolerance)", dsv4_wform_name(form),
           (long long)n, (long long)k, bad);
+    /* row invariance: each input row alone (T = 1, the decode path, fused where the form allows)
+     * gives the same bits as inside the batch */
+    float *y1 = malloc((size_t)(r1 - r0) * sizeof(float));
+    int same = 1;
+    for (int t = 0; t < T; t++) {
+        dsv4_backend_cpu()->linear(&w, r0, r1, x + (int64_t)t * k, 1, k, y1, r1 - r0);
+        same &= !memcmp(y1, y + (int64_t)t * (r1 - r0), (size_t)(r1 - r0) * sizeof(float));
+    }
+    CHECK(same, "linear %s [%lld,%lld]: a row alone differs from the same row in a batch of %d", dsv4_wform_name(form),
+          (long long)n, (long long)k, T);
+    free(y1);
     if (ns) { /* control: the reference with the first scale block of row r0 doubled */
         size_t at = form == DSV4_WF_FP8 ? (size_t)(r0 / bn) * ((k + bk - 1) / bk) : (size_t)r0 * (k / bk);
         if (e8m0)
@@ -101,8 +113,10 @@ int main(void)
     one(DSV4_WF_FP4, 40, 80, 1, 16, 1, 0, 40, 3);
     one(DSV4_WF_FP4, 64, 96, 1, 32, 1, 3, 60, 2);
     one(DSV4_WF_FP4, 32, 1024, 1, 32, 0, 0, 32, 4);
+    one(DSV4_WF_FP4, 48, 2048, 1, 32, 1, 0, 48, 5);
     one(DSV4_WF_BF16, 33, 45, 0, 0, 0, 0, 33, 2);
     one(DSV4_WF_BF16, 50, 300, 0, 0, 0, 5, 50, 3);
+    one(DSV4_WF_BF16, 40, 1024, 0, 0, 0, 0, 40, 3);
     one(DSV4_WF_F16, 20, 77, 0, 0, 0, 0, 20, 2);
     one(DSV4_WF_F32, 20, 131, 0, 0, 0, 0, 20, 3);
     return check_summary("linear");
