@@ -6,6 +6,22 @@
 #include "text/normalize.h"
 #include "text/token_map.h"
 
+/* One line: the normalized text as a JSON string. */
+static int normalize_line(void *ctx, const char *s, size_t len, long lineno)
+{
+    dsv4_err err = {0};
+    char *o;
+    size_t ol;
+    if (dsv4_normalize(ctx, s, len, &o, &ol, &err)) {
+        fprintf(stderr, "dsv4 normalize: line %ld: %s\n", lineno, err.msg);
+        return 1;
+    }
+    cli_json_string_write(stdout, o, ol);
+    putchar('\n');
+    free(o);
+    return 0;
+}
+
 int dsv4_cmd_normalize(int argc, char **argv)
 {
     const char *spec = NULL;
@@ -34,34 +50,7 @@ int dsv4_cmd_normalize(int argc, char **argv)
         fprintf(stderr, "dsv4 normalize: %s\n", err.msg);
         return 1;
     }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    long lineno = 0;
-    int rc = 0;
-    while ((n = getline(&line, &cap, stdin)) >= 0) {
-        lineno++;
-        if (strspn(line, " \t\r\n") == (size_t)n)
-            continue;
-        char *s, *o;
-        size_t len, ol;
-        if (cli_json_string_parse(line, (size_t)n, &s, &len)) {
-            fprintf(stderr, "dsv4 normalize: line %ld is not a JSON string\n", lineno);
-            rc = 1;
-            break;
-        }
-        if (dsv4_normalize(nz, s, len, &o, &ol, &err)) {
-            fprintf(stderr, "dsv4 normalize: line %ld: %s\n", lineno, err.msg);
-            free(s);
-            rc = 1;
-            break;
-        }
-        cli_json_string_write(stdout, o, ol);
-        putchar('\n');
-        free(o);
-        free(s);
-    }
-    free(line);
+    int rc = cli_json_lines("normalize", normalize_line, nz);
     dsv4_normalizer_free(nz);
     return rc;
 }

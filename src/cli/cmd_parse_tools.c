@@ -5,6 +5,49 @@
 #include "cli/cli.h"
 #include "text/dsml.h"
 
+typedef struct parse_ctx {
+    int mode;   /* 1 thinking, 0 chat, -1: thinking when the text holds </think> */
+    int v4;     /* V4's DSML tags instead of V4.1's */
+    long chunk; /* feed the parser this many bytes at a time (0: all at once) */
+} parse_ctx;
+
+/* One line of model output: {content, reasoning_content, tool_calls[, malformed]}. */
+static int parse_line(void *ctx, const char *s, size_t len, long lineno)
+{
+    const parse_ctx *c = ctx;
+    int thinking = c->mode >= 0 ? c->mode : memmem(s, len, "</think>", 8) != NULL;
+    dsv4_err err = {0};
+    dsv4_dsml *p = dsv4_dsml_new_family(thinking, c->v4, &err);
+    dsv4_dsml_out o;
+    dsv4_dsml_out_init(&o);
+    int r = p ? 0 : 1;
+    size_t step = c->chunk > 0 ? (size_t)c->chunk : (len ? len : 1);
+    for (size_t i = 0; !r && i < len; i += step)
+        r = dsv4_dsml_feed(p, s + i, len - i < step ? len - i : step, &o, &err);
+    if (!r)
+        r = dsv4_dsml_finish(p, &o, &err);
+    if (r)
+        fprintf(stderr, "dsv4 parse-tools: line %ld: %s\n", lineno, err.msg);
+    else {
+        fputs("{\"content\": ", stdout);
+        cli_json_string_write(stdout, o.content.p, o.content.n);
+        fputs(", \"reasoning_content\": ", stdout);
+        if (o.has_reasoning)
+            cli_json_string_write(stdout, o.reasoning.p, o.reasoning.n);
+        else
+            fputs("null", stdout);
+        char *calls = cJSON_PrintUnformatted(o.calls);
+        printf(", \"tool_calls\": %s", calls ? calls : "[]");
+        free(calls);
+        if (o.malformed)
+            printf(", \"malformed\": %d", o.malformed);
+        fputs("}\n", stdout);
+    }
+    dsv4_dsml_out_free(&o);
+    dsv4_dsml_free(p);
+    return r ? 1 : 0;
+}
+
 int dsv4_cmd_parse_tools(int argc, char **argv)
 {
     int mode = -1; /* -1: auto, 0: chat, 1: thinking */
@@ -33,57 +76,6 @@ int dsv4_cmd_parse_tools(int argc, char **argv)
             return 2;
         }
     }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    long lineno = 0;
-    int rc = 0;
-    while ((n = getline(&line, &cap, stdin)) >= 0) {
-        lineno++;
-        if (strspn(line, " \t\r\n") == (size_t)n)
-            continue;
-        char *s;
-        size_t len;
-        if (cli_json_string_parse(line, (size_t)n, &s, &len)) {
-            fprintf(stderr, "dsv4 parse-tools: line %ld is not a JSON string\n", lineno);
-            rc = 1;
-            break;
-        }
-        int thinking = mode >= 0 ? mode : memmem(s, len, "</think>", 8) != NULL;
-        dsv4_err err = {0};
-        dsv4_dsml *p = dsv4_dsml_new_family(thinking, v4, &err);
-        dsv4_dsml_out o;
-        dsv4_dsml_out_init(&o);
-        int r = p ? 0 : 1;
-        size_t step = chunk > 0 ? (size_t)chunk : (len ? len : 1);
-        for (size_t i = 0; !r && i < len; i += step)
-            r = dsv4_dsml_feed(p, s + i, len - i < step ? len - i : step, &o, &err);
-        if (!r)
-            r = dsv4_dsml_finish(p, &o, &err);
-        if (r) {
-            fprintf(stderr, "dsv4 parse-tools: line %ld: %s\n", lineno, err.msg);
-            rc = 1;
-        } else {
-            fputs("{\"content\": ", stdout);
-            cli_json_string_write(stdout, o.content.p, o.content.n);
-            fputs(", \"reasoning_content\": ", stdout);
-            if (o.has_reasoning)
-                cli_json_string_write(stdout, o.reasoning.p, o.reasoning.n);
-            else
-                fputs("null", stdout);
-            char *calls = cJSON_PrintUnformatted(o.calls);
-            printf(", \"tool_calls\": %s", calls ? calls : "[]");
-            free(calls);
-            if (o.malformed)
-                printf(", \"malformed\": %d", o.malformed);
-            fputs("}\n", stdout);
-        }
-        dsv4_dsml_out_free(&o);
-        dsv4_dsml_free(p);
-        free(s);
-        if (rc)
-            break;
-    }
-    free(line);
-    return rc;
+    parse_ctx c = {.mode = mode, .v4 = v4, .chunk = chunk};
+    return cli_json_lines("parse-tools", parse_line, &c);
 }

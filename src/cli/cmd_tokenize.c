@@ -54,6 +54,31 @@ static void write_ids(const int32_t *v, size_t n)
     fwrite(buf, 1, k, stdout);
 }
 
+typedef struct encode_ctx {
+    dsv4_tokenizer *t;
+    dsv4_ids ids;
+    double secs;     /* time spent in encoding alone (--time) */
+    size_t bytes;
+} encode_ctx;
+
+/* One line: its ids as a JSON array. */
+static int encode_line(void *ctx, const char *s, size_t len, long lineno)
+{
+    encode_ctx *c = ctx;
+    dsv4_err err = {0};
+    c->ids.n = 0;
+    double t0 = dsv4_now();
+    int erc = dsv4_tokenizer_encode(c->t, s, len, &c->ids, &err);
+    c->secs += dsv4_now() - t0;
+    c->bytes += len;
+    if (erc) {
+        fprintf(stderr, "dsv4 tokenize: line %ld: %s\n", lineno, err.msg);
+        return 1;
+    }
+    write_ids(c->ids.v, c->ids.n);
+    return 0;
+}
+
 int dsv4_cmd_tokenize(int argc, char **argv)
 {
     if (argc > 1 && cli_is_help(argv[1])) {
@@ -76,43 +101,11 @@ int dsv4_cmd_tokenize(int argc, char **argv)
         fprintf(stderr, "dsv4 tokenize: %s\n", err.msg);
         return 1;
     }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    long lineno = 0;
-    int rc = 0;
-    dsv4_ids ids = {0};
-    double secs = 0;
-    size_t bytes = 0;
-    while ((n = getline(&line, &cap, stdin)) >= 0) {
-        lineno++;
-        if (strspn(line, " \t\r\n") == (size_t)n)
-            continue;
-        char *s;
-        size_t len;
-        if (cli_json_string_parse(line, (size_t)n, &s, &len)) {
-            fprintf(stderr, "dsv4 tokenize: line %ld is not a JSON string\n", lineno);
-            rc = 1;
-            break;
-        }
-        ids.n = 0;
-        double t0 = dsv4_now();
-        int erc = dsv4_tokenizer_encode(t, s, len, &ids, &err);
-        secs += dsv4_now() - t0;
-        bytes += len;
-        if (erc) {
-            fprintf(stderr, "dsv4 tokenize: line %ld: %s\n", lineno, err.msg);
-            free(s);
-            rc = 1;
-            break;
-        }
-        free(s);
-        write_ids(ids.v, ids.n);
-    }
+    encode_ctx c = {.t = t};
+    int rc = cli_json_lines("tokenize", encode_line, &c);
     if (timing)
-        fprintf(stderr, "encode: %zu bytes in %.6f s\n", bytes, secs);
-    dsv4_ids_free(&ids);
-    free(line);
+        fprintf(stderr, "encode: %zu bytes in %.6f s\n", c.bytes, c.secs);
+    dsv4_ids_free(&c.ids);
     dsv4_tokenizer_free(t);
     return rc;
 }

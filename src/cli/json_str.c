@@ -133,3 +133,28 @@ void cli_json_string_write(FILE *f, const char *s, size_t n)
     }
     fputc('"', f);
 }
+
+int cli_json_lines(const char *cmd, int (*fn)(void *ctx, const char *s, size_t len, long lineno), void *ctx)
+{
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    long lineno = 0;
+    int rc = 0;
+    while (!rc && (n = getline(&line, &cap, stdin)) >= 0) {
+        lineno++;
+        if (strspn(line, " \t\r\n") == (size_t)n)
+            continue;
+        char *s;
+        size_t len;
+        if (cli_json_string_parse(line, (size_t)n, &s, &len)) {
+            fprintf(stderr, "dsv4 %s: line %ld is not a JSON string\n", cmd, lineno);
+            rc = 1;
+            break;
+        }
+        rc = fn(ctx, s, len, lineno) ? 1 : 0;
+        free(s);
+    }
+    free(line);
+    return rc;
+}
