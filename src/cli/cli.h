@@ -36,6 +36,9 @@ int dsv4_cmd_engram_bench(int argc, char **argv);
  * U+FFFD). Returns 0, or -1 on malformed input. write: escapes as JSON.stringify does. */
 int cli_json_string_parse(const char *line, size_t n, char **out, size_t *out_len);
 void cli_json_string_write(FILE *f, const char *s, size_t n);
+/* Calls fn on each non-blank line of stdin (n bytes, newline included) until it returns
+ * non-zero (fn reports its own error). Returns 0, or 1 after an error. */
+int cli_lines(int (*fn)(void *ctx, const char *line, size_t n, long lineno), void *ctx);
 /* Reads stdin as one JSON string per line (blank lines skipped) and calls fn on each decoded
  * string; stops at the first line that is not a JSON string (reported for `cmd`) or where fn
  * returns non-zero (fn reports its own error). Returns 0, or 1 after an error. */

@@ -55,6 +55,39 @@ static char *load_template(const char *path, cJSON *vars)
     return out;
 }
 
+typedef struct render_ctx {
+    const char *tmpl;  /* a shipped chat template's text, or NULL for the release encoder */
+    cJSON *vars;       /* defaults merged into each request */
+} render_ctx;
+
+/* One request object: the rendered prompt as a JSON string. */
+static int render_line(void *ctx, const char *line, size_t n, long lineno)
+{
+    const render_ctx *c = ctx;
+    cJSON *req = cJSON_ParseWithLength(line, n);
+    if (!cJSON_IsObject(req)) {
+        cJSON_Delete(req);
+        fprintf(stderr, "dsv4 render: line %ld is not a JSON object\n", lineno);
+        return 1;
+    }
+    dsv4_err err = {0};
+    char *out;
+    size_t len;
+    const cJSON *v;
+    cJSON_ArrayForEach(v, c->vars) if (!cJSON_GetObjectItemCaseSensitive(req, v->string))
+        cJSON_AddItemToObject(req, v->string, cJSON_Duplicate(v, 1));
+    int r = c->tmpl ? dsv4_jinja_render(c->tmpl, req, &out, &len, &err) : dsv4_chat_render(req, &out, &len, &err);
+    cJSON_Delete(req);
+    if (r) {
+        fprintf(stderr, "dsv4 render: line %ld: %s\n", lineno, err.msg);
+        return 1;
+    }
+    cli_json_string_write(stdout, out, len);
+    putchar('\n');
+    free(out);
+    return 0;
+}
+
 int dsv4_cmd_render(int argc, char **argv)
 {
     const char *jinja = NULL;
@@ -88,40 +121,8 @@ int dsv4_cmd_render(int argc, char **argv)
         cJSON_Delete(vars);
         return 1;
     }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    long lineno = 0;
-    int rc = 0;
-    while ((n = getline(&line, &cap, stdin)) >= 0) {
-        lineno++;
-        if (strspn(line, " \t\r\n") == (size_t)n)
-            continue;
-        cJSON *req = cJSON_ParseWithLength(line, (size_t)n);
-        if (!cJSON_IsObject(req)) {
-            cJSON_Delete(req);
-            fprintf(stderr, "dsv4 render: line %ld is not a JSON object\n", lineno);
-            rc = 1;
-            break;
-        }
-        dsv4_err err = {0};
-        char *out;
-        size_t len;
-        const cJSON *v;
-        cJSON_ArrayForEach(v, vars) if (!cJSON_GetObjectItemCaseSensitive(req, v->string))
-            cJSON_AddItemToObject(req, v->string, cJSON_Duplicate(v, 1));
-        int r = tmpl ? dsv4_jinja_render(tmpl, req, &out, &len, &err) : dsv4_chat_render(req, &out, &len, &err);
-        cJSON_Delete(req);
-        if (r) {
-            fprintf(stderr, "dsv4 render: line %ld: %s\n", lineno, err.msg);
-            rc = 1;
-            break;
-        }
-        cli_json_string_write(stdout, out, len);
-        putchar('\n');
-        free(out);
-    }
-    free(line);
+    render_ctx c = {tmpl, vars};
+    int rc = cli_lines(render_line, &c);
     free(tmpl);
     cJSON_Delete(vars);
     return rc;

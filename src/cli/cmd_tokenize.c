@@ -148,6 +148,60 @@ static int decode_stream(const dsv4_tokenizer *t, const int32_t *ids, size_t n, 
     return 0;
 }
 
+typedef struct decode_ctx {
+    dsv4_tokenizer *t;
+    int skip, stream;  /* drop special tokens; go through the streaming detokenizer */
+    dsv4_ids ids;
+} decode_ctx;
+
+/* One JSON array of ids: the text as a JSON string. */
+static int decode_line(void *ctx, const char *line, size_t n, long lineno)
+{
+    decode_ctx *c = ctx;
+    cJSON *j = cJSON_ParseWithLength(line, n);
+    if (!cJSON_IsArray(j)) {
+        cJSON_Delete(j);
+        fprintf(stderr, "dsv4 detokenize: line %ld is not a JSON array\n", lineno);
+        return 1;
+    }
+    int bad = 0;
+    c->ids.n = 0;
+    const cJSON *e;
+    cJSON_ArrayForEach(e, j)
+    {
+        if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 2147483647.0) {
+            bad = 1;
+            break;
+        }
+        if (c->ids.n == c->ids.cap) {
+            int32_t *v = realloc(c->ids.v, (c->ids.cap = c->ids.cap ? c->ids.cap * 2 : 256) * sizeof *v);
+            if (!v) {
+                bad = 1;
+                break;
+            }
+            c->ids.v = v;
+        }
+        c->ids.v[c->ids.n++] = (int32_t)e->valuedouble;
+    }
+    cJSON_Delete(j);
+    if (bad) {
+        fprintf(stderr, "dsv4 detokenize: line %ld: ids must be non-negative integers\n", lineno);
+        return 1;
+    }
+    dsv4_err err = {0};
+    char *s;
+    size_t len;
+    if (c->stream ? decode_stream(c->t, c->ids.v, c->ids.n, c->skip, &s, &len, &err)
+                  : dsv4_tokenizer_decode(c->t, c->ids.v, c->ids.n, c->skip, &s, &len, &err)) {
+        fprintf(stderr, "dsv4 detokenize: line %ld: %s\n", lineno, err.msg);
+        return 1;
+    }
+    cli_json_string_write(stdout, s, len);
+    putchar('\n');
+    free(s);
+    return 0;
+}
+
 int dsv4_cmd_detokenize(int argc, char **argv)
 {
     if (argc > 1 && cli_is_help(argv[1])) {
@@ -170,59 +224,9 @@ int dsv4_cmd_detokenize(int argc, char **argv)
         fprintf(stderr, "dsv4 detokenize: %s\n", err.msg);
         return 1;
     }
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t n;
-    long lineno = 0;
-    int rc = 0;
-    dsv4_ids ids = {0};
-    while ((n = getline(&line, &cap, stdin)) >= 0) {
-        lineno++;
-        if (strspn(line, " \t\r\n") == (size_t)n)
-            continue;
-        cJSON *j = cJSON_ParseWithLength(line, (size_t)n);
-        if (!cJSON_IsArray(j)) {
-            cJSON_Delete(j);
-            fprintf(stderr, "dsv4 detokenize: line %ld is not a JSON array\n", lineno);
-            rc = 1;
-            break;
-        }
-        ids.n = 0;
-        const cJSON *e;
-        cJSON_ArrayForEach(e, j)
-        {
-            if (!cJSON_IsNumber(e) || e->valuedouble < 0 || e->valuedouble > 2147483647.0) {
-                rc = 1;
-                break;
-            }
-            if (ids.n == ids.cap) {
-                ids.cap = ids.cap ? ids.cap * 2 : 256;
-                ids.v = realloc(ids.v, ids.cap * sizeof *ids.v);
-                if (!ids.v) {
-                    rc = 1;
-                    break;
-                }
-            }
-            ids.v[ids.n++] = (int32_t)e->valuedouble;
-        }
-        cJSON_Delete(j);
-        if (rc) {
-            fprintf(stderr, "dsv4 detokenize: line %ld: ids must be non-negative integers\n", lineno);
-            break;
-        }
-        char *s;
-        size_t len;
-        if (stream ? decode_stream(t, ids.v, ids.n, skip, &s, &len, &err) : dsv4_tokenizer_decode(t, ids.v, ids.n, skip, &s, &len, &err)) {
-            fprintf(stderr, "dsv4 detokenize: line %ld: %s\n", lineno, err.msg);
-            rc = 1;
-            break;
-        }
-        cli_json_string_write(stdout, s, len);
-        putchar('\n');
-        free(s);
-    }
-    dsv4_ids_free(&ids);
-    free(line);
+    decode_ctx c = {.t = t, .skip = skip, .stream = stream};
+    int rc = cli_lines(decode_line, &c);
+    dsv4_ids_free(&c.ids);
     dsv4_tokenizer_free(t);
     return rc;
 }

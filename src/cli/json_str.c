@@ -134,7 +134,7 @@ void cli_json_string_write(FILE *f, const char *s, size_t n)
     fputc('"', f);
 }
 
-int cli_json_lines(const char *cmd, int (*fn)(void *ctx, const char *s, size_t len, long lineno), void *ctx)
+int cli_lines(int (*fn)(void *ctx, const char *line, size_t n, long lineno), void *ctx)
 {
     char *line = NULL;
     size_t cap = 0;
@@ -143,18 +143,35 @@ int cli_json_lines(const char *cmd, int (*fn)(void *ctx, const char *s, size_t l
     int rc = 0;
     while (!rc && (n = getline(&line, &cap, stdin)) >= 0) {
         lineno++;
-        if (strspn(line, " \t\r\n") == (size_t)n)
-            continue;
-        char *s;
-        size_t len;
-        if (cli_json_string_parse(line, (size_t)n, &s, &len)) {
-            fprintf(stderr, "dsv4 %s: line %ld is not a JSON string\n", cmd, lineno);
-            rc = 1;
-            break;
-        }
-        rc = fn(ctx, s, len, lineno) ? 1 : 0;
-        free(s);
+        if (strspn(line, " \t\r\n") != (size_t)n)
+            rc = fn(ctx, line, (size_t)n, lineno) ? 1 : 0;
     }
     free(line);
     return rc;
+}
+
+typedef struct string_lines {
+    const char *cmd;
+    int (*fn)(void *ctx, const char *s, size_t len, long lineno);
+    void *ctx;
+} string_lines;
+
+static int string_line(void *ctx, const char *line, size_t n, long lineno)
+{
+    const string_lines *c = ctx;
+    char *s;
+    size_t len;
+    if (cli_json_string_parse(line, n, &s, &len)) {
+        fprintf(stderr, "dsv4 %s: line %ld is not a JSON string\n", c->cmd, lineno);
+        return 1;
+    }
+    int rc = c->fn(c->ctx, s, len, lineno);
+    free(s);
+    return rc;
+}
+
+int cli_json_lines(const char *cmd, int (*fn)(void *ctx, const char *s, size_t len, long lineno), void *ctx)
+{
+    string_lines c = {cmd, fn, ctx};
+    return cli_lines(string_line, &c);
 }
