@@ -135,3 +135,34 @@ float dsv4_e8m0_to_f32(uint8_t e)
 #define R8(b) E4(b), E4(b + 1), E4(b + 2), E4(b + 3), E4(b + 4), E4(b + 5), E4(b + 6), E4(b + 7)
 #define R64(b) R8(b), R8(b + 8), R8(b + 16), R8(b + 24), R8(b + 32), R8(b + 40), R8(b + 48), R8(b + 56)
 const float dsv4_e4m3_lut[256] = {R64(0), R64(64), R64(128), R64(192)};
+
+/* ---- activation round trips (the V4.1 reference numerics; model/numerics.c) */
+
+void dsv4_round_bf16(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++)
+        x[i] = dsv4_bf16_to_f32(dsv4_f32_to_bf16(x[i]));
+}
+
+/* 2^ceil(log2 t) for positive finite t, from the bits: exponent - 127 + (mantissa != 0). */
+float dsv4_pow2_ceil(float t)
+{
+    uint32_t b;
+    memcpy(&b, &t, 4);
+    int e = (int)((b >> 23) & 0xff) - 127 + ((b & 0x7fffff) != 0);
+    return ldexpf(1.0f, e);
+}
+
+/* Per block of `block` values: s = 2^ceil(log2(max(amax, 1e-4) / 448)), v = e4m3(v / s) * s. */
+void dsv4_fp8_roundtrip(float *x, int64_t n, int block)
+{
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+        int64_t e = b0 + block < n ? b0 + block : n;
+        float amax = 1e-4f;
+        for (int64_t i = b0; i < e; i++)
+            amax = fmaxf(amax, fabsf(x[i]));
+        float s = dsv4_pow2_ceil(amax * (1.0f / 448.0f));
+        for (int64_t i = b0; i < e; i++)
+            x[i] = dsv4_e4m3_to_f32(dsv4_f32_to_e4m3(fminf(fmaxf(x[i] / s, -448.0f), 448.0f))) * s;
+    }
+}

@@ -25,6 +25,10 @@ uint8_t dsv4_f32_to_e2m1(float f);           /* nearest, ties to even code, satu
 float dsv4_e8m0_to_f32(uint8_t e);           /* 2^(e-127); 0xff is NaN */
 extern const float dsv4_e4m3_lut[256];
 extern const float dsv4_e2m1_lut[16];
+/* Round trips of activations (V4.1 REF numerics). */
+void dsv4_round_bf16(float *x, int64_t n);                /* each value through bf16 */
+float dsv4_pow2_ceil(float t);                            /* 2^ceil(log2 t), t positive finite */
+void dsv4_fp8_roundtrip(float *x, int64_t n, int block);  /* e4m3, ue8m0 scale per block */
 
 /* ---- logging and progress */
 void dsv4_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -10,8 +10,97 @@
 #include <stdint.h>
 #include "io/weight.h"
 
+/* What one sequence keeps for one V4 layer (model/seq.c owns the buffers; backend memory):
+ * kv [kv_cap, d] window rows and c, z [c_cap, cw] compressor inputs, rings by position mod
+ * cap; ent [*, d] compressed entries and ikey [*, ci] indexer keys, by entry index; ic, iz
+ * [c_cap, 2 ci] the indexer compressor's inputs. Absent parts are NULL. */
+typedef struct dsv4_lbufs { float *kv, *c, *z, *ent, *ic, *iz, *ikey; } dsv4_lbufs;
+
+/* Largest compression ratio a compressor pools over (V4-Flash HCA: 128). */
+#define DSV4_MAX_RATIO 1024
+
+/* A compressor's pooling parameters: entry w pools tokens [w m, (w+1) m) (with overlap also
+ * window w-1's first half: rows of width (1 + overlap) dim). ape [m, (1 + overlap) dim] or NULL;
+ * norm [dim]. */
+typedef struct dsv4_pool { int ratio, dim, overlap; const float *ape, *norm; } dsv4_pool;
+
+/* The rows of one forward step, in backend memory except R and S. Rows of a sequence are
+ * consecutive and in position order. */
+typedef struct dsv4_rows {
+    int R, S;                /* rows, sequences */
+    const int64_t *pos;      /* [R] absolute position of each row */
+    const int32_t *seq;      /* [R] sequence of each row, 0..S-1 */
+    const int64_t *start;    /* [S] position of each sequence's first row in this step */
+    const int32_t *first;    /* [S] its row index */
+} dsv4_rows;
+
+/* The stateful part of one V4 attention layer over a step (spec §5), for every row r of
+ * sequence s at position p (start = the sequence's first position in the step):
+ *  1. each compressed entry w that the step completes ((w+1) m - 1 in the step) is pooled
+ *     from the compressor inputs of its tokens (a token before start from the rings, else from
+ *     the step's rows cc, zz), RMS-normed and roped at position w m into ent[w] (and, CSA,
+ *     the indexer's from ic, iz into ikey[w]);
+ *  2. CSA: the indexer keeps the topk entries w < (p+1)/m of highest score
+ *     sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w]) / sqrt(ci), ties to the lower w, in
+ *     ascending order; HCA keeps every entry w < (p+1)/m;
+ *  3. o[r] = attend(q[r]) over the kept entries then the window rows p-W+1..p (a position
+ *     before start from the kv ring, else the step's kv row), with the sink;
+ *  4. the rings take the step's rows (the last cap of each sequence).
+ * Every row reads only what it must see, so the rows may run in any order and a row's result
+ * does not depend on the step it is in. */
+typedef struct dsv4_attn_args {
+    dsv4_rows rows;
+    const dsv4_lbufs *st;    /* [S] this layer's buffers of each sequence (backend memory) */
+    int kv_cap, c_cap;       /* ring rows */
+    int64_t vis_cap;         /* bound on (p+1)/m over the rows (entry capacity) */
+    int H, d, rd, window;    /* heads of width d, rope dims, window W */
+    float scale, eps;        /* attention 1/sqrt(d), norm eps */
+    const float *sink;       /* [H] */
+    const float *inv_freq;   /* [rd/2]: the compressed entries' rope */
+    int ratio, csa;          /* 0: sliding only */
+    dsv4_pool comp, icomp;
+    int nI, ci, topk;        /* indexer heads, width, entries kept */
+    float iw_scale;          /* the indexer head weights' factor */
+    const float *q;          /* [R, H d] */
+    const float *kv;         /* [R, d] */
+    const float *cc, *zz;    /* [R, (1 + csa) d] */
+    const float *ic, *iz;    /* [R, 2 ci] */
+    const float *qi, *wt;    /* [R, nI ci], [R, nI] */
+    float *o;                /* [R, H d] */
+    float *work;             /* DSV4_ATTN_WORK(R, vis_cap, topk) floats of backend scratch */
+} dsv4_attn_args;
+#define DSV4_ATTN_WORK(R, vis_cap, topk) ((size_t)(R) * ((size_t)(vis_cap) + (size_t)(topk) + 1))
+
+/* Routed experts of a MoE layer. For row r and its k-th expert e = eid[r, k] with weight
+ * w = wts[r, k]: h = swiglu(W1[e] x_r, W3[e] x_r, limit) (times w when pre_weight), and
+ * y_r = sum over k in order of (pre_weight ? 1 : w) * W2[e] h. Each product is computed as
+ * linear computes that row. ref (V4.1 REF numerics, CPU only): inputs of FP8/FP4 products
+ * go through e4m3 blocks of 32, products and h are rounded to bf16. */
+typedef struct dsv4_experts_args {
+    const dsv4_weight *w1, *w2, *w3;   /* [E] each: [I, D], [D, I], [I, D] */
+    int E, K, R, D, I;
+    const int32_t *eid;      /* [R, K] */
+    const float *wts;        /* [R, K] */
+    const float *x;          /* [R, D] */
+    float limit;
+    int pre_weight, ref;
+    float *y;                /* [R, D] */
+    float *work;             /* DSV4_EXPERTS_WORK(R, K, D, I, E) floats of backend scratch */
+} dsv4_experts_args;
+#define DSV4_EXPERTS_WORK(R, K, D, I, E) \
+    ((size_t)(R) * (K) * (2 * (size_t)(I) + (size_t)(D) + 4) + 2 * (size_t)(E) + 64)
+
 typedef struct dsv4_backend {
     const char *name;
+    /* The memory activations and sequence state live in (host memory on the CPU, device
+     * memory on a GPU). Every buffer an op takes is in it, except that the CUDA backend also
+     * accepts host buffers (copied in and out per call). alloc: zeroed, NULL when out of
+     * memory; download waits for the queued ops. */
+    void *(*alloc)(size_t bytes);
+    void (*free)(void *p);
+    void (*upload)(void *dst, const void *host, size_t bytes);
+    void (*download)(void *host, const void *src, size_t bytes);
+    void (*copy)(void *dst, const void *src, size_t bytes);
     /* y[t, i] = sum_k W[r0 + i, k] * x[t, k] for i < r1 - r0: rows [r0, r1) of W.
      * x: [T, W.k] with row stride ldx; y: [T, r1 - r0] with row stride ldy. */
     void (*linear)(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
@@ -34,8 +123,28 @@ typedef struct dsv4_backend {
     /* Attention of one query row over nk keys (K = V, rows of width d at keys[i] pointers):
      * for each of H heads: softmax over (q_h . k_i * scale, sink[h]) and out_h = sum p_i k_i. */
     void (*attend)(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink, float *out);
+    /* The V4 attention layer's stateful part, above. */
+    void (*attn_step)(const dsv4_attn_args *a);
+    /* Routing of R rows over E experts: s = sqrt(softplus(lg[r])); the K experts are
+     * tid2eid[ids[r]] when tid2eid is given (hash layers), else the K best of s + bias (bias
+     * may be NULL), ties to the lower expert, best first; wts[r, k] = s_e (over the K's sum +
+     * 1e-20 when norm) * route_scale. lg [R, E], ids [R], eid and wts [R, K]. */
+    void (*route)(const float *lg, int R, int E, int K, const float *bias, const int32_t *tid2eid, const int32_t *ids,
+                  int norm, float route_scale, int32_t *eid, float *wts);
+    void (*experts)(const dsv4_experts_args *a);
+    /* y = a + b, [n] values (y may alias either). */
+    void (*add)(const float *a, const float *b, int64_t n, float *y);
     /* h = silu(min(g, limit)) * clamp(u, -limit, limit) (limit <= 0: no clamp); [n] values. */
     void (*swiglu)(const float *g, const float *u, int64_t n, float limit, float *h);
+    /* Recording a step to replay it (NULL where the backend has none, as on the CPU):
+     * graph_begin() makes the ops called until graph_end() be recorded instead of run (they
+     * must take backend buffers only); graph_end() returns the recording, NULL when it failed
+     * (then nothing ran: run the ops again); graph_run(g) queues it; graph_free(g). A recording
+     * keeps the buffers and values it was given: replays see new contents of the same buffers. */
+    int (*graph_begin)(void);
+    void *(*graph_end)(void);
+    void (*graph_run)(void *g);
+    void (*graph_free)(void *g);
     /* The ops return nothing; a backend whose ops can fail (device errors) keeps the first
      * failure, and check() reports it into err and clears it (returns its code, 0 if none).
      * NULL where the ops cannot fail. */
@@ -46,5 +155,16 @@ const dsv4_backend *dsv4_backend_cpu(void);
 
 /* The dot product every CPU op uses: one fixed reduction order per length. */
 float dsv4_dot(const float *a, const float *b, int64_t n);
+
+/* CPU reference pieces the V4.1 forward shares (kernels/cpu/attn.c). */
+/* Pooled group w of a compressor: per channel, softmax over the group's slots of z (+ ape)
+ * weighting c, rings [c_cap, (1 + overlap) dim] by position mod c_cap; out [dim]. */
+void dsv4_pool_group(const dsv4_pool *cp, const float *cring, const float *zring, int c_cap, int64_t w, float *out);
+/* A scored entry for the family's top-k selections: descending score, ties to the lower index. */
+typedef struct dsv4_scored { float s; int64_t w; } dsv4_scored;
+/* The min(k, nvis) best of tmp[0..nvis) (reordered) into sel, ascending entry order; returns the count. */
+int dsv4_topk_ascending(dsv4_scored *tmp, int64_t nvis, int k, int64_t *sel);
+/* The min(k, n) best of v moved to v[0..) in no particular order; returns the count. */
+int64_t dsv4_best_k(dsv4_scored *v, int64_t n, int k);
 
 #endif

@@ -488,9 +488,13 @@ static int walk_arrays(const dsv4_model *m, walker *k)
         W(&L->comp.wkv);
         W(&L->comp.wgate);
         F(L->comp.norm, L->comp.dim);
+        F(L->comp.ape, (int64_t)L->comp.ratio * (1 + L->comp.overlap) * L->comp.dim);
         W(&L->icomp.wkv);
         W(&L->icomp.wgate);
         F(L->icomp.norm, L->icomp.dim);
+        F(L->icomp.ape, (int64_t)L->icomp.ratio * (1 + L->icomp.overlap) * L->icomp.dim);
+        F(L->gate_bias, c->n_experts);
+        F((const float *)L->tid2eid, (int64_t)c->vocab * c->n_active); /* int32 words, moved as they are */
         W(&L->iwq_b);
         W(&L->iweights);
         W(&L->iwk);
@@ -762,7 +766,7 @@ static dsv4_model *model_new(const dsv4_load_opts *o, const char *dir, dsv4_err 
         return NULL;
     }
     m->dir = strdup(dir);
-    m->be = dsv4_backend_cpu();
+    m->be = m->mem = dsv4_backend_cpu();
     m->max_rollback = o->max_rollback > 0 ? o->max_rollback : 256;
     if (o->n_threads > 0)
         omp_set_num_threads(o->n_threads);
@@ -797,6 +801,7 @@ static int model_place(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 #ifdef DSV4_CUDA
     if (o->device && !strcmp(o->device, "cuda")) {
         m->be = dsv4_backend_cuda();
+        m->mem = m->cfg.family == DSV4_FAMILY_V41 ? dsv4_backend_cpu() : m->be;
         if (cuda_place(m, err))
             return dsv4_err_prefix(err, "%s: putting the weights on the GPU", m->dir);
     }
@@ -874,6 +879,8 @@ void dsv4_model_free(dsv4_model *m)
 {
     if (!m)
         return;
+    dsv4_graphs_free(m);
+    dsv4_arena_free(m);
 #ifdef DSV4_CUDA
     if (m->be == dsv4_backend_cuda())
         cuda_unplace(m);

@@ -19,6 +19,11 @@ typedef struct dsv4_compressor {
     float *norm;             /* [dim] */
 } dsv4_compressor;
 
+static inline dsv4_pool dsv4_pool_of(const dsv4_compressor *cp)
+{
+    return (dsv4_pool){cp->ratio, cp->dim, cp->overlap, cp->ape, cp->norm};
+}
+
 typedef struct dsv4_layer {
     int ratio;               /* 0 sliding, else compression ratio m */
     int csa;                 /* m > 0 with an indexer (overlapping compressor) */
@@ -62,10 +67,32 @@ typedef struct dsv4_engram {
     float *qk;               /* [hc, D]: q_weight * k_weight */
 } dsv4_engram;
 
+/* The step arena (v4.c): a step's buffers in backend memory, at fixed offsets, so a step of
+ * a shape seen before finds its buffers where a recording of it expects them. A step that
+ * outgrows it takes its own buffers (extra) and grows it for the next (gen counts moves). */
+#define DSV4_ARENA_EXTRA 256
+typedef struct dsv4_arena {
+    char *base;
+    size_t cap, off, want;
+    void *extra[DSV4_ARENA_EXTRA];
+    int n_extra;
+    uint64_t gen;
+} dsv4_arena;
+/* Recorded steps by shape (v4.c), least recently used out. */
+#define DSV4_GRAPH_SLOTS 8
+typedef struct dsv4_graphs {
+    void *g[DSV4_GRAPH_SLOTS];
+    uint64_t key[DSV4_GRAPH_SLOTS], use[DSV4_GRAPH_SLOTS], clock, last;
+} dsv4_graphs;
 struct dsv4_model {
     dsv4_config cfg;
     dsv4_st *st;
     const dsv4_backend *be;
+    /* Where activations and sequence state live: be's memory, or the CPU's for the V4.1
+     * forward, whose stateful steps run on the host. One forward at a time per model. */
+    const dsv4_backend *mem;
+    dsv4_arena arena;
+    dsv4_graphs graphs;
     dsv4_numerics numerics;
     int max_rollback;
     dsv4_weight embed, head;
@@ -113,6 +140,13 @@ typedef struct dsv4_step {
     int *row_seq;            /* [R] batch index of each row's sequence */
     const int32_t *ids;      /* [R] token ids */
     const dsv4_batch *b;
+    /* The same in backend memory (m->mem), for the ops: */
+    dsv4_rows rows;
+    const int64_t *dpos;
+    const int32_t *dids;
+    const dsv4_lbufs *st;    /* [n_layers, S] each sequence's buffers per layer */
+    int64_t *vis_cap;        /* [n_layers] largest entry capacity of the step's sequences (host) */
+    int kv_cap;
 } dsv4_step;
 
 struct dsv4_seq {
@@ -143,28 +177,17 @@ enum { DSV4_LIN_F32OUT = 1, DSV4_LIN_NOQ = 2 };
 void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx,
               float *y, int64_t ldy, int flags);
 void dsv4_rnd(const dsv4_model *m, float *x, int64_t n);          /* REF: round to bf16 */
-void dsv4_round_bf16(float *x, int64_t n);
-void dsv4_fp8_roundtrip(float *x, int64_t n, int block);          /* e4m3, ue8m0 scale per block */
 void dsv4_fp4_roundtrip(float *x, int64_t n, int block, int e4m3_scale); /* e2m1; e4m3 or ue8m0 scale */
 
-/* Largest compression ratio a compressor pools over (V4-Flash HCA: 128). */
-#define DSV4_MAX_RATIO 1024
-/* The pooled group w of a compressor (v4.c): per channel, softmax over the group's slots
- * (with overlap: window w-1's first half and window w's second) of z (+ ape when present)
- * weighting c. Rings [c_cap, (1 + overlap) * dim] by position mod c_cap; out [dim]. */
-void dsv4_pool_group(const dsv4_compressor *cp, const float *cring, const float *zring, int c_cap, int64_t w, float *out);
-
-/* A scored entry for the family's top-k selections (v4.c): descending score, ties to the
- * lower index. */
-typedef struct dsv4_scored { float s; int64_t w; } dsv4_scored;
-/* The min(k, nvis) best of tmp[0..nvis) (reordered) into sel, ascending entry order; returns the count. */
-int dsv4_topk_ascending(dsv4_scored *tmp, int64_t nvis, int k, int64_t *sel);
-/* The min(k, n) best of v moved to v[0..) in no particular order; returns the count. */
-int64_t dsv4_best_k(dsv4_scored *v, int64_t n, int k);
 static inline float *dsv4_fbuf(size_t n, dsv4_err *err) { return dsv4_xmalloc(n * sizeof(float), err); }
 
-/* The routed + shared expert FFN of layer li over R rows (v4.c); ids for hash routing. */
-int dsv4_moe(const dsv4_model *m, int li, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err);
+/* The routed + shared expert FFN of layer li over R rows (v4.c); ids for hash routing; ids,
+ * x, y in m->mem. */
+int dsv4_moe(dsv4_model *m, int li, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err);
+/* A step buffer of `bytes` from the arena (m->mem memory); NULL after setting err. */
+void *dsv4_take(dsv4_model *m, size_t bytes, dsv4_err *err);
+void dsv4_arena_free(dsv4_model *m);
+void dsv4_graphs_free(dsv4_model *m);
 /* Engram tables of the model: resident or streamed per opts (AUTO: streamed when the
  * tables exceed half of RAM); engram_io.c. */
 int dsv4_engram_open(dsv4_model *m, int mode, dsv4_err *err);

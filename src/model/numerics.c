@@ -8,39 +8,10 @@
 #include "core/core.h"
 #include "model/model.h"
 
-void dsv4_round_bf16(float *x, int64_t n)
-{
-    for (int64_t i = 0; i < n; i++)
-        x[i] = dsv4_bf16_to_f32(dsv4_f32_to_bf16(x[i]));
-}
-
 void dsv4_rnd(const dsv4_model *m, float *x, int64_t n)
 {
     if (m->numerics == DSV4_NUMERICS_REF)
         dsv4_round_bf16(x, n);
-}
-
-/* 2^ceil(log2 t) for positive finite t, from the bits: exponent - 127 + (mantissa != 0). */
-static float pow2_ceil(float t)
-{
-    uint32_t b;
-    memcpy(&b, &t, 4);
-    int e = (int)((b >> 23) & 0xff) - 127 + ((b & 0x7fffff) != 0);
-    return ldexpf(1.0f, e);
-}
-
-/* Per block of `block` values: s = 2^ceil(log2(max(amax, 1e-4) / 448)), v = e4m3(v / s) * s. */
-void dsv4_fp8_roundtrip(float *x, int64_t n, int block)
-{
-    for (int64_t b0 = 0; b0 < n; b0 += block) {
-        int64_t e = b0 + block < n ? b0 + block : n;
-        float amax = 1e-4f;
-        for (int64_t i = b0; i < e; i++)
-            amax = fmaxf(amax, fabsf(x[i]));
-        float s = pow2_ceil(amax * (1.0f / 448.0f));
-        for (int64_t i = b0; i < e; i++)
-            x[i] = dsv4_e4m3_to_f32(dsv4_f32_to_e4m3(fminf(fmaxf(x[i] / s, -448.0f), 448.0f))) * s;
-    }
 }
 
 /* Per block: e2m1 codes with scale e4m3(max(amax, 6*2^-9) / 6) (e4m3_scale) or
@@ -53,7 +24,7 @@ void dsv4_fp4_roundtrip(float *x, int64_t n, int block, int e4m3_scale)
         for (int64_t i = b0; i < e; i++)
             amax = fmaxf(amax, fabsf(x[i]));
         float s = e4m3_scale ? dsv4_e4m3_to_f32(dsv4_f32_to_e4m3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f))
-                             : pow2_ceil(fmaxf(amax, 6.0f * 0x1p-126f) * (1.0f / 6.0f));
+                             : dsv4_pow2_ceil(fmaxf(amax, 6.0f * 0x1p-126f) * (1.0f / 6.0f));
         for (int64_t i = b0; i < e; i++)
             x[i] = dsv4_e2m1_to_f32(dsv4_f32_to_e2m1(fminf(fmaxf(x[i] / s, -6.0f), 6.0f))) * s;
     }

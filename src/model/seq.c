@@ -22,20 +22,21 @@ dsv4_seq *dsv4_seq_new(dsv4_model *m, dsv4_err *err)
         return NULL;
     }
     s->m = m;
+    const dsv4_backend *mem = m->mem;
     s->kv_cap = c->window + m->max_rollback;
     s->L = calloc(c->n_layers, sizeof *s->L);
     int ok = s->L != NULL;
     for (int i = 0; i < c->n_layers && ok; i++) {
         const dsv4_layer *L = &m->layers[i];
         dsv4_lstate *ls = &s->L[i];
-        ok = (ls->kv = calloc((size_t)s->kv_cap * c->head_dim, sizeof(float))) != NULL;
+        ok = (ls->kv = mem->alloc((size_t)s->kv_cap * c->head_dim * sizeof(float))) != NULL;
         if (L->cw && ok) {
             size_t n = (size_t)dsv4_c_cap(m, L) * L->cw;
-            ok = (ls->c = calloc(n, sizeof(float))) && (ls->z = calloc(n, sizeof(float)));
+            ok = (ls->c = mem->alloc(n * sizeof(float))) && (ls->z = mem->alloc(n * sizeof(float)));
         }
         if (L->icw && ok) {
             size_t ni = (size_t)dsv4_c_cap(m, L) * L->icw;
-            ok = (ls->ic = calloc(ni, sizeof(float))) && (ls->iz = calloc(ni, sizeof(float)));
+            ok = (ls->ic = mem->alloc(ni * sizeof(float))) && (ls->iz = mem->alloc(ni * sizeof(float)));
         }
     }
     if (ok && c->n_engram) {
@@ -57,13 +58,10 @@ void dsv4_seq_free(dsv4_seq *s)
     if (s->L)
         for (int i = 0; i < s->m->cfg.n_layers; i++) {
             dsv4_lstate *ls = &s->L[i];
-            free(ls->kv);
-            free(ls->c);
-            free(ls->z);
-            free(ls->ent);
-            free(ls->ic);
-            free(ls->iz);
-            free(ls->ikey);
+            float *all[] = {ls->kv, ls->c, ls->z, ls->ent, ls->ic, ls->iz, ls->ikey};
+            for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+                if (all[k])
+                    s->m->mem->free(all[k]);
         }
     free(s->L);
     free(s->etok);
@@ -71,6 +69,21 @@ void dsv4_seq_free(dsv4_seq *s)
 }
 
 int64_t dsv4_seq_len(const dsv4_seq *s) { return s->len; }
+
+/* Rows [old, cap) of width w added to a buffer of backend memory. The old buffer may still be read by queued
+ * ops; the backend's free waits for them. */
+static int grow(const dsv4_backend *mem, float **buf, int64_t old, int64_t cap, int w)
+{
+    float *e = mem->alloc((size_t)cap * w * sizeof(float));
+    if (!e)
+        return -1;
+    if (*buf) {
+        mem->copy(e, *buf, (size_t)old * w * sizeof(float));
+        mem->free(*buf);
+    }
+    *buf = e;
+    return 0;
+}
 
 /* Makes room for the entries that n_tokens of context emit. */
 int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err)
@@ -87,16 +100,10 @@ int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err)
         int64_t cap = ls->ent_cap ? ls->ent_cap : 16;
         while (cap < need)
             cap *= 2;
-        float *e = realloc(ls->ent, (size_t)cap * c->head_dim * sizeof(float));
-        if (!e)
+        if (grow(s->m->mem, &ls->ent, ls->ent_cap, cap, c->head_dim))
             return dsv4_fail(err, DSV4_E_NOMEM, "out of memory growing the compressed cache to %lld entries", (long long)cap);
-        ls->ent = e;
-        if (L->own_ikey) {
-            float *k = realloc(ls->ikey, (size_t)cap * c->index_dim * sizeof(float));
-            if (!k)
-                return dsv4_fail(err, DSV4_E_NOMEM, "out of memory growing the indexer keys to %lld entries", (long long)cap);
-            ls->ikey = k;
-        }
+        if (L->own_ikey && grow(s->m->mem, &ls->ikey, ls->ent_cap, cap, c->index_dim))
+            return dsv4_fail(err, DSV4_E_NOMEM, "out of memory growing the indexer keys to %lld entries", (long long)cap);
         ls->ent_cap = cap;
     }
     return 0;
@@ -145,20 +152,21 @@ size_t dsv4_seq_bytes(const dsv4_seq *s)
     return n;
 }
 
-typedef struct { uint8_t *p; const uint8_t *q; } cursor;
-/* Empty buffers (no entries yet) may be NULL: memcpy must not see them. */
+typedef struct { uint8_t *p; const uint8_t *q; const dsv4_backend *mem; } cursor;
+/* Empty buffers (no entries yet) may be NULL: the copies must not see them. Buffers are in
+ * m->mem (the Engram history too: V4.1's state is host memory). */
 static void put_fn(void *ctx, void *buf, size_t n)
 {
     cursor *c = ctx;
     if (n)
-        memcpy(c->p, buf, n * sizeof(float));
+        c->mem->download(c->p, buf, n * sizeof(float));
     c->p += n * sizeof(float);
 }
 static void get_fn(void *ctx, void *buf, size_t n)
 {
     cursor *c = ctx;
     if (n)
-        memcpy(buf, c->q, n * sizeof(float));
+        c->mem->upload(buf, c->q, n * sizeof(float));
     c->q += n * sizeof(float);
 }
 
@@ -191,7 +199,7 @@ int dsv4_seq_save(const dsv4_seq *s, void **buf, size_t *len, dsv4_err *err)
     uint64_t hdr[3] = {layout_id(s), (uint64_t)s->len, (uint64_t)s->hi};
     memcpy(b, SEQ_MAGIC, 8);
     memcpy(b + 8, hdr, sizeof hdr);
-    cursor c = {.p = b + 32};
+    cursor c = {.p = b + 32, .mem = s->m->mem};
     visit((dsv4_seq *)s, put_fn, &c);
     *buf = b;
     *len = n;
@@ -216,7 +224,7 @@ int dsv4_seq_restore(dsv4_seq *s, const void *buf, size_t len, dsv4_err *err)
         return err ? err->code : DSV4_E_ARG;
     }
     s->hi = (int64_t)hdr[2];
-    cursor c = {.q = b + 32};
+    cursor c = {.q = b + 32, .mem = s->m->mem};
     visit(s, get_fn, &c);
     return 0;
 }

@@ -207,7 +207,7 @@ static void emit_group(dsv4_step *f, int li, dsv4_lstate *ls, int64_t w, const f
     int d = c->head_dim, r = L->ratio, ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
     float eps = (float)c->norm_eps;
     if (r > 1) {
-        dsv4_pool_group(&L->comp, ls->c, ls->z, dsv4_c_cap(m, L), w, lat);
+        dsv4_pool_group(&(dsv4_pool){L->comp.ratio, L->comp.dim, L->comp.overlap, L->comp.ape, L->comp.norm}, ls->c, ls->z, dsv4_c_cap(m, L), w, lat);
         dsv4_rnd(m, lat, d);
         f->be->rmsnorm(lat, 1, d, L->comp.norm, eps, lat);
         dsv4_rnd(m, lat, d);

@@ -8,6 +8,7 @@
 #endif
 #include "core/core.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/exl3.h"
 
 float dsv4_dot(const float *a, const float *b, int64_t n)
@@ -466,6 +467,11 @@ static void cpu_swiglu(const float *g, const float *u, int64_t n, float limit, f
 
 static const dsv4_backend cpu_backend = {
     .name = "cpu",
+    .alloc = dsv4_cpu_alloc,
+    .free = dsv4_cpu_free,
+    .upload = dsv4_cpu_copy,
+    .download = dsv4_cpu_copy,
+    .copy = dsv4_cpu_copy,
     .linear = cpu_linear,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
@@ -474,6 +480,10 @@ static const dsv4_backend cpu_backend = {
     .hc_post = cpu_hc_post,
     .attend = cpu_attend,
     .swiglu = cpu_swiglu,
+    .attn_step = dsv4_cpu_attn_step,
+    .route = dsv4_cpu_route,
+    .experts = dsv4_cpu_experts,
+    .add = dsv4_cpu_add,
 };
 
 const dsv4_backend *dsv4_backend_cpu(void) { return &cpu_backend; }
