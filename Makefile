@@ -89,9 +89,9 @@ test-cuda: all
 	$(BUILD)/tests/cuda/test_cuda_ops
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v4_fixtures
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v41_fixtures
-	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=2.8M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-a
-	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=1.8M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-b
-	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=8.01M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-v
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=2.45M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-a
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=1.85M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-b
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=9.004M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-v
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=2.2M $(BUILD)/tests/test_v41_fixtures $(FIX)/v41/v41-tiny-a
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=1M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-a 2>&1 | grep "the hot path does not fit"
 

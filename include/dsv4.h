@@ -59,8 +59,12 @@ enum { DSV4_ENGRAM_AUTO = 0, DSV4_ENGRAM_RESIDENT = 1, DSV4_ENGRAM_STREAMED = 2 
 dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err);
 void dsv4_model_free(dsv4_model *m);
 /* A model with random weights at a release model's real shapes and storage forms, built in
- * memory (no file): preset "v4-flash"; n_layers of its compressed layers (CSA, HCA, ...). */
-dsv4_model *dsv4_model_synthetic(const char *preset, int n_layers, const dsv4_load_opts *opts, dsv4_err *err);
+ * memory (no file): preset "v4-flash"; n_layers of its compressed layers (CSA, HCA, ...).
+ * expert_layers > 0: only that many layers own routed experts and layer i uses those of layer
+ * i % expert_layers (the same bytes), so all 43 layers' shapes fit a machine that cannot hold
+ * 43 layers of experts; each layer still reads its own active experts once per token. */
+dsv4_model *dsv4_model_synthetic(const char *preset, int n_layers, int expert_layers, const dsv4_load_opts *opts,
+                                 dsv4_err *err);
 /* Writes the same as a checkpoint folder (config.json + model.safetensors), presets
  * "v4-flash" and "tiny" (real vocabulary, width 64, every layer kind). */
 int dsv4_synthetic_write(const char *preset, int n_layers, const char *dir, dsv4_err *err);
@@ -123,6 +127,20 @@ void dsv4_state_cost(const dsv4_model *m, int64_t ctx, dsv4_state_cost_t *out);
 /* Bytes of weights one decoded token reads (every dense weight, the active experts at their
  * mean size, the head, one embedding row). */
 size_t dsv4_decode_weight_bytes(const dsv4_model *m);
+/* Cache bytes a decoded token reads at context ctx (fp32 state): per layer the window rows, and
+ * the kept compressed entries (CSA: index_topk of them, after scoring every indexer key; HCA:
+ * all). */
+size_t dsv4_decode_state_bytes(const dsv4_model *m, int64_t ctx);
+/* Bytes one decode step of `lanes` sequences at context ctx reads: the dense weights and head
+ * once, per layer the expected number of distinct experts the lanes route to (K of E each,
+ * uniformly: E (1 - (1 - K/E)^lanes)), and each lane's cache. */
+double dsv4_decode_step_bytes(const dsv4_model *m, int lanes, int64_t ctx);
+/* Weight elements a token multiplies through (dense, the active experts, not the head):
+ * 2x this is the token's matmul FLOPs. */
+double dsv4_token_params(const dsv4_model *m);
+/* The memory ceiling of a device in GB/s: "cuda" its device-to-device copy rate (bytes read
+ * + written); 0 when not measurable (the CPU: benchmarks measure their own read rate). */
+double dsv4_device_bandwidth(const char *device);
 
 /* Where the weights went: the CUDA loader's plan (hot path and routed experts against the
  * device memory available, what is on the GPU, what is in pinned host memory); "" on the CPU. */

@@ -35,5 +35,8 @@ grep -q "layers    0:HCA+hash/16 1:CSA/4 2:SWA" "$tmp/out" && ok || bad "info la
 check "synth tiny" $bin synth --preset tiny --layers 3 -o "$tmp/tiny"
 check "generate on it" $bin generate -m "$tmp/tiny" --ids 0,1,2 -n 4
 [ "$(head -1 "$tmp/out" | tr ',' '\n' | grep -c .)" = 4 ] && ok || bad "generate printed 4 ids"
+check "bench, 2 lanes, experts of 2 layers" $bin bench --synthetic tiny --layers 4 --expert-layers 2 --prefill 8 --decode 2 --lanes 2
+grep -q "experts: 2 layers own routed experts" "$tmp/out" && grep -q "2 lanes, .* aggregate" "$tmp/out" && ok || bad "bench lanes output"
+refuse "bench --lanes 0" $bin bench --synthetic tiny --layers 2 --lanes 0
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]

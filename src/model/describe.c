@@ -126,3 +126,55 @@ size_t dsv4_decode_weight_bytes(const dsv4_model *m)
     }
     return s;
 }
+
+size_t dsv4_decode_state_bytes(const dsv4_model *m, int64_t ctx)
+{
+    const dsv4_config *c = &m->cfg;
+    size_t s = 0, d = (size_t)c->head_dim * sizeof(float);
+    for (int i = 0; i < c->n_layers; i++) {
+        const dsv4_layer *L = &m->layers[i];
+        s += (size_t)(ctx < c->window ? ctx : c->window) * d;
+        if (!L->ratio)
+            continue;
+        int64_t nvis = ctx / L->ratio;
+        if (L->csa)
+            s += (size_t)(nvis < c->index_topk ? nvis : c->index_topk) * d + (size_t)nvis * c->index_dim * sizeof(float);
+        else
+            s += (size_t)nvis * d;
+    }
+    return s;
+}
+
+static double welems(const dsv4_weight *w) { return w->data ? (double)w->n * (double)w->k : 0; }
+
+double dsv4_token_params(const dsv4_model *m)
+{
+    const dsv4_config *c = &m->cfg;
+    double s = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        const dsv4_layer *L = &m->layers[i];
+        const dsv4_weight *all[] = {&L->wq_a, &L->wq_b, &L->wkv, &L->wo_a, &L->wo_b, &L->comp.wkv, &L->comp.wgate,
+                                    &L->icomp.wkv, &L->icomp.wgate, &L->iwq_b, &L->iweights, &L->gate,
+                                    &L->sw1, &L->sw2, &L->sw3, &L->iwk};
+        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+            s += welems(all[k]);
+        if (L->w1)
+            s += c->n_active * (welems(&L->w1[0]) + welems(&L->w2[0]) + welems(&L->w3[0]));
+    }
+    return s;
+}
+
+double dsv4_decode_step_bytes(const dsv4_model *m, int lanes, int64_t ctx)
+{
+    const dsv4_config *c = &m->cfg;
+    double ex = 0, miss = 1;
+    for (int i = 0; i < c->n_layers; i++) {
+        const dsv4_layer *L = &m->layers[i];
+        if (L->w1)
+            ex += (double)(wbytes(&L->w1[0]) + wbytes(&L->w2[0]) + wbytes(&L->w3[0]));
+    }
+    for (int i = 0; i < lanes; i++)
+        miss *= 1.0 - (double)c->n_active / c->n_experts;
+    double dense = (double)dsv4_decode_weight_bytes(m) - ex * c->n_active;
+    return dense + ex * c->n_experts * (1.0 - miss) + (double)dsv4_decode_state_bytes(m, ctx) * lanes;
+}

@@ -516,10 +516,21 @@ static int walk_arrays(const dsv4_model *m, walker *k)
     return rc;
 }
 
+/* Whether expert e of layer li shares its bytes with an earlier layer's (synthetic models
+ * with fewer expert layers): counted, placed and uploaded once. */
+static int expert_shared(const dsv4_model *m, int li, int e)
+{
+    for (int j = 0; j < li; j++)
+        if (m->layers[j].w1 && m->layers[j].w1[e].data == m->layers[li].w1[e].data)
+            return 1;
+    return 0;
+}
+
 /* Sums the bytes of the plan's two classes. */
 typedef struct {
     walker k;
     dsv4_place_plan *p;
+    const dsv4_model *m;
 } plan_walk;
 
 static int plan_w(walker *k, const dsv4_weight *w, int64_t expert)
@@ -530,7 +541,9 @@ static int plan_w(walker *k, const dsv4_weight *w, int64_t expert)
     if (expert < 0)
         p->hot += w->bytes;
     else {
-        p->experts += w->bytes;
+        const dsv4_model *m = ((plan_walk *)k)->m;
+        if (!expert_shared(m, (int)(expert / m->cfg.n_experts), (int)(expert % m->cfg.n_experts)))
+            p->experts += w->bytes;
         p->n_experts = expert + 1; /* ids are dense, in walk order */
     }
     return 0;
@@ -547,7 +560,7 @@ void dsv4_place_plan_make(const dsv4_model *m, size_t avail, dsv4_place_plan *p)
 {
     memset(p, 0, sizeof *p);
     p->avail = avail;
-    plan_walk pw = {{plan_w, plan_f}, p};
+    plan_walk pw = {{plan_w, plan_f}, p, m};
     walk_arrays(m, &pw.k);
     p->fits = p->hot <= avail;
     /* Experts go to the device in layer order while they fit (an expert is its w1, w2, w3), the
@@ -557,7 +570,7 @@ void dsv4_place_plan_make(const dsv4_model *m, size_t avail, dsv4_place_plan *p)
     for (int li = 0; li < c->n_layers && m->layers && p->fits; li++)
         for (int e = 0; e < c->n_experts && m->layers[li].w1; e++) {
             const dsv4_layer *L = &m->layers[li];
-            size_t b = L->w1[e].bytes + L->w2[e].bytes + L->w3[e].bytes;
+            size_t b = expert_shared(m, li, e) ? 0 : L->w1[e].bytes + L->w2[e].bytes + L->w3[e].bytes;
             if (b > room)
                 return;
             room -= b;
@@ -682,6 +695,18 @@ static void cuda_unplace(dsv4_model *m)
 #endif
 
 const char *dsv4_model_placement(const dsv4_model *m) { return m->placement; }
+
+double dsv4_device_bandwidth(const char *device)
+{
+#ifdef DSV4_CUDA
+    dsv4_err err;
+    if (device && !strcmp(device, "cuda") && !dsv4_cuda_init(&err))
+        return dsv4_cuda_copy_bandwidth();
+#else
+    (void)device;
+#endif
+    return 0;
+}
 
 int dsv4_device_probe(const char *device, char *desc, size_t n, dsv4_err *err)
 {

@@ -16,6 +16,7 @@ typedef struct syn_t {
     int64_t shape[2];
     int nd;
     int kind;   /* fill: 0 weights, 1 ones (norms), 2 zeros, 3 e8m0 weight scale, 4 e8m0 fp4 scale, 5 tid2eid, 6 small f32 */
+    int alias;  /* >= 0: shares the bytes of that earlier tensor (same shape) */
     size_t off, bytes;
 } syn_t;
 
@@ -41,6 +42,7 @@ static void add(syn_list *l, dsv4_dtype dt, int64_t a, int64_t b, int kind, cons
     t->shape[1] = b;
     t->nd = b > 0 ? 2 : 1;
     t->kind = kind;
+    t->alias = -1;
     t->bytes = (size_t)a * (b > 0 ? b : 1) * dsv4_dtype_size(dt);
 }
 
@@ -162,8 +164,8 @@ static void v41_config(const syn_shape *sh, int n_layers, int *sched, char *cfg,
 }
 
 /* Builds the config JSON and the safetensors image (an anonymous mapping) of a preset. */
-static int synth_build(const char *preset, int n_layers, int progress, char *cfg, size_t cfg_n, uint8_t **img_out,
-                       size_t *len_out, dsv4_err *err)
+static int synth_build(const char *preset, int n_layers, int expert_layers, int progress, char *cfg, size_t cfg_n,
+                       uint8_t **img_out, size_t *len_out, dsv4_err *err)
 {
     const syn_shape *sh = !strcmp(preset, "v4-flash") ? &v4_flash : !strcmp(preset, "tiny") ? &tiny
                         : !strcmp(preset, "v4.1-flash") ? &v41_flash : NULL;
@@ -201,6 +203,7 @@ static int synth_build(const char *preset, int n_layers, int progress, char *cfg
              "\"expert_dtype\":\"fp4\"}",
              V, D, n_layers, H, d, sh->rd, Q, G, OR, sh->W, ratios, sh->csa, sh->hca, NI, CI, sh->topk, E, K, I, n_hash, sh->blk, sh->blk);
     syn_list l = {.blk = sh->blk};
+    int expert_base[43] = {0};
     char p[96];
     add(&l, DSV4_DT_BF16, V, D, 0, "embed.weight");
     add(&l, DSV4_DT_BF16, V, D, 0, "head.weight");
@@ -260,6 +263,7 @@ static int synth_build(const char *preset, int n_layers, int progress, char *cfg
             add(&l, DSV4_DT_I32, V, K, 5, "%s", P("ffn.gate.tid2eid"));
         else
             add(&l, DSV4_DT_F32, E, 0, 2, "%s", P("ffn.gate.bias"));
+        int first = l.n; /* this layer's experts, or those of layer li % expert_layers */
         for (int e = 0; e < E; e++) {
             char q[96];
             snprintf(q, sizeof q, "layers.%d.ffn.experts.%d.w1", li, e);
@@ -269,6 +273,11 @@ static int synth_build(const char *preset, int n_layers, int progress, char *cfg
             snprintf(q, sizeof q, "layers.%d.ffn.experts.%d.w3", li, e);
             fp4(&l, I, D, q);
         }
+        if (expert_layers > 0 && li >= expert_layers)
+            for (int i = first; i < l.n; i++)
+                l.t[i].alias = expert_base[li % expert_layers] + (i - first);
+        else if (li < 43)
+            expert_base[li] = first;
         fp8(&l, I, D, P("ffn.shared_experts.w1"));
         fp8(&l, D, I, P("ffn.shared_experts.w2"));
         fp8(&l, I, D, P("ffn.shared_experts.w3"));
@@ -281,15 +290,16 @@ static int synth_build(const char *preset, int n_layers, int progress, char *cfg
     for (int i = 0; i < l.n; i++) {
         syn_t *t = &l.t[i];
         off = (off + 63) & ~(size_t)63;
-        t->off = off;
+        t->off = t->alias >= 0 ? l.t[t->alias].off : off;
         if (t->nd == 2)
             hl += snprintf(hdr + hl, hcap - hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
-                           i ? "," : "", t->name, dsv4_dtype_name(t->dt), (long long)t->shape[0], (long long)t->shape[1], off,
-                           off + t->bytes);
+                           i ? "," : "", t->name, dsv4_dtype_name(t->dt), (long long)t->shape[0], (long long)t->shape[1], t->off,
+                           t->off + t->bytes);
         else
             hl += snprintf(hdr + hl, hcap - hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}",
-                           i ? "," : "", t->name, dsv4_dtype_name(t->dt), (long long)t->shape[0], off, off + t->bytes);
-        off += t->bytes;
+                           i ? "," : "", t->name, dsv4_dtype_name(t->dt), (long long)t->shape[0], t->off, t->off + t->bytes);
+        if (t->alias < 0)
+            off += t->bytes;
     }
     hl += snprintf(hdr + hl, hcap - hl, "}");
     size_t hpad = (hl + 7) & ~(size_t)7, total = 8 + hpad + off;
@@ -306,7 +316,8 @@ static int synth_build(const char *preset, int n_layers, int progress, char *cfg
     dsv4_progress pr;
     dsv4_progress_begin(&pr, "building synthetic weights", l.n, progress);
     for (int i = 0; i < l.n; i++) {
-        fill(&l.t[i], img + 8 + hpad + l.t[i].off, E, K, 0x5eed0000ull + i);
+        if (l.t[i].alias < 0)
+            fill(&l.t[i], img + 8 + hpad + l.t[i].off, E, K, 0x5eed0000ull + i);
         dsv4_progress_step(&pr, 1);
     }
     dsv4_progress_end(&pr);
@@ -317,14 +328,18 @@ static int synth_build(const char *preset, int n_layers, int progress, char *cfg
     return 0;
 }
 
-dsv4_model *dsv4_model_synthetic(const char *preset, int n_layers, const dsv4_load_opts *opts, dsv4_err *err)
+dsv4_model *dsv4_model_synthetic(const char *preset, int n_layers, int expert_layers, const dsv4_load_opts *opts,
+                                 dsv4_err *err)
 {
     char cfg[4096], label[96];
     uint8_t *img;
     size_t total;
-    if (synth_build(preset, n_layers, opts && opts->progress, cfg, sizeof cfg, &img, &total, err))
+    if (synth_build(preset, n_layers, expert_layers, opts && opts->progress, cfg, sizeof cfg, &img, &total, err))
         return NULL;
-    snprintf(label, sizeof label, "synthetic:%s/%d", preset, n_layers);
+    if (expert_layers > 0 && expert_layers < n_layers)
+        snprintf(label, sizeof label, "synthetic:%s/%d (experts of %d layers)", preset, n_layers, expert_layers);
+    else
+        snprintf(label, sizeof label, "synthetic:%s/%d", preset, n_layers);
     return dsv4_model_from_memory(cfg, img, total, label, opts, err);
 }
 
@@ -333,7 +348,7 @@ int dsv4_synthetic_write(const char *preset, int n_layers, const char *dir, dsv4
     char cfg[4096], path[4096];
     uint8_t *img;
     size_t total;
-    if (synth_build(preset, n_layers, 1, cfg, sizeof cfg, &img, &total, err))
+    if (synth_build(preset, n_layers, 0, 1, cfg, sizeof cfg, &img, &total, err))
         return err->code;
     mkdir(dir, 0755);
     int rc = 0;

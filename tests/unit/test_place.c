@@ -57,5 +57,23 @@ int main(void)
     printf("  hot - 1 byte: %s\n", txt);
     CHECK(!p.fits && strstr(txt, "does not fit"), "a hot path one byte over the budget is refused: %s", txt);
     dsv4_model_free(m);
+
+    /* A synthetic model whose later layers share the first two layers' experts: the same
+     * bytes, counted once by the plan. */
+    dsv4_model *full = dsv4_model_synthetic("tiny", 4, 0, NULL, &err), *half = dsv4_model_synthetic("tiny", 4, 2, NULL, &err);
+    CHECK(full && half, "synthetic tiny: %s", err.msg);
+    if (full && half) {
+        const dsv4_layer *L = half->layers;
+        CHECK(L[2].w1[0].data == L[0].w1[0].data && L[3].w2[5].data == L[1].w2[5].data && L[3].w3[5].scale == L[1].w3[5].scale &&
+              L[1].w1[0].data != L[0].w1[0].data && full->layers[2].w1[0].data != full->layers[0].w1[0].data,
+              "layers 2 and 3 read layers 0 and 1's experts, and only with --expert-layers");
+        dsv4_place_plan pf, ph;
+        dsv4_place_plan_make(full, (size_t)-1, &pf);
+        dsv4_place_plan_make(half, (size_t)-1, &ph);
+        CHECK(ph.experts * 2 == pf.experts && ph.n_experts == pf.n_experts && ph.hot == pf.hot,
+              "shared experts counted once: %zu vs %zu bytes, %lld experts", ph.experts, pf.experts, (long long)ph.n_experts);
+    }
+    dsv4_model_free(full);
+    dsv4_model_free(half);
     return check_summary("place");
 }

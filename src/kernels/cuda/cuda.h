@@ -64,6 +64,10 @@ int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const flo
 int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, const float *const *dx, int T, float *const *dy,
                                void *stream, dsv4_err *err);
 
+/* cudaMemcpy device to device over 2 GiB, bytes read + written per second, in GB/s (the best of
+ * five after a warm-up); 0 when it could not run. measure.cu. */
+double dsv4_cuda_copy_bandwidth(void);
+
 #ifdef __cplusplus
 }
 #endif
