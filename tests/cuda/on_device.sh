@@ -5,9 +5,11 @@
 # `make test-cuda`: the op test, every V4 and V4.1 fixture through the CUDA backend, the same
 # fixtures with a device budget that spills routed experts to pinned host memory, and a budget
 # that must be refused (one after the other: eight at once ran past their limits). Then the
-# timings: `dsv4 bench --synthetic v4-flash`, bench_cuda, the PyTorch peer at the same shapes,
-# the synthetic bench again with experts spilled. Last, the op test under compute-sanitizer. Logs
-# go to $OUT; the exit status is that of the correctness runs.
+# timings: `dsv4 bench --synthetic v4-flash --layers 2` with graph replay on and off, and with
+# experts spilled. Last, the op test under compute-sanitizer.
+# `on_device.sh bench`: after the correctness runs, the benchmark table instead (43 layers,
+# lanes, 4k prefill, the transformers and PyTorch peers). Logs go to $OUT; the exit status is
+# that of the correctness runs.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dsv4-out}
@@ -33,9 +35,9 @@ export DSV4_TEST_DEVICE=cuda
 ok ops $B/tests/cuda/test_cuda_ops
 ok v4 env DSV4_CUDA_POISON=1 $B/tests/test_v4_fixtures
 ok v41 env DSV4_CUDA_POISON=1 $B/tests/test_v41_fixtures
-ok spill-v4a env DSV4_CUDA_BUDGET=2.8M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
-ok spill-v4b env DSV4_CUDA_BUDGET=1.8M $B/tests/test_v4_fixtures $F/v4/v4-tiny-b
-ok spill-v4v env DSV4_CUDA_BUDGET=8.01M $B/tests/test_v4_fixtures $F/v4/v4-tiny-v
+ok spill-v4a env DSV4_CUDA_BUDGET=2.45M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
+ok spill-v4b env DSV4_CUDA_BUDGET=1.85M $B/tests/test_v4_fixtures $F/v4/v4-tiny-b
+ok spill-v4v env DSV4_CUDA_BUDGET=9.004M $B/tests/test_v4_fixtures $F/v4/v4-tiny-v
 ok spill-v41 env DSV4_CUDA_BUDGET=2.2M $B/tests/test_v41_fixtures $F/v41/v41-tiny-a
 ok refuse bash -c "DSV4_CUDA_BUDGET=1M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a 2>&1 | grep 'the hot path does not fit'"
 unset DSV4_TEST_DEVICE
@@ -45,12 +47,28 @@ for n in ops v4 v41 spill-v4a spill-v4b spill-v4v spill-v41 refuse; do
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done
 tar -czf "$OUT/tests.tgz" -C "$T" .
-echo "== dsv4 bench --synthetic v4-flash --layers 2 --device cuda"
-timeout 100 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda 2>&1 | grep -v "loading" | tee "$OUT/synth.log"
-echo "== bench_cuda"
-timeout 100 $B/tests/cuda/bench_cuda 2>&1 | tee "$OUT/bench.log"
-echo "== peer (PyTorch)"
-PYTHONUNBUFFERED=1 timeout 100 python3 tests/cuda/peer_torch.py 2>&1 | tee "$OUT/peer.log"
+if [ "${1:-}" = bench ]; then
+    # the benchmark table (docs/bench.md): all 43 layers' shapes with the experts of 8 layers
+    # shared round-robin (same bytes read per token), batch-1 decode with and without graph
+    # replay, 4 and 8 lanes, a 4096-token prefill; then the peers on the same shapes
+    S="$B/dsv4 bench --synthetic v4-flash --device cuda"
+    run() { echo "== $*"; timeout 300 "$@" 2>&1 | grep -v "loading\|building" | tee -a "$OUT/synth.log"; }
+    run $S --layers 43 --expert-layers 8 --prefill 64 --decode 32
+    run env DSV4_GRAPHS=0 $S --layers 43 --expert-layers 8 --prefill 64 --decode 16
+    run $S --layers 43 --expert-layers 8 --prefill 64 --decode 16 --lanes 4
+    run $S --layers 43 --expert-layers 8 --prefill 64 --decode 16 --lanes 8
+    run $S --layers 43 --expert-layers 8 --prefill 4096 --decode 4
+    echo "== peer: transformers DeepseekV4 eager, 2 layers at V4-Flash shapes"
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/peer_transformers.py --layers 2 2>&1 | tee "$OUT/peer_transformers.log"
+    run $S --layers 2 --prefill 4096 --decode 16
+    echo "== peer: PyTorch FP8 / BF16 matmul at the projection shapes"
+    PYTHONUNBUFFERED=1 timeout 100 python3 tests/cuda/peer_torch.py 2>&1 | tee "$OUT/peer.log"
+    exit $rc
+fi
+echo "== dsv4 bench --synthetic v4-flash --layers 2 --device cuda (graph replay on, then off)"
+timeout 100 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda --decode 16 2>&1 | grep -v "loading" | tee "$OUT/synth.log"
+DSV4_GRAPHS=0 timeout 100 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda --decode 16 2>&1 | grep -v "loading" |
+    tee -a "$OUT/synth.log"
 echo "== dsv4 bench --synthetic again, DSV4_CUDA_BUDGET=4G (experts spilled to pinned host memory)"
 DSV4_CUDA_BUDGET=4G timeout 100 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda 2>&1 | grep -v "loading" |
     tee "$OUT/synth_spill.log"
