@@ -106,16 +106,25 @@ void dsv4_model_print_info(const dsv4_model *m, FILE *f)
 
 static size_t wbytes(const dsv4_weight *w) { return w->data ? w->bytes : 0; }
 
+/* Every weight a token of layer L multiplies through but the routed experts. */
+#define DENSE 16
+static void dense_of(const dsv4_layer *L, const dsv4_weight **out)
+{
+    const dsv4_weight *all[DENSE] = {&L->wq_a, &L->wq_b, &L->wkv, &L->wo_a, &L->wo_b, &L->comp.wkv, &L->comp.wgate,
+                                     &L->icomp.wkv, &L->icomp.wgate, &L->iwq_b, &L->iweights, &L->gate,
+                                     &L->sw1, &L->sw2, &L->sw3, &L->iwk};
+    memcpy(out, all, sizeof all);
+}
+
 size_t dsv4_decode_weight_bytes(const dsv4_model *m)
 {
     const dsv4_config *c = &m->cfg;
     size_t s = wbytes(&m->head) + (size_t)c->dim * 2;
     for (int i = 0; i < c->n_layers; i++) {
         const dsv4_layer *L = &m->layers[i];
-        const dsv4_weight *all[] = {&L->wq_a, &L->wq_b, &L->wkv, &L->wo_a, &L->wo_b, &L->comp.wkv, &L->comp.wgate,
-                                    &L->icomp.wkv, &L->icomp.wgate, &L->iwq_b, &L->iweights, &L->gate,
-                                    &L->sw1, &L->sw2, &L->sw3, &L->iwk};
-        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+        const dsv4_weight *all[DENSE];
+        dense_of(L, all);
+        for (size_t k = 0; k < DENSE; k++)
             s += wbytes(all[k]);
         size_t ex = 0;
         for (int e = 0; e < c->n_experts; e++)
@@ -153,10 +162,9 @@ double dsv4_token_params(const dsv4_model *m)
     double s = 0;
     for (int i = 0; i < c->n_layers; i++) {
         const dsv4_layer *L = &m->layers[i];
-        const dsv4_weight *all[] = {&L->wq_a, &L->wq_b, &L->wkv, &L->wo_a, &L->wo_b, &L->comp.wkv, &L->comp.wgate,
-                                    &L->icomp.wkv, &L->icomp.wgate, &L->iwq_b, &L->iweights, &L->gate,
-                                    &L->sw1, &L->sw2, &L->sw3, &L->iwk};
-        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+        const dsv4_weight *all[DENSE];
+        dense_of(L, all);
+        for (size_t k = 0; k < DENSE; k++)
             s += welems(all[k]);
         if (L->w1)
             s += c->n_active * (welems(&L->w1[0]) + welems(&L->w2[0]) + welems(&L->w3[0]));
