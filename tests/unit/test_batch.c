@@ -1,6 +1,7 @@
 /* concurrent == solo at the engine level: sequences stepped together in one forward call
  * (unequal prompt lengths, prefill of one beside decode of others) give bit-identical logits
- * to each sequence run alone. Also: bad batches are refused with a message. */
+ * to each sequence run alone. Also: bad batches are refused with a message.
+ * DSV4_TEST_DEVICE=cuda runs it through the CUDA backend (with step recording and replay). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,7 +16,9 @@ int main(void)
     char dir[1024];
     snprintf(dir, sizeof dir, "%s/fixtures/v4/v4-tiny-b", check_shared());
     dsv4_err err = {0};
-    dsv4_model *m = dsv4_model_load(dir, NULL, &err);
+    /* DSV4_TEST_DEVICE=cuda (make test-cuda): the same contract through the CUDA backend */
+    dsv4_load_opts lo0 = {.device = getenv("DSV4_TEST_DEVICE")};
+    dsv4_model *m = dsv4_model_load(dir, &lo0, &err);
     CHECK(m != NULL, "load: %s", err.msg);
     if (!m)
         return check_summary("batch");
@@ -105,7 +108,7 @@ int main(void)
     int64_t before = dsv4_seq_len(seqs[1]);
     CHECK(dsv4_seq_truncate(seqs[1], before + 1, &err) != 0, "truncate beyond the length must fail");
     /* rollback is bounded by max_rollback; past it the caller must restore a saved state */
-    dsv4_load_opts lo = {.max_rollback = 8};
+    dsv4_load_opts lo = {.max_rollback = 8, .device = getenv("DSV4_TEST_DEVICE")};
     dsv4_model *m8 = dsv4_model_load(dir, &lo, &err);
     dsv4_seq *s8 = m8 ? dsv4_seq_new(m8, &err) : NULL;
     if (s8) {
