@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Stages what a device run needs in .dev/cuda (git-ignored; sent with the run's `carry`): the
+# device image has nvcc but not libcjson's headers, so the CUDA build is made here
+# (BUILD=${BUILD:-build-cuda}), stripped, with the shared libraries the image lacks, the scripts
+# and the shared fixtures. On the device: cd .dev/cuda && bash tests/cuda/on_device.sh [bench]
+set -eu
+cd "$(dirname "$0")/../.."
+B=${BUILD:-build-cuda}
+D=.dev/cuda
+make -j"$(nproc)" CUDA=1 BUILD="$B" all "$B/tests/cuda/test_cuda_ops" >/dev/null
+rm -rf "$D/prebuilt" "$D/tests" "$D/bench"
+mkdir -p "$D/prebuilt/tests/cuda" "$D/lib" "$D/tests/cuda" "$D/bench" "$D/fixtures"
+for f in dsv4 tests/test_v4_fixtures tests/test_v41_fixtures tests/test_batch tests/test_lanes $(cd "$B" && ls tests/cuda/* | grep -v '\.d$\|\.o$'); do
+    [ -f "$B/$f" ] && install -s "$B/$f" "$D/prebuilt/$f"
+done
+for l in libcjson.so.1 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1; do
+    cp -L "$(ldconfig -p | awk -v l="$l" '$1 == l {print $NF; exit}')" "$D/lib/"
+done
+cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$D/lib/" 2>/dev/null ||
+    cp -L "$(find / -name 'libcudart.so.13' 2>/dev/null | head -1)" "$D/lib/"
+cp tests/cuda/on_device.sh tests/cuda/peer_torch.py "$D/tests/cuda/"
+[ -f bench/peer_transformers.py ] && cp bench/peer_transformers.py "$D/bench/"
+cp -r "${DSV4_SHARED:-../shared}/fixtures/v4" "${DSV4_SHARED:-../shared}/fixtures/v41" "$D/fixtures/"
+ln -sfn ../../../tests/fixtures "$D/tests/fixtures"
+du -sh "$D"
