@@ -138,7 +138,7 @@ typedef struct dsv4_backend {
     void (*swiglu)(const float *g, const float *u, int64_t n, float limit, float *h);
     /* Recording a step to replay it (NULL where the backend has none, as on the CPU):
      * graph_begin() makes the ops called until graph_end() be recorded instead of run (they
-     * must take backend buffers only); graph_end() returns the recording, NULL when it failed
+     * must take backend buffers only; 0 when recording started); graph_end() returns the recording, NULL when it failed
      * (then nothing ran: run the ops again); graph_run(g) queues it; graph_free(g). A recording
      * keeps the buffers and values it was given: replays see new contents of the same buffers. */
     int (*graph_begin)(void);

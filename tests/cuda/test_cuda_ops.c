@@ -704,6 +704,845 @@ static void test_swiglu(int64_t n, float limit)
     free(g), free(u), free(ref), free(got), free(wr), free(mag), free(half);
 }
 
+/* ---- device buffers ------------------------------------------------------------------------ */
+
+/* A device copy of n bytes of host (the backend's alloc + upload). */
+static void *to_dev(const void *host, size_t bytes)
+{
+    void *d = gpu->alloc(bytes);
+    CHECK(d != NULL, "alloc %zu bytes failed", bytes);
+    if (d && host)
+        gpu->upload(d, host, bytes);
+    return d;
+}
+
+/* The host copy of a device buffer (malloc'd). */
+static void *from_dev(const void *d, size_t bytes)
+{
+    void *h = malloc(bytes ? bytes : 1);
+    gpu->download(h, d, bytes);
+    return h;
+}
+
+/* Whether a device buffer holds exactly the host bytes. */
+static int dev_equal(const void *d, const void *host, size_t bytes)
+{
+    void *h = from_dev(d, bytes);
+    int same = !memcmp(h, host, bytes);
+    free(h);
+    return same;
+}
+
+/* Every older op over device buffers: bitwise equal to the same op over host buffers (the
+ * kernels are the same; only where the buffers live differs), strided linear rows included
+ * (an aligned stride read in place, an odd one packed first), in-place forms, device pos. */
+static void test_device_buffers(void)
+{
+    dsv4_err err = {0};
+    int all = 1;
+    /* linear: FP8 resident, x rows with stride 520 (aligned) and 517 (packed), y stride 300 */
+    lin_case c = {DSV4_WF_FP8, 256, 512, 128, 128, 1, 0, 256, 5, 0, 0};
+    dsv4_weight w;
+    make_weight(&c, &w);
+    CHECK(!dsv4_cuda_put_weight(&w, &err), "put: %s", err.msg);
+    int64_t lds[2] = {520, 517}, ldy = 300;
+    for (int v = 0; v < 2; v++) {
+        int T = 5;
+        int64_t ldx = lds[v];
+        float *x = falloc((size_t)T * ldx), *yh = falloc((size_t)T * ldy);
+        fill(x, (size_t)T * ldx, -1, 1);
+        for (size_t i = 0; i < (size_t)T * ldy; i++)
+            yh[i] = 7.0f;
+        gpu->linear(&w, 0, 256, x, T, ldx, yh, ldy);
+        float *dx = to_dev(x, (size_t)T * ldx * sizeof(float)), *dy = to_dev(NULL, (size_t)T * ldy * sizeof(float));
+        float *seven = falloc((size_t)T * ldy);
+        for (size_t i = 0; i < (size_t)T * ldy; i++)
+            seven[i] = 7.0f;
+        gpu->upload(dy, seven, (size_t)T * ldy * sizeof(float));
+        gpu->linear(&w, 0, 256, dx, T, ldx, dy, ldy);
+        int same = dev_equal(dy, yh, (size_t)T * ldy * sizeof(float)); /* padding columns untouched too */
+        printf("  linear FP8 device x (ldx %lld) y (ldy %lld)        %s\n", (long long)ldx, (long long)ldy,
+               same ? "bitwise equal to host buffers" : "DIFFERENT");
+        all &= same;
+        /* a row alone at an odd offset of the device buffer (unaligned start: the packed path) */
+        float *one = falloc(256);
+        gpu->linear(&w, 0, 256, x + ldx + 1, 1, ldx, one, 256);
+        float *d1 = to_dev(NULL, 256 * sizeof(float));
+        gpu->linear(&w, 0, 256, dx + ldx + 1, 1, ldx, d1, 256);
+        all &= dev_equal(d1, one, 256 * sizeof(float));
+        gpu->free(d1), gpu->free(dx), gpu->free(dy);
+        free(one), free(x), free(yh), free(seven);
+    }
+    dsv4_cuda_drop_weight(&w);
+    free((void *)w.data), free((void *)w.scale);
+
+    /* rmsnorm (out of place and in place), rope (device pos), swiglu, add, hc ops */
+    int rows = 4, dim = 600, T = 3, heads = 4, d = 64, rd = 16, n = 4, D = 300;
+    size_t nx = (size_t)rows * dim;
+    float *x = falloc(nx), *nw = falloc(dim), *ya = falloc(nx);
+    fill(x, nx, -2, 2);
+    fill(nw, dim, 0.5f, 1.5f);
+    gpu->rmsnorm(x, rows, dim, nw, 1e-6f, ya);
+    float *dx = to_dev(x, nx * 4), *dy = to_dev(NULL, nx * 4);
+    gpu->rmsnorm(dx, rows, dim, nw, 1e-6f, dy);
+    int same = dev_equal(dy, ya, nx * 4);
+    gpu->rmsnorm(dx, rows, dim, nw, 1e-6f, dx);
+    same &= dev_equal(dx, ya, nx * 4);
+    printf("  rmsnorm device (and in place)                %s\n", same ? "bitwise equal" : "DIFFERENT");
+    all &= same;
+    gpu->free(dx), gpu->free(dy);
+
+    int64_t stride = (int64_t)heads * d + 3;
+    float *rx = falloc((size_t)T * stride), *rh = falloc((size_t)T * stride), *fr = falloc(rd / 2);
+    int64_t pos[3] = {5, 70000, 123};
+    fill(rx, (size_t)T * stride, -1, 1);
+    for (int i = 0; i < rd / 2; i++)
+        fr[i] = powf(10000.0f, -(float)(2 * i) / rd);
+    memcpy(rh, rx, (size_t)T * stride * 4);
+    gpu->rope(rh, T, stride, heads, d, rd, fr, pos, 0);
+    float *drx = to_dev(rx, (size_t)T * stride * 4);
+    int64_t *dpos = to_dev(pos, sizeof pos);
+    gpu->rope(drx, T, stride, heads, d, rd, fr, dpos, 0);
+    same = dev_equal(drx, rh, (size_t)T * stride * 4);
+    printf("  rope device x (stride %lld), device pos       %s\n", (long long)stride, same ? "bitwise equal" : "DIFFERENT");
+    all &= same;
+    gpu->free(drx), gpu->free(dpos);
+
+    size_t ns = 5001;
+    float *g = falloc(ns), *u = falloc(ns), *hh = falloc(ns), *ad = falloc(ns);
+    fill(g, ns, -3, 3);
+    fill(u, ns, -3, 3);
+    gpu->swiglu(g, u, ns, 1.0f, hh);
+    float *dg = to_dev(g, ns * 4), *du = to_dev(u, ns * 4), *dh = to_dev(NULL, ns * 4);
+    gpu->swiglu(dg, du, ns, 1.0f, dh);
+    same = dev_equal(dh, hh, ns * 4);
+    gpu->swiglu(dg, du, ns, 1.0f, dg); /* h aliasing g, as the CPU experts call it */
+    same &= dev_equal(dg, hh, ns * 4);
+    cpu->add(g, u, ns, ad); /* add: the same sums everywhere (one rounding) */
+    gpu->upload(dg, g, ns * 4);
+    gpu->add(dg, du, ns, dh);
+    same &= dev_equal(dh, ad, ns * 4);
+    gpu->add(dg, du, ns, dg);
+    same &= dev_equal(dg, ad, ns * 4);
+    float *gh = falloc(ns);
+    poison(gh, ns);
+    gpu->add(g, u, ns, gh);
+    same &= !memcmp(gh, ad, ns * 4);
+    printf("  swiglu / add device (and aliased), add host  %s\n", same ? "bitwise equal" : "DIFFERENT");
+    all &= same;
+    gpu->free(dg), gpu->free(du), gpu->free(dh);
+
+    int nm = (2 + n) * n;
+    int64_t nd = (int64_t)n * D;
+    float *X = falloc((size_t)T * nd), *fn = falloc((size_t)nm * nd), *base = falloc(nm), scale[3];
+    fill(X, (size_t)T * nd, -1, 1);
+    fill(fn, (size_t)nm * nd, -1.0f / sqrtf(nd), 1.0f / sqrtf(nd));
+    fill(base, nm, -1, 1);
+    fill(scale, 3, 0.5f, 2.0f);
+    hc_out ho = hc_alloc(T, n, D, 1);
+    gpu->hc_pre(X, T, n, D, fn, base, scale, 20, 1e-6f, 1e-6f, ho.pre, ho.post, ho.comb, ho.h);
+    float *dX = to_dev(X, (size_t)T * nd * 4), *dpre = to_dev(NULL, (size_t)T * n * 4);
+    float *dpost = to_dev(NULL, (size_t)T * n * 4), *dcomb = to_dev(NULL, (size_t)T * n * n * 4);
+    float *dhh = to_dev(NULL, (size_t)T * D * 4);
+    gpu->hc_pre(dX, T, n, D, fn, base, scale, 20, 1e-6f, 1e-6f, dpre, dpost, dcomb, dhh);
+    same = dev_equal(dpre, ho.pre, (size_t)T * n * 4) && dev_equal(dpost, ho.post, (size_t)T * n * 4) &&
+           dev_equal(dcomb, ho.comb, (size_t)T * n * n * 4) && dev_equal(dhh, ho.h, (size_t)T * D * 4);
+    gpu->hc_pre(dX, T, n, D, fn, base, scale, 20, 1e-6f, 1e-6f, dpre, dpost, dcomb, NULL);
+    same &= dev_equal(dpre, ho.pre, (size_t)T * n * 4);
+    float *hc = falloc((size_t)T * D);
+    gpu->hc_collapse(X, T, n, D, ho.pre, hc);
+    gpu->hc_collapse(dX, T, n, D, dpre, dhh);
+    same &= dev_equal(dhh, hc, (size_t)T * D * 4);
+    float *yv = falloc((size_t)T * D), *Xh = falloc((size_t)T * nd);
+    fill(yv, (size_t)T * D, -1, 1);
+    memcpy(Xh, X, (size_t)T * nd * 4);
+    gpu->hc_post(Xh, yv, T, n, D, ho.post, ho.comb);
+    float *dyv = to_dev(yv, (size_t)T * D * 4);
+    gpu->hc_post(dX, dyv, T, n, D, dpost, dcomb);
+    same &= dev_equal(dX, Xh, (size_t)T * nd * 4);
+    printf("  hc_pre / hc_collapse / hc_post device        %s\n", same ? "bitwise equal" : "DIFFERENT");
+    all &= same;
+    gpu->free(dX), gpu->free(dpre), gpu->free(dpost), gpu->free(dcomb), gpu->free(dhh), gpu->free(dyv);
+    CHECK(!gpu->check(&err), "device buffers: %s", err.msg);
+    CHECK(all, "an op over device buffers differs from the same op over host buffers");
+    hc_free(&ho);
+    free(x), free(nw), free(ya), free(rx), free(rh), free(fr), free(g), free(u), free(hh), free(ad), free(gh);
+    free(X), free(fn), free(base), free(hc), free(yv), free(Xh);
+}
+
+/* ---- route -------------------------------------------------------------------------------- */
+
+/* quant: logits and bias drawn from a few values, so exact ties are everywhere (the same x
+ * gives the same score on each side); else continuous, where a selection may differ from the
+ * CPU's only between two scores that agree to rounding (checked: such a swap is accepted when
+ * the two CPU scores are within 1e-5 relative, and that row's weights are not compared). */
+static void test_route(int R, int E, int K, int quant, int with_bias, int hash)
+{
+    char what[128];
+    snprintf(what, sizeof what, "route R=%d E=%d K=%d%s%s%s", R, E, K, quant ? " ties" : "", with_bias ? " bias" : "",
+             hash ? " hash" : "");
+    const float qv[5] = {-1.0f, 0.0f, 0.5f, 1.0f, 2.0f};
+    float *lg = falloc((size_t)R * E), *bias = with_bias ? falloc(E) : NULL;
+    for (size_t i = 0; i < (size_t)R * E; i++)
+        lg[i] = quant ? qv[rnd() % 5] : frand(-3, 3);
+    for (int e = 0; with_bias && e < E; e++)
+        bias[e] = quant ? 0.25f * (rnd() % 3) : frand(-0.5f, 0.5f);
+    int vocab = 50;
+    int32_t *t2e = NULL, *ids = malloc((size_t)R * sizeof(int32_t));
+    for (int r = 0; r < R; r++)
+        ids[r] = rnd() % vocab;
+    dsv4_err err = {0};
+    if (hash) {
+        t2e = malloc((size_t)vocab * K * sizeof(int32_t));
+        for (int i = 0; i < vocab * K; i++)
+            t2e[i] = rnd() % E;
+        CHECK(!dsv4_cuda_put(t2e, (size_t)vocab * K * sizeof(int32_t), &err), "put tid2eid: %s", err.msg);
+    }
+    int32_t *eid_r = malloc((size_t)R * K * 4), *eid_g = malloc((size_t)R * K * 4), *eid_w = malloc((size_t)R * K * 4);
+    float *w_r = falloc((size_t)R * K), *w_g = falloc((size_t)R * K), *w_w = falloc((size_t)R * K);
+    cpu->route(lg, R, E, K, bias, t2e, ids, 1, 2.5f, eid_r, w_r);
+    float *dlg = to_dev(lg, (size_t)R * E * 4), *dw = to_dev(NULL, (size_t)R * K * 4);
+    int32_t *dids = to_dev(ids, (size_t)R * 4), *de = to_dev(NULL, (size_t)R * K * 4);
+    gpu->route(dlg, R, E, K, bias, t2e, dids, 1, 2.5f, de, dw);
+    CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
+    gpu->download(eid_g, de, (size_t)R * K * 4);
+    gpu->download(w_g, dw, (size_t)R * K * 4);
+    int exact = 1, near = 0;
+    double *mag = malloc((size_t)R * K * sizeof(double));
+    for (int r = 0; r < R; r++) {
+        int row_same = !memcmp(eid_g + (size_t)r * K, eid_r + (size_t)r * K, K * 4);
+        if (!row_same && !quant && !hash) { /* a swap between scores equal to rounding only */
+            int ok = 1;
+            for (int k = 0; k < K; k++) {
+                int a = eid_g[r * K + k], b = eid_r[r * K + k];
+                float va = sqrtf(lg[r * E + a] > 20 ? lg[r * E + a] : log1pf(expf(lg[r * E + a]))) + (bias ? bias[a] : 0);
+                float vb = sqrtf(lg[r * E + b] > 20 ? lg[r * E + b] : log1pf(expf(lg[r * E + b]))) + (bias ? bias[b] : 0);
+                ok &= a == b || fabsf(va - vb) <= 1e-5f * fmaxf(fabsf(va), fabsf(vb));
+            }
+            near += ok;
+            row_same = ok;
+        }
+        exact &= row_same;
+        for (int k = 0; k < K; k++) {
+            mag[r * K + k] = fabs(w_r[r * K + k]);
+            if (memcmp(eid_g + (size_t)r * K, eid_r + (size_t)r * K, K * 4))
+                w_g[r * K + k] = w_r[r * K + k]; /* a near-tie row: weights not compared */
+        }
+    }
+    CHECK(exact, "%s: the GPU chose other experts than the CPU", what);
+    printf("  %-44s experts %s (%d near-tie rows)\n", what, exact ? "equal" : "DIFFERENT", near);
+    CHECK(agree(what, w_g, w_r, mag, (size_t)R * K, 0), "%s: weights differ", what);
+    if (!hash) {
+        /* control: ties to the higher expert (the CPU over the experts in reverse order) */
+        float *lr = falloc((size_t)R * E), *br = with_bias ? falloc(E) : NULL;
+        for (int r = 0; r < R; r++)
+            for (int e = 0; e < E; e++)
+                lr[r * E + e] = lg[r * E + (E - 1 - e)];
+        for (int e = 0; with_bias && e < E; e++)
+            br[e] = bias[E - 1 - e];
+        cpu->route(lr, R, E, K, br, NULL, ids, 1, 2.5f, eid_w, w_w);
+        int differ = 0;
+        for (int i = 0; i < R * K; i++)
+            differ |= (E - 1 - eid_w[i]) != eid_g[i];
+        if (quant) {
+            CHECK(differ, "%s: control (ties to the higher expert) not caught", what);
+            printf("  control %-36s %s\n", "route ties to the higher expert", differ ? "caught" : "NOT CAUGHT");
+        }
+        free(lr), free(br);
+    }
+    /* host buffers give the same bits */
+    int32_t *eh = malloc((size_t)R * K * 4);
+    float *wh = falloc((size_t)R * K);
+    gpu->route(lg, R, E, K, bias, t2e, ids, 1, 2.5f, eh, wh);
+    gpu->download(w_g, dw, (size_t)R * K * 4);
+    CHECK(!memcmp(eh, eid_g, (size_t)R * K * 4) && !memcmp(wh, w_g, (size_t)R * K * 4),
+          "%s: host buffers differ from device buffers", what);
+    gpu->free(dlg), gpu->free(dw), gpu->free(dids), gpu->free(de);
+    if (hash)
+        dsv4_cuda_drop(t2e);
+    free(lg), free(bias), free(t2e), free(ids), free(eid_r), free(eid_g), free(eid_w), free(w_r), free(w_g), free(w_w);
+    free(mag), free(eh), free(wh);
+}
+
+/* ---- experts -------------------------------------------------------------------------------- */
+
+static float silu_f(float a) { return a / (1.0f + expf(-a)); }
+
+/* E experts of one form (w1, w3 [I, D], w2 [D, I]) resident (half pinned); eid drawn so that
+ * experts take many rows (the grouped tiles at R * K > 64). Tolerance: mag_y = sum_k |c_k|
+ * sum_j |W2_dj| Mh_j with Mh_j = |h_j| + 1.1 |u_j| mag(g_j) + |silu g_j| mag(u_j) (times |w|
+ * when pre-weighted): the first-order propagation of the products' rounding. */
+static void test_experts(dsv4_wform form, int R, int E, int K, int D, int I, int pre_weight, float limit)
+{
+    char what[160];
+    snprintf(what, sizeof what, "experts %s R=%d E=%d K=%d D=%d I=%d%s", dsv4_wform_name(form), R, E, K, D, I,
+             pre_weight ? " pre-weighted" : "");
+    int bn = form == DSV4_WF_FP8 ? 128 : 1, bk = form == DSV4_WF_FP8 ? 128 : 32;
+    lin_case c13 = {form, I, D, bn, bk, 1, 0, I, 1, 0, 0}, c2 = {form, D, I, bn, bk, 1, 0, D, 1, 0, 0};
+    dsv4_weight *w1 = calloc(E, sizeof *w1), *w2 = calloc(E, sizeof *w2), *w3 = calloc(E, sizeof *w3);
+    dsv4_err err = {0};
+    for (int e = 0; e < E; e++) {
+        make_weight(&c13, &w1[e]);
+        make_weight(&c2, &w2[e]);
+        make_weight(&c13, &w3[e]);
+        int (*put)(const dsv4_weight *, dsv4_err *) = e % 2 ? dsv4_cuda_pin_weight : dsv4_cuda_put_weight;
+        CHECK(!put(&w1[e], &err) && !put(&w2[e], &err) && !put(&w3[e], &err), "%s: put: %s", what, err.msg);
+    }
+    int RK = R * K;
+    float *x = falloc((size_t)R * D), *wts = falloc(RK), *yr = falloc((size_t)R * D), *yg = falloc((size_t)R * D);
+    int32_t *eid = malloc((size_t)RK * 4);
+    fill(x, (size_t)R * D, -1, 1);
+    fill(wts, RK, 0.1f, 1.0f);
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < K; k++) {
+            int e;
+            int again;
+            do { /* distinct experts in a row, as routing gives */
+                e = rnd() % E;
+                again = 0;
+                for (int j = 0; j < k; j++)
+                    again |= eid[r * K + j] == e;
+            } while (again);
+            eid[r * K + k] = e;
+        }
+    dsv4_experts_args a = {w1, w2, w3, E, K, R, D, I, eid, wts, x, limit, pre_weight, 0, yr, NULL};
+    cpu->experts(&a);
+    size_t wn = DSV4_EXPERTS_WORK(R, K, D, I, E);
+    float *dx = to_dev(x, (size_t)R * D * 4), *dw = to_dev(wts, RK * 4), *dy = to_dev(NULL, (size_t)R * D * 4);
+    int32_t *de = to_dev(eid, RK * 4);
+    float *dwork = to_dev(NULL, wn * 4);
+    dsv4_experts_args ga = a;
+    ga.eid = de, ga.wts = dw, ga.x = dx, ga.y = dy, ga.work = dwork;
+    gpu->experts(&ga);
+    CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
+    gpu->download(yg, dy, (size_t)R * D * 4);
+    /* magnitudes */
+    double *mag = calloc((size_t)R * D, sizeof(double));
+    float *row = falloc(D > I ? D : I), *g = falloc(I), *u = falloc(I), *gm = falloc(I), *um = falloc(I);
+    float *w2r = falloc((size_t)D * I);
+    for (int p = 0; p < RK; p++) {
+        int r = p / K, e = eid[p];
+        const float *xr = x + (size_t)r * D;
+        for (int i = 0; i < I; i++) {
+            double sg = 0, su = 0, ag = 0, au = 0;
+            dsv4_weight_row(&w1[e], i, row);
+            for (int j = 0; j < D; j++)
+                sg += (double)row[j] * xr[j], ag += fabs((double)row[j] * xr[j]);
+            dsv4_weight_row(&w3[e], i, row);
+            for (int j = 0; j < D; j++)
+                su += (double)row[j] * xr[j], au += fabs((double)row[j] * xr[j]);
+            g[i] = (float)sg, u[i] = (float)su, gm[i] = (float)ag, um[i] = (float)au;
+        }
+        for (int i = 0; i < D; i++)
+            dsv4_weight_row(&w2[e], i, w2r + (size_t)i * I);
+        double c = pre_weight ? 1.0 : fabs(wts[p]), hw = pre_weight ? fabs(wts[p]) : 1.0;
+        for (int dd = 0; dd < D; dd++) {
+            double s = 0;
+            for (int j = 0; j < I; j++) {
+                float gg = limit > 0 ? fminf(g[j], limit) : g[j];
+                float uu = limit > 0 ? fminf(fmaxf(u[j], -limit), limit) : u[j];
+                double mh = fabs(silu_f(gg) * uu) + 1.1 * fabs(uu) * gm[j] + fabs(silu_f(gg)) * um[j];
+                s += fabs(w2r[(size_t)dd * I + j]) * mh * hw;
+            }
+            mag[(size_t)r * D + dd] += c * s;
+        }
+    }
+    CHECK(agree(what, yg, yr, mag, (size_t)R * D, 0), "%s: GPU and CPU differ", what);
+    /* control: one row's k-th expert one off */
+    int32_t *e2 = malloc((size_t)RK * 4);
+    memcpy(e2, eid, (size_t)RK * 4);
+    e2[RK - 1] = (e2[RK - 1] + 1) % E;
+    float *yw = falloc((size_t)R * D);
+    dsv4_experts_args wa = a;
+    wa.eid = e2, wa.y = yw;
+    cpu->experts(&wa);
+    control("experts expert id off", yg, yw, mag, (size_t)R * D);
+    /* each row alone == in the batch, bitwise (solo pairs vs grouped tiles) */
+    int same = 1;
+    float *one = falloc(D);
+    for (int r = 0; r < R; r++) {
+        dsv4_experts_args oa = ga;
+        oa.R = 1, oa.eid = de + (size_t)r * K, oa.wts = dw + (size_t)r * K, oa.x = dx + (size_t)r * D;
+        oa.y = dy;
+        gpu->experts(&oa);
+        gpu->download(one, dy, D * 4);
+        same &= !memcmp(one, yg + (size_t)r * D, D * 4);
+    }
+    CHECK(same, "%s: a row alone differs from the batch", what);
+    printf("  concurrent == solo (%d rows, %d pairs): %s\n", R, RK, same ? "bitwise equal" : "DIFFERENT");
+    /* ref numerics are refused */
+    ga.ref = 1;
+    gpu->experts(&ga);
+    int rc = gpu->check(&err);
+    CHECK(rc == DSV4_E_DEVICE, "%s: ref numerics were not refused (rc %d)", what, rc);
+    gpu->free(dx), gpu->free(dw), gpu->free(dy), gpu->free(de), gpu->free(dwork);
+    for (int e = 0; e < E; e++) {
+        dsv4_weight *ws[3] = {&w1[e], &w2[e], &w3[e]};
+        for (int j = 0; j < 3; j++) {
+            dsv4_cuda_drop_weight(ws[j]);
+            free((void *)ws[j]->data), free((void *)ws[j]->scale);
+        }
+    }
+    free(w1), free(w2), free(w3), free(x), free(wts), free(yr), free(yg), free(eid), free(mag), free(row), free(g);
+    free(u), free(gm), free(um), free(w2r), free(e2), free(yw), free(one);
+}
+
+/* ---- graphs ------------------------------------------------------------------------------------ */
+
+/* rmsnorm -> linear -> add recorded once; replays with new input contents equal the ops run
+ * directly, bitwise. A recording given a host buffer fails (NULL, a reason) and leaves no error. */
+static void test_graph(void)
+{
+    if (!gpu->graph_begin) {
+        CHECK(0, "the CUDA table has no graph entries");
+        return;
+    }
+    dsv4_err err = {0};
+    lin_case c = {DSV4_WF_FP4, 128, 256, 1, 32, 1, 0, 128, 3, 0, 0};
+    dsv4_weight w;
+    make_weight(&c, &w);
+    CHECK(!dsv4_cuda_put_weight(&w, &err), "put: %s", err.msg);
+    int T = 3, k = 256, n = 128;
+    float *nw = falloc(k), *x = falloc((size_t)T * k), *b = falloc((size_t)T * n);
+    fill(nw, k, 0.5f, 1.5f);
+    CHECK(!dsv4_cuda_put(nw, k * 4, &err), "put: %s", err.msg);
+    float *dx = to_dev(NULL, (size_t)T * k * 4), *dh = to_dev(NULL, (size_t)T * k * 4), *dy = to_dev(NULL, (size_t)T * n * 4);
+    float *db = to_dev(NULL, (size_t)T * n * 4), *dz = to_dev(NULL, (size_t)T * n * 4);
+    CHECK(!gpu->graph_begin(), "graph_begin failed");
+    gpu->rmsnorm(dx, T, k, nw, 1e-6f, dh);
+    gpu->linear(&w, 0, n, dh, T, k, dy, n);
+    gpu->add(dy, db, (int64_t)T * n, dz);
+    void *g = gpu->graph_end();
+    CHECK(g != NULL, "graph_end failed: %s", dsv4_cuda_graph_why());
+    int same = 1;
+    float *eager = falloc((size_t)T * n), *rep = falloc((size_t)T * n);
+    for (int it = 0; it < 3 && g; it++) {
+        fill(x, (size_t)T * k, -1, 1);
+        fill(b, (size_t)T * n, -1, 1);
+        gpu->upload(dx, x, (size_t)T * k * 4);
+        gpu->upload(db, b, (size_t)T * n * 4);
+        gpu->rmsnorm(dx, T, k, nw, 1e-6f, dh);
+        gpu->linear(&w, 0, n, dh, T, k, dy, n);
+        gpu->add(dy, db, (int64_t)T * n, dz);
+        gpu->download(eager, dz, (size_t)T * n * 4);
+        gpu->upload(dz, x, (size_t)T * n * 4); /* overwrite: the replay must write it again */
+        gpu->graph_run(g);
+        gpu->download(rep, dz, (size_t)T * n * 4);
+        same &= !memcmp(eager, rep, (size_t)T * n * 4);
+    }
+    CHECK(!gpu->check(&err), "graph: %s", err.msg);
+    CHECK(same, "graph: a replay differs from the ops run directly");
+    printf("  graph rmsnorm+linear+add, 3 replays with new inputs: %s\n", same ? "bitwise equal" : "DIFFERENT");
+    gpu->graph_free(g);
+    /* a host buffer inside a recording: refused, no error left behind, eager ops still fine */
+    CHECK(!gpu->graph_begin(), "graph_begin failed");
+    gpu->add(x, b, (int64_t)T * n, dz);
+    void *g2 = gpu->graph_end();
+    CHECK(g2 == NULL && dsv4_cuda_graph_why()[0], "graph: a recording with a host buffer was not refused");
+    printf("  graph with a host buffer refused: %s\n", dsv4_cuda_graph_why());
+    if (g2)
+        gpu->graph_free(g2);
+    CHECK(!gpu->check(&err), "graph: a failed recording left an error: %s", err.msg);
+    gpu->add(dy, db, (int64_t)T * n, dz);
+    CHECK(!gpu->check(&err), "graph: ops after a failed recording: %s", err.msg);
+    gpu->free(dx), gpu->free(dh), gpu->free(dy), gpu->free(db), gpu->free(dz);
+    dsv4_cuda_drop(nw);
+    dsv4_cuda_drop_weight(&w);
+    free((void *)w.data), free((void *)w.scale), free(nw), free(x), free(b), free(eager), free(rep);
+}
+
+/* ---- attn_step ------------------------------------------------------------------------------- */
+
+typedef struct {
+    int S;
+    int64_t start[3];
+    int n[3];
+    int H, d, rd, W, ratio, csa, ci, nI, topk, kv_cap, c_cap;
+    int64_t vis_cap;
+    int ties;                   /* plant exactly tied indexer keys (more than topk of them) */
+} attn_case;
+
+typedef struct {
+    float *b[7];                /* kv, c, z, ent, ic, iz, ikey (the dsv4_lbufs order) */
+} seq_state;
+
+/* Element counts of a sequence's buffers, in dsv4_lbufs order. */
+static void state_sizes(const attn_case *c, size_t sz[7])
+{
+    int cw = (1 + c->csa) * c->d;
+    sz[0] = (size_t)c->kv_cap * c->d;
+    sz[1] = sz[2] = c->ratio ? (size_t)c->c_cap * cw : 0;
+    sz[3] = c->ratio ? (size_t)c->vis_cap * c->d : 0;
+    sz[4] = sz[5] = c->csa ? (size_t)c->c_cap * 2 * c->ci : 0;
+    sz[6] = c->csa ? (size_t)c->vis_cap * c->ci : 0;
+}
+
+static dsv4_lbufs as_lbufs(float *const b[7])
+{
+    dsv4_lbufs l = {b[0], b[1], b[2], b[3], b[4], b[5], b[6]};
+    return l;
+}
+
+typedef struct {
+    int R;
+    int64_t *pos, *start;
+    int32_t *seq, *first;
+    float *q, *kv, *cc, *zz, *ic, *iz, *qi, *wt;
+    float *sink, *ifreq, *ape, *norm, *iape, *inorm;
+} step_in;
+
+/* The arguments for the step's sequences `which` (ns of them, in order) over host buffers
+ * (the rows of those sequences only, renumbered). */
+static dsv4_attn_args attn_args(const attn_case *c, const step_in *in, const int *which, int ns, const dsv4_lbufs *st,
+                                int64_t *pos, int32_t *seq, int64_t *start, int32_t *first, float **bufs)
+{
+    int cw = (1 + c->csa) * c->d, iw = 2 * c->ci, Hd = c->H * c->d;
+    int R = 0;
+    for (int j = 0; j < ns; j++) {
+        int s = which[j];
+        start[j] = c->start[s];
+        first[j] = R;
+        for (int i = 0; i < c->n[s]; i++) {
+            pos[R] = c->start[s] + i;
+            seq[R] = j;
+            int r0 = 0;
+            for (int t = 0; t < s; t++)
+                r0 += c->n[t];
+            int src = r0 + i;
+            memcpy(bufs[0] + (size_t)R * Hd, in->q + (size_t)src * Hd, Hd * 4);
+            memcpy(bufs[1] + (size_t)R * c->d, in->kv + (size_t)src * c->d, c->d * 4);
+            memcpy(bufs[2] + (size_t)R * cw, in->cc + (size_t)src * cw, cw * 4);
+            memcpy(bufs[3] + (size_t)R * cw, in->zz + (size_t)src * cw, cw * 4);
+            memcpy(bufs[4] + (size_t)R * iw, in->ic + (size_t)src * iw, iw * 4);
+            memcpy(bufs[5] + (size_t)R * iw, in->iz + (size_t)src * iw, iw * 4);
+            memcpy(bufs[6] + (size_t)R * c->nI * c->ci, in->qi + (size_t)src * c->nI * c->ci, (size_t)c->nI * c->ci * 4);
+            memcpy(bufs[7] + (size_t)R * c->nI, in->wt + (size_t)src * c->nI, c->nI * 4);
+            R++;
+        }
+    }
+    dsv4_attn_args a;
+    memset(&a, 0, sizeof a);
+    a.rows = (dsv4_rows){R, ns, pos, seq, start, first};
+    a.st = st;
+    a.kv_cap = c->kv_cap, a.c_cap = c->c_cap, a.vis_cap = c->vis_cap;
+    a.H = c->H, a.d = c->d, a.rd = c->rd, a.window = c->W;
+    a.scale = 1.0f / sqrtf((float)c->d), a.eps = 1e-6f;
+    a.sink = in->sink, a.inv_freq = in->ifreq;
+    a.ratio = c->ratio, a.csa = c->csa;
+    a.comp = (dsv4_pool){c->ratio, c->d, c->csa, in->ape, in->norm};
+    a.icomp = (dsv4_pool){c->ratio, c->ci, 1, in->iape, in->inorm};
+    a.nI = c->nI, a.ci = c->ci, a.topk = c->topk, a.iw_scale = 0.7f;
+    a.q = bufs[0], a.kv = bufs[1], a.cc = bufs[2], a.zz = bufs[3], a.ic = bufs[4], a.iz = bufs[5];
+    a.qi = bufs[6], a.wt = bufs[7];
+    return a;
+}
+
+/* Runs the step for sequences `which` on the GPU from the initial states; returns o [rows, H d]
+ * and the final states (host copies, in st_out). work_out: the op's scratch (scores, sel). */
+static float *attn_gpu(const attn_case *c, const step_in *in, const int *which, int ns, seq_state *const *init,
+                       seq_state *st_out, float **work_out)
+{
+    size_t sz[7];
+    state_sizes(c, sz);
+    int Rmax = in->R, cw = (1 + c->csa) * c->d, iw = 2 * c->ci, Hd = c->H * c->d;
+    size_t bsz[8] = {(size_t)Rmax * Hd, (size_t)Rmax * c->d, (size_t)Rmax * cw, (size_t)Rmax * cw, (size_t)Rmax * iw,
+                     (size_t)Rmax * iw, (size_t)Rmax * c->nI * c->ci, (size_t)Rmax * c->nI};
+    float *hb[8], *db[8];
+    for (int i = 0; i < 8; i++)
+        hb[i] = falloc(bsz[i]);
+    int64_t pos[64], start[3];
+    int32_t seq[64], first[3];
+    dsv4_lbufs hst[3] = {{0}};
+    dsv4_attn_args a = attn_args(c, in, which, ns, hst, pos, seq, start, first, hb);
+    int R = a.rows.R;
+    for (int i = 0; i < 8; i++)
+        db[i] = to_dev(hb[i], bsz[i] * 4);
+    float *dstate[3][7];
+    for (int j = 0; j < ns; j++) {
+        for (int k = 0; k < 7; k++)
+            dstate[j][k] = sz[k] ? to_dev(init[which[j]]->b[k], sz[k] * 4) : NULL;
+        hst[j] = as_lbufs(dstate[j]);
+    }
+    dsv4_lbufs *dst = to_dev(hst, ns * sizeof(dsv4_lbufs));
+    int64_t *dpos = to_dev(pos, R * 8), *dstart = to_dev(start, ns * 8);
+    int32_t *dseq = to_dev(seq, R * 4), *dfirst = to_dev(first, ns * 4);
+    size_t wn = DSV4_ATTN_WORK(R, c->vis_cap, c->topk);
+    float *dwork = to_dev(NULL, wn * 4), *dout = to_dev(NULL, (size_t)R * Hd * 4);
+    a.rows.pos = dpos, a.rows.seq = dseq, a.rows.start = dstart, a.rows.first = dfirst;
+    a.st = dst;
+    a.q = db[0], a.kv = db[1], a.cc = db[2], a.zz = db[3], a.ic = db[4], a.iz = db[5], a.qi = db[6], a.wt = db[7];
+    a.o = dout, a.work = dwork;
+    gpu->attn_step(&a);
+    float *o = from_dev(dout, (size_t)R * Hd * 4);
+    for (int j = 0; j < ns; j++)
+        for (int k = 0; k < 7; k++) {
+            st_out[j].b[k] = sz[k] ? from_dev(dstate[j][k], sz[k] * 4) : NULL;
+            gpu->free(dstate[j][k]);
+        }
+    if (work_out)
+        *work_out = from_dev(dwork, wn * 4);
+    for (int i = 0; i < 8; i++)
+        gpu->free(db[i]), free(hb[i]);
+    gpu->free(dst), gpu->free(dpos), gpu->free(dstart), gpu->free(dseq), gpu->free(dfirst), gpu->free(dwork);
+    gpu->free(dout);
+    return o;
+}
+
+/* The CPU op over copies of the initial states: o, and the final states in st_out. mutate:
+ * applied to the copies first (a planted control). */
+static float *attn_cpu(const attn_case *c, const step_in *in, seq_state *const *init, seq_state *st_out, int window)
+{
+    size_t sz[7];
+    state_sizes(c, sz);
+    int R = in->R, Hd = c->H * c->d;
+    int which[3] = {0, 1, 2};
+    int cw = (1 + c->csa) * c->d, iw = 2 * c->ci;
+    size_t bsz[8] = {(size_t)R * Hd, (size_t)R * c->d, (size_t)R * cw, (size_t)R * cw, (size_t)R * iw, (size_t)R * iw,
+                     (size_t)R * c->nI * c->ci, (size_t)R * c->nI};
+    float *hb[8];
+    for (int i = 0; i < 8; i++)
+        hb[i] = falloc(bsz[i]);
+    int64_t pos[64], start[3];
+    int32_t seq[64], first[3];
+    dsv4_lbufs hst[3] = {{0}};
+    dsv4_attn_args a = attn_args(c, in, which, c->S, hst, pos, seq, start, first, hb);
+    for (int j = 0; j < c->S; j++) {
+        for (int k = 0; k < 7; k++) {
+            st_out[j].b[k] = sz[k] ? falloc(sz[k]) : NULL;
+            if (sz[k])
+                memcpy(st_out[j].b[k], init[j]->b[k], sz[k] * 4);
+        }
+        hst[j] = as_lbufs(st_out[j].b);
+    }
+    float *o = falloc((size_t)R * Hd);
+    a.o = o;
+    a.window = window;
+    cpu->attn_step(&a);
+    for (int i = 0; i < 8; i++)
+        free(hb[i]);
+    return o;
+}
+
+static void state_free(seq_state *s, int n)
+{
+    for (int j = 0; j < n; j++)
+        for (int k = 0; k < 7; k++)
+            free(s[j].b[k]);
+}
+
+/* Random sequence state (rings, entries, indexer keys) for S sequences at different positions
+ * and a step of several rows each (rows completing CSA/HCA entries; a sequence with more rows
+ * than the rings hold); compares o, the entries, the indexer keys and every ring with the CPU
+ * op, checks the indexer's selection exactly (the GPU's own scores through the CPU's top-k, and
+ * against the CPU's scores), that each sequence alone gives the rows of the batch bitwise, and
+ * planted controls: a window one shorter, and ties to the higher index. */
+static void test_attn_step(const attn_case *c)
+{
+    char what[160];
+    snprintf(what, sizeof what, "attn_step ratio %d%s S=%d H=%d d=%d topk %d vis %lld W %d%s", c->ratio,
+             c->csa ? " csa" : c->ratio ? " hca" : " sliding", c->S, c->H, c->d, c->topk, (long long)c->vis_cap, c->W,
+             c->ties ? " ties" : "");
+    size_t sz[7];
+    state_sizes(c, sz);
+    int R = 0, Hd = c->H * c->d, cw = (1 + c->csa) * c->d, iw = 2 * c->ci;
+    for (int s = 0; s < c->S; s++)
+        R += c->n[s];
+    step_in in;
+    memset(&in, 0, sizeof in);
+    in.R = R;
+    in.q = falloc((size_t)R * Hd), in.kv = falloc((size_t)R * c->d), in.cc = falloc((size_t)R * cw);
+    in.zz = falloc((size_t)R * cw), in.ic = falloc((size_t)R * iw), in.iz = falloc((size_t)R * iw);
+    in.qi = falloc((size_t)R * c->nI * c->ci), in.wt = falloc((size_t)R * c->nI);
+    fill(in.q, (size_t)R * Hd, -1, 1);
+    fill(in.kv, (size_t)R * c->d, -1, 1);
+    fill(in.cc, (size_t)R * cw, -1, 1);
+    fill(in.zz, (size_t)R * cw, -1, 1);
+    fill(in.ic, (size_t)R * iw, -1, 1);
+    fill(in.iz, (size_t)R * iw, -1, 1);
+    fill(in.qi, (size_t)R * c->nI * c->ci, c->ties ? 0.0f : -1.0f, 1);
+    fill(in.wt, (size_t)R * c->nI, 0.1f, 1);
+    in.sink = falloc(c->H), in.ifreq = falloc(c->rd / 2);
+    fill(in.sink, c->H, -1, 1);
+    for (int i = 0; i < c->rd / 2; i++)
+        in.ifreq[i] = powf(10000.0f, -(float)(2 * i) / c->rd);
+    int m = c->ratio > 0 ? c->ratio : 1;
+    in.ape = falloc((size_t)m * cw), in.norm = falloc(c->d), in.iape = falloc((size_t)m * iw), in.inorm = falloc(c->ci);
+    fill(in.ape, (size_t)m * cw, -0.5f, 0.5f);
+    fill(in.norm, c->d, 0.5f, 1.5f);
+    fill(in.iape, (size_t)m * iw, -0.5f, 0.5f);
+    fill(in.inorm, c->ci, 0.5f, 1.5f);
+    seq_state init[3], *ip[3] = {&init[0], &init[1], &init[2]};
+    for (int s = 0; s < c->S; s++)
+        for (int k = 0; k < 7; k++) {
+            init[s].b[k] = sz[k] ? falloc(sz[k]) : NULL;
+            if (sz[k])
+                fill(init[s].b[k], sz[k], -1, 1);
+        }
+    if (c->ties) /* every third indexer key the same positive vector: the best scores, exactly tied */
+        for (int s = 0; s < c->S; s++)
+            for (int64_t w = 0; w < c->vis_cap; w += 3)
+                for (int i = 0; i < c->ci; i++)
+                    init[s].b[6][w * c->ci + i] = 0.5f;
+    seq_state ref[3], got[3];
+    int all3[3] = {0, 1, 2};
+    float *oref = attn_cpu(c, &in, ip, ref, c->W);
+    float *work = NULL;
+    float *ogot = attn_gpu(c, &in, all3, c->S, ip, got, &work);
+    dsv4_err err = {0};
+    CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
+    /* o: a convex combination of key rows; mag = the largest |key value| anywhere */
+    double M = 0;
+    for (int s = 0; s < c->S; s++) {
+        for (size_t i = 0; i < sz[0]; i++)
+            M = fmax(M, fabs(init[s].b[0][i]));
+        for (size_t i = 0; i < sz[3]; i++)
+            M = fmax(M, fabs(ref[s].b[3][i]));
+    }
+    for (size_t i = 0; i < (size_t)R * c->d; i++)
+        M = fmax(M, fabs(in.kv[i]));
+    double *mag = malloc((size_t)R * Hd * sizeof(double));
+    for (size_t i = 0; i < (size_t)R * Hd; i++)
+        mag[i] = M;
+    snprintf(what + strlen(what), sizeof what - strlen(what), " o");
+    CHECK(agree(what, ogot, oref, mag, (size_t)R * Hd, 0), "%s: GPU and CPU differ", what);
+    /* entries and indexer keys (rows: mag = the row's largest |value|); rings bitwise */
+    int rings_same = 1, ent_ok = 1;
+    for (int s = 0; s < c->S; s++) {
+        for (int k = 0; k < 7; k++) {
+            if (!sz[k])
+                continue;
+            if (k == 3 || k == 6) {
+                int w = k == 3 ? c->d : c->ci;
+                double *em = malloc(sz[k] * sizeof(double));
+                for (size_t r0 = 0; r0 < sz[k]; r0 += w) {
+                    double rm = 0;
+                    for (int i = 0; i < w; i++)
+                        rm = fmax(rm, fabs(ref[s].b[k][r0 + i]));
+                    for (int i = 0; i < w; i++)
+                        em[r0 + i] = rm;
+                }
+                ent_ok &= agree(k == 3 ? "  entries" : "  indexer keys", got[s].b[k], ref[s].b[k], em, sz[k], 1);
+                free(em);
+            } else
+                rings_same &= !memcmp(got[s].b[k], ref[s].b[k], sz[k] * 4);
+        }
+    }
+    CHECK(ent_ok, "%s: entries or indexer keys differ", what);
+    CHECK(rings_same, "%s: rings differ", what);
+    printf("  entries, indexer keys %s; rings %s\n", ent_ok ? "ok" : "FAIL", rings_same ? "bitwise equal" : "DIFFERENT");
+    /* the selection: the GPU's scores against the CPU's (tolerance), and its kept set exactly the
+     * CPU top-k of the GPU's own scores; against the CPU's scores too, unless a boundary pair is
+     * within rounding (counted) */
+    if (c->csa) {
+        int sel_exact = 1, score_ok = 1, near = 0, far = 0, checked = 0;
+        const int32_t *sel = (const int32_t *)(work + (size_t)R * c->vis_cap);
+        dsv4_scored *tmp = malloc((size_t)c->vis_cap * sizeof *tmp);
+        int64_t *mine = malloc((size_t)c->vis_cap * sizeof(int64_t)), *cpus = malloc((size_t)c->vis_cap * sizeof(int64_t));
+        float *cs = falloc(c->vis_cap);
+        int r = 0;
+        for (int s = 0; s < c->S; s++)
+            for (int i = 0; i < c->n[s]; i++, r++) {
+                int64_t p = c->start[s] + i, nvis = (p + 1) / c->ratio;
+                if (nvis <= c->topk)
+                    continue;
+                checked++;
+                const float *gs = work + (size_t)r * c->vis_cap;
+                for (int64_t w = 0; w < nvis; w++) { /* the CPU's score, from the final (CPU) keys */
+                    float sc = 0;
+                    for (int h = 0; h < c->nI; h++) {
+                        float dp = dsv4_dot(in.qi + ((size_t)r * c->nI + h) * c->ci, ref[s].b[6] + w * c->ci, c->ci);
+                        sc += in.wt[r * c->nI + h] * 0.7f * (dp > 0 ? dp : 0);
+                    }
+                    cs[w] = sc * (1.0f / sqrtf((float)c->ci));
+                    double mg = 0;
+                    for (int h = 0; h < c->nI; h++)
+                        for (int j = 0; j < c->ci; j++)
+                            mg += fabs(in.wt[r * c->nI + h] * 0.7 * in.qi[((size_t)r * c->nI + h) * c->ci + j] *
+                                       ref[s].b[6][w * c->ci + j]);
+                    score_ok &= fabs(gs[w] - cs[w]) <= REL * mg / sqrt(c->ci) + 1e-30;
+                }
+                for (int64_t w = 0; w < nvis; w++)
+                    tmp[w] = (dsv4_scored){gs[w], w};
+                int n1 = dsv4_topk_ascending(tmp, nvis, c->topk, mine);
+                int same = n1 == c->topk;
+                for (int k = 0; same && k < n1; k++)
+                    same = mine[k] == sel[(size_t)r * c->topk + k];
+                sel_exact &= same;
+                for (int64_t w = 0; w < nvis; w++)
+                    tmp[w] = (dsv4_scored){cs[w], w};
+                dsv4_topk_ascending(tmp, nvis, c->topk, cpus);
+                if (memcmp(cpus, mine, (size_t)c->topk * sizeof(int64_t))) {
+                    /* accepted when every entry in one set but not the other has a CPU score within
+                     * rounding (1e-5 relative) of the others: a boundary decided by rounding */
+                    float lo = INFINITY, hi = -INFINITY;
+                    for (int k = 0; k < c->topk; k++) {
+                        int in_c = 0, in_m = 0;
+                        for (int j = 0; j < c->topk; j++)
+                            in_c |= cpus[j] == mine[k], in_m |= mine[j] == cpus[k];
+                        if (!in_c)
+                            lo = fminf(lo, cs[mine[k]]), hi = fmaxf(hi, cs[mine[k]]);
+                        if (!in_m)
+                            lo = fminf(lo, cs[cpus[k]]), hi = fmaxf(hi, cs[cpus[k]]);
+                    }
+                    if (hi - lo <= 1e-5f * fmaxf(fabsf(hi), fabsf(lo)))
+                        near++;
+                    else
+                        far++;
+                }
+            }
+        CHECK(score_ok, "%s: indexer scores differ beyond tolerance", what);
+        CHECK(sel_exact, "%s: the GPU's selection is not the top-k of its scores (desc, ties low, ascending)", what);
+        CHECK(far == 0, "%s: %d rows selected differently from the CPU's scores", what, far);
+        printf("  indexer: %d rows selected, scores %s, selection %s; vs the CPU's scores %d differ, %d of them "
+               "within rounding\n", checked, score_ok ? "ok" : "FAIL", sel_exact ? "exact" : "WRONG", near + far, near);
+        free(tmp), free(mine), free(cpus), free(cs);
+    }
+    /* control 1: the window one shorter (a wrong window start) */
+    if (c->W > 1) {
+        seq_state wr[3];
+        float *ow = attn_cpu(c, &in, ip, wr, c->W - 1);
+        control("attn_step window start off by one", ogot, ow, mag, (size_t)R * Hd);
+        state_free(wr, c->S);
+        free(ow);
+    }
+    /* control 2: ties to the higher index: the lowest tied key lowered a little in the
+     * reference's state, so it loses its tie to the next */
+    if (c->ties && c->csa) {
+        seq_state mod[3], wr[3], *mp[3] = {&mod[0], &mod[1], &mod[2]};
+        for (int s = 0; s < c->S; s++)
+            for (int k = 0; k < 7; k++) {
+                mod[s].b[k] = sz[k] ? falloc(sz[k]) : NULL;
+                if (sz[k])
+                    memcpy(mod[s].b[k], init[s].b[k], sz[k] * 4);
+            }
+        for (int s = 0; s < c->S; s++)
+            mod[s].b[6][0] = 0.49f;
+        float *ow = attn_cpu(c, &in, mp, wr, c->W);
+        control("attn_step tie to the higher index", ogot, ow, mag, (size_t)R * Hd);
+        state_free(mod, c->S), state_free(wr, c->S);
+        free(ow);
+    }
+    /* each sequence alone == its rows in the batch, bitwise */
+    int same = 1, r0 = 0;
+    for (int s = 0; s < c->S; s++) {
+        seq_state one[1];
+        float *o1 = attn_gpu(c, &in, &s, 1, ip, one, NULL);
+        same &= !memcmp(o1, ogot + (size_t)r0 * Hd, (size_t)c->n[s] * Hd * 4);
+        for (int k = 0; k < 7; k++)
+            same &= !sz[k] || !memcmp(one[0].b[k], got[s].b[k], sz[k] * 4);
+        r0 += c->n[s];
+        state_free(one, 1);
+        free(o1);
+    }
+    CHECK(same, "%s: a sequence alone differs from the batch", what);
+    printf("  each sequence alone == in the batch: %s\n", same ? "bitwise equal" : "DIFFERENT");
+    CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
+    state_free(init, c->S), state_free(ref, c->S), state_free(got, c->S);
+    free(oref), free(ogot), free(work), free(mag);
+    free(in.q), free(in.kv), free(in.cc), free(in.zz), free(in.ic), free(in.iz), free(in.qi), free(in.wt);
+    free(in.sink), free(in.ifreq), free(in.ape), free(in.norm), free(in.iape), free(in.inorm);
+}
+
 int main(void)
 {
     dsv4_err err = {0};
@@ -752,6 +1591,29 @@ int main(void)
     test_attend(2, 64, 0, 1);
     test_swiglu(10001, 1.0f);
     test_swiglu(4096, 0.0f);
+    CHECK(!gpu->check(&err), "a CUDA op failed: %s", err.msg);
+    test_device_buffers();
+    test_route(9, 64, 6, 1, 1, 0);
+    test_route(9, 64, 6, 1, 0, 0);
+    test_route(33, 256, 8, 0, 1, 0);
+    test_route(5, 64, 6, 0, 0, 1);
+    test_experts(DSV4_WF_FP4, 5, 8, 3, 256, 128, 0, 0.0f);
+    test_experts(DSV4_WF_FP4, 40, 8, 3, 256, 128, 1, 1.5f);
+    test_experts(DSV4_WF_FP8, 30, 6, 4, 256, 384, 0, 0.0f);
+    const attn_case ac[] = {
+        /* S  start            n           H  d    rd  W   m  csa ci  nI topk kv  c   vis  ties */
+        {3, {70, 130, 6}, {5, 20, 3}, 4, 64, 16, 8, 4, 1, 32, 4, 5, 16, 8, 48, 1},
+        {3, {600, 37, 250}, {4, 6, 9}, 8, 128, 64, 16, 4, 1, 64, 8, 16, 32, 12, 200, 0},
+        {3, {100, 7, 250}, {9, 10, 4}, 4, 64, 16, 8, 8, 0, 0, 0, 0, 8, 8, 40, 0},
+        {2, {3, 50, 0}, {6, 12, 0}, 2, 64, 16, 8, 0, 0, 0, 0, 0, 8, 8, 0, 0},
+        /* V4-sized: d 512, 64 indexer heads of 128, topk 512 over ~4000 entries (ties); HCA m 128
+         * over ~15600 entries (the attention's key array past 48 KB of shared memory) */
+        {2, {9000, 15999, 0}, {3, 2, 0}, 8, 512, 64, 128, 4, 1, 128, 64, 512, 256, 8, 4096, 1},
+        {2, {1998975, 262143, 0}, {2, 2, 0}, 4, 512, 64, 128, 128, 0, 0, 0, 0, 256, 128, 16384, 0},
+    };
+    for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++)
+        test_attn_step(&ac[i]);
+    test_graph();
     CHECK(!gpu->check(&err), "a CUDA op failed: %s", err.msg);
     return check_summary("cuda ops");
 }

@@ -1,11 +1,15 @@
 /* kernels/cuda — the CUDA backend (built with `make CUDA=1`), callable from C.
  *
  * Weights are uploaded once (dsv4_cuda_put_weight: the stored bytes and scales as they are,
- * decoded inside the kernels) and found again by their host address. The op table takes
- * host buffers, so each op copies its activations in and its outputs back; any other
- * constant host array an op reads (norm weights, hc params, sinks, rope tables) is used from
- * device memory when it was registered with dsv4_cuda_put, else copied in per call.
- * Ops cannot return an error; the first failure is kept and reported by the table's check(). */
+ * decoded inside the kernels) and found again by their host address. Activations and sequence
+ * state live in device memory from the table's alloc; an op given device buffers only queues
+ * its kernels (one stream, no copies, no waiting). The older ops also take host buffers
+ * (decided per pointer): those are copied in and their outputs back, synchronously. attn_step
+ * and experts take device buffers only. Any constant array an op reads (norm weights, hc
+ * params, sinks, rope tables, router bias) is used in place when it is device memory, from its
+ * copy when it was registered with dsv4_cuda_put, else copied in per call (tid2eid must be
+ * one of the first two). Ops cannot return an error; the first failure is kept and reported
+ * by the table's check(). */
 #ifndef DSV4_CUDA_H
 #define DSV4_CUDA_H
 
@@ -44,6 +48,9 @@ size_t dsv4_cuda_weight_bytes(const dsv4_weight *w);
 int dsv4_cuda_mem(size_t *free_b, size_t *total_b, dsv4_err *err);
 /* Bytes held by put copies: on the device, and pinned on the host. */
 void dsv4_cuda_usage(size_t *device_b, size_t *pinned_b);
+
+/* Why the last graph recording failed (graph_end returned NULL), "" if it did not. */
+const char *dsv4_cuda_graph_why(void);
 
 /* on: every device buffer an op writes is filled with NaN bytes before its kernel runs, so
  * an element a kernel forgets to write comes back as NaN (tests). */

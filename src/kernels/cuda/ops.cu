@@ -15,37 +15,55 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-extern "C" { /* the C headers carry no linkage of their own */
-#include "core/core.h"
-#include "io/weight.h"
-#include "kernels/backend.h"
+#include "kernels/cuda/internal.h"
+
+using namespace dsv4cu;
+
+/* ---- state: device, stream, first error, poison flag -------------------------------- */
+
+namespace dsv4cu {
+pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+cudaStream_t stream;
+int poison;
+int capturing;
 }
-#include "kernels/cuda/cuda.h"
-
-/* ---- state: device, first error, poison flag ---------------------------------------- */
-
-static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 static int g_ready;
 static char g_name[320];
 static dsv4_err g_err;          /* first failure of an op since the last check */
-static int g_poison;
+static dsv4_err g_cap_err;      /* first failure while recording a graph */
 
-static int cuda_failed(cudaError_t e, const char *what)
+dsv4_err *dsv4cu::errp(void) { return capturing ? &g_cap_err : &g_err; }
+
+int dsv4cu::failed(cudaError_t e, const char *what)
 {
     if (e == cudaSuccess)
         return 0;
-    if (!g_err.code)
-        dsv4_fail(&g_err, DSV4_E_DEVICE, "cuda: %s: %s", what, cudaGetErrorString(e));
+    if (!errp()->code)
+        dsv4_fail(errp(), DSV4_E_DEVICE, "cuda: %s: %s", what, cudaGetErrorString(e));
     return 1;
 }
-#define CK(call) cuda_failed((call), #call)
+#define CK(call) failed((call), #call)
+
+void dsv4cu::fail(int code, const char *fmt, ...)
+{
+    dsv4_err *e = errp();
+    if (e->code)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    dsv4_fail(e, code, "%s", msg);
+}
 
 extern "C" int dsv4_cuda_init(dsv4_err *err)
 {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&dsv4cu::lock);
     int rc = 0;
     if (!g_ready) {
         int n = 0;
@@ -64,28 +82,31 @@ extern "C" int dsv4_cuda_init(dsv4_err *err)
                 snprintf(g_name, sizeof g_name, "%s, %.1f GiB, sm_%d%d", p.name, p.totalGlobalMem / 1073741824.0,
                          p.major, p.minor);
                 const char *ps = getenv("DSV4_CUDA_POISON");
-                g_poison = ps && *ps == '1';
-                g_ready = 1;
+                dsv4cu::poison = ps && *ps == '1';
+                if ((e = cudaStreamCreate(&dsv4cu::stream)) != cudaSuccess)
+                    rc = dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda': creating a stream: %s", cudaGetErrorString(e));
+                else
+                    g_ready = 1;
             }
         }
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&dsv4cu::lock);
     return rc;
 }
 
 extern "C" const char *dsv4_cuda_device_name(void) { return g_name; }
-extern "C" void dsv4_cuda_set_poison(int on) { g_poison = on; }
+extern "C" void dsv4_cuda_set_poison(int on) { dsv4cu::poison = on; }
 
 static int cuda_check(dsv4_err *err)
 {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&dsv4cu::lock);
     int rc = g_err.code;
     if (rc) {
         if (err)
             *err = g_err;
         dsv4_err_clear(&g_err);
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&dsv4cu::lock);
     return rc;
 }
 
@@ -151,7 +172,7 @@ static int put_copy(const void *host, size_t bytes, int pinned, dsv4_err *err)
 {
     if (!host || !bytes)
         return 0;
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&dsv4cu::lock);
     int rc = 0;
     if (find(host))
         goto out;
@@ -191,15 +212,18 @@ static int put_copy(const void *host, size_t bytes, int pinned, dsv4_err *err)
         *(pinned ? &g_pin_bytes : &g_res_bytes) += bytes;
     }
 out:
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&dsv4cu::lock);
     return rc;
 }
 
 extern "C" int dsv4_cuda_put(const void *host, size_t bytes, dsv4_err *err) { return put_copy(host, bytes, 0, err); }
 
+static unsigned g_drops;        /* bumped by every drop: cached expert tables are rebuilt */
+
 extern "C" void dsv4_cuda_drop(const void *host)
 {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&dsv4cu::lock);
+    g_drops++;
     resident *r = find(host);
     if (r) {
         if (r->pinned) {
@@ -213,10 +237,9 @@ extern "C" void dsv4_cuda_drop(const void *host)
         r->dev = r->pinned = NULL;
         g_live--;
     }
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&dsv4cu::lock);
 }
 
-__host__ __device__ static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* Bytes of the data and of the scales of a weight as stored. */
 static size_t data_bytes(const dsv4_weight *w)
@@ -270,10 +293,10 @@ extern "C" int dsv4_cuda_mem(size_t *free_b, size_t *total_b, dsv4_err *err)
 
 extern "C" void dsv4_cuda_usage(size_t *device_b, size_t *pinned_b)
 {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&dsv4cu::lock);
     *device_b = g_res_bytes;
     *pinned_b = g_pin_bytes;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&dsv4cu::lock);
 }
 
 extern "C" void dsv4_cuda_drop_weight(const dsv4_weight *w)
@@ -285,6 +308,8 @@ extern "C" void dsv4_cuda_drop_weight(const dsv4_weight *w)
 
 /* ---- per-op scratch: one device arena, reset at each op ----------------------------- */
 
+/* Scratch serves the host-buffer path only: an op over device buffers uses none, so a
+ * recorded graph never points into the arena (which a later op may free and regrow). */
 static char *g_arena;
 static size_t g_arena_cap, g_arena_off;
 static char *g_spill[64];       /* chunks taken when an op outgrew the arena; freed at reset */
@@ -307,9 +332,23 @@ static void scratch_reset(void)
     g_want = 0;
 }
 
-/* A device buffer of `bytes` for this op (256-byte aligned), NULL after recording an error. */
-static void *scratch(size_t bytes)
+void dsv4cu::op_begin(void)
 {
+    pthread_mutex_lock(&dsv4cu::lock);
+    if (!capturing)
+        scratch_reset();
+}
+
+void dsv4cu::op_end(void) { pthread_mutex_unlock(&dsv4cu::lock); }
+
+/* A device buffer of `bytes` for this op (256-byte aligned), NULL after recording an error. */
+void *dsv4cu::scratch(size_t bytes)
+{
+    if (capturing) {
+        fail(DSV4_E_ARG, "cuda: a recorded op was given a host buffer or an unregistered host constant "
+                         "(recordings take device buffers only)");
+        return NULL;
+    }
     bytes = bytes ? (bytes + 255) & ~(size_t)255 : 256; /* never NULL for an empty buffer */
     g_want += bytes;
     if (g_arena_off + bytes <= g_arena_cap) {
@@ -324,18 +363,83 @@ static void *scratch(size_t bytes)
     return p;
 }
 
-/* The device copy of a constant host array: resident if put, else copied into scratch. */
-static const void *dev_const(const void *host, size_t bytes)
+int dsv4cu::on_dev(const void *p)
+{
+    if (!p)
+        return 0;
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        cudaGetLastError(); /* not a pointer the runtime knows: host memory */
+        return 0;
+    }
+    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+}
+
+/* The device view of a constant array: device memory itself, resident if put, else copied. */
+const void *dsv4cu::dev_const(const void *host, size_t bytes)
 {
     if (!host)
         return NULL;
     resident *r = find(host);
     if (r)
         return r->dev;
+    if (on_dev(host))
+        return host;
     void *d = scratch(bytes);
-    if (d && CK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice)))
+    if (d && bytes && CK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice)))
         return NULL;
     return d;
+}
+
+const void *dsv4cu::dev_known(const void *p)
+{
+    if (!p)
+        return NULL;
+    resident *r = find(p);
+    if (r)
+        return r->dev;
+    return on_dev(p) ? p : NULL;
+}
+
+const void *dsv4cu::in_buf(const void *p, size_t bytes)
+{
+    if (!p || on_dev(p))
+        return p;
+    void *d = scratch(bytes);
+    if (d && bytes && CK(cudaMemcpy(d, p, bytes, cudaMemcpyHostToDevice)))
+        return NULL;
+    return d;
+}
+
+void *dsv4cu::out_buf(void *p, size_t bytes, int may_poison)
+{
+    if (!p)
+        return NULL;
+    if (on_dev(p)) {
+        if (dsv4cu::poison && may_poison && bytes && CK(cudaMemsetAsync(p, 0xff, bytes, stream)))
+            return NULL;
+        return p;
+    }
+    void *d = scratch(bytes);
+    if (d && dsv4cu::poison && bytes && CK(cudaMemset(d, 0xff, bytes)))
+        return NULL;
+    return d;
+}
+
+void dsv4cu::out_back(void *p, const void *d, size_t bytes)
+{
+    if (p && d && d != p && bytes)
+        CK(cudaMemcpy(p, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+void dsv4cu::out_fail(void *p, size_t bytes)
+{
+    if (!p || !bytes)
+        return;
+    if (on_dev(p))
+        cudaMemsetAsync(p, 0xff, bytes, stream); /* NaN bytes; the op's failure is already kept */
+    else
+        memset(p, 0xff, bytes);
 }
 
 /* Rows [T, w] of a host matrix with row stride ld, packed densely on the device. */
@@ -352,7 +456,7 @@ static float *dev_in(const float *host, int64_t rows, int64_t w, int64_t ld)
 static float *dev_out(size_t n)
 {
     float *d = (float *)scratch(n * sizeof(float));
-    if (d && g_poison && CK(cudaMemset(d, 0xff, n * sizeof(float))))
+    if (d && dsv4cu::poison && CK(cudaMemset(d, 0xff, n * sizeof(float))))
         return NULL;
     return d;
 }
@@ -363,42 +467,12 @@ static void dev_back(float *host, int64_t ld, const float *d, int64_t rows, int6
         CK(cudaMemcpy2D(host, ld * sizeof(float), d, w * sizeof(float), w * sizeof(float), rows, cudaMemcpyDeviceToHost));
 }
 
-static int launched(const char *what)
+int dsv4cu::launched(const char *what)
 {
-    return !cuda_failed(cudaGetLastError(), what);
+    return !failed(cudaGetLastError(), what);
 }
 
 /* ---- shared device helpers ----------------------------------------------------------- */
-
-__device__ __forceinline__ float warp_sum(float v)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-/* Sum over a block of NW warps in a fixed order (each warp's tree, then warp 0 adds the
- * warps' partials in index order); every thread gets the result. sh: [NW + 1] floats. */
-template <int NW>
-__device__ __forceinline__ float block_sum(float v, float *sh)
-{
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    v = warp_sum(v);
-    __syncthreads();
-    if (lane == 0)
-        sh[wid] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        float s = sh[0];
-        for (int i = 1; i < NW; i++)
-            s += sh[i];
-        sh[NW] = s;
-    }
-    __syncthreads();
-    return sh[NW];
-}
-
 /* e8m0 byte -> 2^(b - 127) exactly (b = 0 is the subnormal 2^-127); 255 is NaN. */
 __device__ __forceinline__ float e8m0(unsigned b)
 {
@@ -565,6 +639,7 @@ struct lin_jobs {
     const float *x[DSV4_CUDA_GROUP_MAX];
     float *y[DSV4_CUDA_GROUP_MAX];
     int n, nr, bpj;
+    int64_t ldx, ldy;           /* a single job's row strides (groups are dense) */
 };
 
 /* y[t, i] = sum_k W[r0 + i, k] x[t, k]; x [T, k] dense, y [T, nr] dense, per job.
@@ -576,9 +651,29 @@ struct lin_jobs {
  * applied per element. Tokens go TT at a time over the same rows, each with its own sums and
  * the same sequence of operations, so a token's result is the same whatever T is, wherever
  * the token sits in the batch, and whether TT is 1 (the T = 1 build, fewer registers) or 8. */
-template <int F, bool VEC, int TT>
-__device__ __forceinline__ void linear_rows(const wdev &w, int64_t r0, int nr, const float *__restrict__ x, int T,
-                                            float *__restrict__ y, int blk)
+/* Where token t's x row is read and its y row written: dense with row strides (linear), or
+ * gathered through a list of (row, expert) pairs (the experts op). Only addresses differ; the
+ * operations on a token's sums are the same. */
+struct dense_map {
+    const float *x;
+    float *y;
+    int64_t ldx, ldy;
+    __device__ __forceinline__ const float *xr(int t) const { return x + (int64_t)t * ldx; }
+    __device__ __forceinline__ float *yr(int t) const { return y + (int64_t)t * ldy; }
+};
+
+struct pair_map {
+    const float *x;             /* row ord[t] / xdiv of it, row stride ldx */
+    float *y;                   /* row ord[t] of it, row stride ldy */
+    const int *ord;             /* the tile's pairs */
+    int xdiv;
+    int64_t ldx, ldy;
+    __device__ __forceinline__ const float *xr(int t) const { return x + (int64_t)(__ldg(ord + t) / xdiv) * ldx; }
+    __device__ __forceinline__ float *yr(int t) const { return y + (int64_t)__ldg(ord + t) * ldy; }
+};
+
+template <int F, bool VEC, int TT, class M>
+__device__ __forceinline__ void linear_rows(const wdev &w, int64_t r0, int nr, const M &m, int T, int blk)
 {
     const int R = VEC ? (int)ck<F>::R : 1;
     static_assert((VEC ? (int)ck<F>::R : 1) * TT <= 32, "one lane per (row, token) adds the group's warp sums");
@@ -594,6 +689,10 @@ __device__ __forceinline__ void linear_rows(const wdev &w, int64_t r0, int nr, c
     bool live = i0 < nr;
     int64_t k = w.k;
     for (int t0 = 0; t0 < T; t0 += TT) {
+        const float *xt[TT];
+#pragma unroll
+        for (int tt = 0; tt < TT; tt++)
+            xt[tt] = t0 + tt < T ? m.xr(t0 + tt) : NULL;
         float acc[R][TT];
 #pragma unroll
         for (int rr = 0; rr < R; rr++)
@@ -641,7 +740,7 @@ __device__ __forceinline__ void linear_rows(const wdev &w, int64_t r0, int nr, c
                     for (int tt = 0; tt < TT; tt++) {
                         if (t0 + tt >= T)
                             break;
-                        const float4 *xp = (const float4 *)(x + (int64_t)(t0 + tt) * k + c * 8);
+                        const float4 *xp = (const float4 *)(xt[tt] + c * 8);
                         float4 a = __ldg(xp), b = __ldg(xp + 1);
 #pragma unroll
                         for (int rr = 0; rr < R; rr++) {
@@ -681,7 +780,7 @@ __device__ __forceinline__ void linear_rows(const wdev &w, int64_t r0, int nr, c
                 for (int tt = 0; tt < TT; tt++) {
                     if (t0 + tt >= T)
                         break;
-                    acc[0][tt] = fmaf(v, x[(int64_t)(t0 + tt) * k + kk], acc[0][tt]);
+                    acc[0][tt] = fmaf(v, xt[tt][kk], acc[0][tt]);
                 }
             }
         }
@@ -700,7 +799,7 @@ __device__ __forceinline__ void linear_rows(const wdev &w, int64_t r0, int nr, c
                 float sum = part[wid][rr][tt];
                 for (int j = 1; j < wpr; j++)
                     sum += part[wid + j][rr][tt];
-                y[(int64_t)(t0 + tt) * nr + i0 + rr] = sum;
+                m.yr(t0 + tt)[i0 + rr] = sum;
             }
         }
         __syncthreads();
@@ -709,10 +808,9 @@ __device__ __forceinline__ void linear_rows(const wdev &w, int64_t r0, int nr, c
 
 /* A single linear: the weight's parameters at fixed offsets. */
 template <int F, bool VEC, int TT>
-__global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, int nr, const float *__restrict__ x, int T,
-                                                          float *__restrict__ y)
+__global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, int nr, dense_map m, int T)
 {
-    linear_rows<F, VEC, TT>(w, r0, nr, x, T, y, blockIdx.x);
+    linear_rows<F, VEC, TT>(w, r0, nr, m, T, blockIdx.x);
 }
 
 /* A group: job blockIdx.x / bpj. Kept apart from k_linear because a run-time job index into the
@@ -722,7 +820,8 @@ template <int F, bool VEC, int TT>
 __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_linear_group(lin_jobs J, int T)
 {
     int j = blockIdx.x / J.bpj;
-    linear_rows<F, VEC, TT>(J.w[j], J.r0[j], J.nr, J.x[j], T, J.y[j], blockIdx.x % J.bpj);
+    dense_map m = {J.x[j], J.y[j], J.w[j].k, J.nr};
+    linear_rows<F, VEC, TT>(J.w[j], J.r0[j], J.nr, m, T, blockIdx.x % J.bpj);
 }
 
 /* Whether the 8-element chunk path tiles this weight's rows (and its scale blocks). */
@@ -767,12 +866,15 @@ static void launch_form(lin_jobs &J, bool vec, int T, cudaStream_t st)
             k_linear_group<F, true, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J, T);
         else
             k_linear_group<F, false, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J, T);
-    } else if (vec && T == 1)
-        k_linear<F, true, 1><<<grid, LIN_WARPS * 32, 0, st>>>(J.w[0], J.r0[0], J.nr, J.x[0], T, J.y[0]);
-    else if (vec)
-        k_linear<F, true, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J.w[0], J.r0[0], J.nr, J.x[0], T, J.y[0]);
-    else
-        k_linear<F, false, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J.w[0], J.r0[0], J.nr, J.x[0], T, J.y[0]);
+    } else {
+        dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy};
+        if (vec && T == 1)
+            k_linear<F, true, 1><<<grid, LIN_WARPS * 32, 0, st>>>(J.w[0], J.r0[0], J.nr, m, T);
+        else if (vec)
+            k_linear<F, true, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J.w[0], J.r0[0], J.nr, m, T);
+        else
+            k_linear<F, false, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J.w[0], J.r0[0], J.nr, m, T);
+    }
 }
 
 /* Launches J's jobs, whose weights all have w's form and shape. */
@@ -799,6 +901,8 @@ static lin_jobs one_job(const wdev &wd, int64_t r0, int nr, const float *dx, flo
     J.y[0] = dy;
     J.n = 1;
     J.nr = nr;
+    J.ldx = wd.k;
+    J.ldy = nr;
     return J;
 }
 
@@ -834,39 +938,94 @@ static void nan_fill(float *host, int64_t rows, int64_t w, int64_t ld)
             host[r * ld + i] = NAN;
 }
 
+/* Rows [rows, w] with stride ld set to NaN, host or device: what an op leaves when it failed. */
+static void fail_rows(float *p, int64_t rows, int64_t w, int64_t ld)
+{
+    if (!p || rows <= 0 || w <= 0)
+        return;
+    if (on_dev(p))
+        cudaMemset2DAsync(p, ld * sizeof(float), 0xff, w * sizeof(float), rows, stream);
+    else
+        nan_fill(p, rows, w, ld);
+}
+
+/* Device x rows the chunk path cannot read in place (float4 loads need a 16-byte aligned row
+ * start) are packed into this buffer first. It only grows, and a buffer it outgrew is kept
+ * (never freed), since a recorded graph may still read it. */
+static float *g_pack;
+static size_t g_pack_cap;
+
+static float *pack_buf(size_t n)
+{
+    if (n > g_pack_cap) {
+        float *p = NULL;
+        if (CK(cudaMalloc((void **)&p, n * sizeof(float))))
+            return NULL;
+        g_pack = p; /* the old one stays allocated: recordings may point at it */
+        g_pack_cap = n;
+    }
+    return g_pack;
+}
+
 static void cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                       int64_t ldy)
 {
     int64_t nr = r1 - r0;
     if (T <= 0 || nr <= 0)
         return;
-    pthread_mutex_lock(&g_lock);
-    scratch_reset();
+    op_begin();
     int ok = w->form < DSV4_WF_EXL3;
-    if (!ok && !g_err.code)
-        dsv4_fail(&g_err, DSV4_E_UNSUPPORTED, "cuda: weight %s: form %s has no CUDA kernel", w->name ? w->name : "?",
-                  dsv4_wform_name(w->form));
+    if (!ok)
+        fail(DSV4_E_UNSUPPORTED, "cuda: weight %s: form %s has no CUDA kernel", w->name ? w->name : "?",
+             dsv4_wform_name(w->form));
     const void *q = ok ? dev_const(w->data, data_bytes(w)) : NULL;
     const void *s = ok && w->scale ? dev_const(w->scale, scale_bytes(w)) : NULL;
-    float *dx = ok ? dev_in(x, T, w->k, ldx) : NULL, *dy = ok ? dev_out((size_t)T * nr) : NULL;
+    int xdev = on_dev(x), ydev = on_dev(y);
+    const float *dx = NULL;
+    int64_t dldx = w->k;
+    if (ok && xdev) {
+        bool aligned = ((uintptr_t)x & 15) == 0 && (T == 1 || ldx % 4 == 0);
+        if (aligned || !vec_ok(w)) {
+            dx = x;
+            dldx = ldx;
+        } else {
+            float *pk = pack_buf((size_t)T * w->k);
+            if (pk && !CK(cudaMemcpy2DAsync(pk, w->k * sizeof(float), x, ldx * sizeof(float), w->k * sizeof(float), T,
+                                            cudaMemcpyDeviceToDevice, stream)))
+                dx = pk;
+        }
+    } else if (ok)
+        dx = dev_in(x, T, w->k, ldx);
+    float *dy = NULL;
+    int64_t dldy = nr;
+    if (ok && ydev) {
+        if (!dsv4cu::poison || !CK(cudaMemset2DAsync(y, ldy * sizeof(float), 0xff, nr * sizeof(float), T, stream))) {
+            dy = y;
+            dldy = ldy;
+        }
+    } else if (ok)
+        dy = dev_out((size_t)T * nr);
     if (q && (s || !w->scale) && dx && dy) {
         lin_jobs J = one_job(wdev_of(w, q, s), r0, (int)nr, dx, dy);
-        launch_linear(w, J, T, 0);
-        if (launched("linear"))
-            dev_back(y, ldy, dy, T, nr);
-        else
-            nan_fill(y, T, nr, ldy);
+        J.ldx = dldx;
+        J.ldy = dldy;
+        launch_linear(w, J, T, stream);
+        if (launched("linear")) {
+            if (!ydev)
+                dev_back(y, ldy, dy, T, nr);
+        } else
+            fail_rows(y, T, nr, ldy);
     } else
-        nan_fill(y, T, nr, ldy);
-    pthread_mutex_unlock(&g_lock);
+        fail_rows(y, T, nr, ldy);
+    op_end();
 }
 
 extern "C" int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy,
                                     void *stream, dsv4_err *err)
 {
-    pthread_mutex_lock(&g_lock);
+    pthread_mutex_lock(&dsv4cu::lock);
     resident *rq = find(w->data), *rs = w->scale ? find(w->scale) : NULL;
-    pthread_mutex_unlock(&g_lock);
+    pthread_mutex_unlock(&dsv4cu::lock);
     if (w->form >= DSV4_WF_EXL3 || !rq || (w->scale && !rs))
         return dsv4_fail(err, DSV4_E_ARG, "cuda: weight %s is not resident on the device (dsv4_cuda_put_weight first)",
                          w->name ? w->name : "?");
@@ -893,9 +1052,9 @@ extern "C" int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, co
             a->scale_e8m0 != b->scale_e8m0 || (a->scale == NULL) != (b->scale == NULL))
             return dsv4_fail(err, DSV4_E_ARG, "cuda: linear group: weight %s differs from %s in form, shape or blocks",
                              a->name ? a->name : "?", b->name ? b->name : "?");
-        pthread_mutex_lock(&g_lock);
+        pthread_mutex_lock(&dsv4cu::lock);
         resident *rq = find(a->data), *rs = a->scale ? find(a->scale) : NULL;
-        pthread_mutex_unlock(&g_lock);
+        pthread_mutex_unlock(&dsv4cu::lock);
         if (a->form >= DSV4_WF_EXL3 || !rq || (a->scale && !rs))
             return dsv4_fail(err, DSV4_E_ARG, "cuda: weight %s is not resident on the device (dsv4_cuda_put_weight first)",
                              a->name ? a->name : "?");
@@ -912,7 +1071,6 @@ extern "C" int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, co
 
 /* ---- rmsnorm: one block per row -------------------------------------------------------- */
 
-enum { NB = 256, NW = NB / 32 };
 
 __global__ void __launch_bounds__(NB) k_rmsnorm(const float *x, int dim, const float *w, float eps, float *y)
 {
@@ -932,24 +1090,25 @@ static void cu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, fl
 {
     if (rows <= 0 || dim <= 0)
         return;
-    pthread_mutex_lock(&g_lock);
-    scratch_reset();
+    op_begin();
+    size_t b = (size_t)rows * dim * sizeof(float);
     const float *dw = (const float *)dev_const(w, (size_t)dim * sizeof(float));
-    float *dx = dev_in(x, rows, dim, dim), *dy = dev_out((size_t)rows * dim);
+    const float *dx = (const float *)in_buf(x, b);
+    float *dy = (float *)out_buf(y, b, y != x);
     if (dx && dy && (dw || !w)) {
-        k_rmsnorm<<<(unsigned)rows, NB>>>(dx, dim, dw, eps, dy);
+        k_rmsnorm<<<(unsigned)rows, NB, 0, stream>>>(dx, dim, dw, eps, dy);
         if (launched("rmsnorm"))
-            dev_back(y, dim, dy, rows, dim);
+            out_back(y, dy, b);
         else
-            nan_fill(y, rows, dim, dim);
+            out_fail(y, b);
     } else
-        nan_fill(y, rows, dim, dim);
-    pthread_mutex_unlock(&g_lock);
+        out_fail(y, b);
+    op_end();
 }
 
 /* ---- rope: one thread per (row, head, channel pair) ------------------------------------- */
 
-__global__ void k_rope(float *x, int T, int64_t width, int heads, int d, int rd, const float *inv_freq,
+__global__ void k_rope(float *x, int T, int64_t ld, int heads, int d, int rd, const float *inv_freq,
                        const int64_t *pos, int inverse)
 {
     int half = rd / 2;
@@ -960,7 +1119,7 @@ __global__ void k_rope(float *x, int T, int64_t width, int heads, int d, int rd,
     int64_t t = idx / ((int64_t)half * heads);
     float ang = (float)pos[t] * inv_freq[i];
     float c = cosf(ang), s = inverse ? -sinf(ang) : sinf(ang);
-    float *v = x + t * width + (int64_t)h * d + (d - rd);
+    float *v = x + t * ld + (int64_t)h * d + (d - rd);
     float a = v[2 * i], b = v[2 * i + 1];
     v[2 * i] = a * c - b * s;
     v[2 * i + 1] = a * s + b * c;
@@ -972,20 +1131,22 @@ static void cu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, c
     int64_t width = (int64_t)heads * d, n = (int64_t)T * heads * (rd / 2);
     if (n <= 0)
         return;
-    pthread_mutex_lock(&g_lock);
-    scratch_reset();
+    op_begin();
     const float *df = (const float *)dev_const(inv_freq, (size_t)(rd / 2) * sizeof(float));
     const int64_t *dp = (const int64_t *)dev_const(pos, (size_t)T * sizeof(int64_t));
-    float *dx = dev_in(x, T, width, stride);
+    int xdev = on_dev(x);
+    float *dx = xdev ? x : dev_in(x, T, width, stride);
+    int64_t ld = xdev ? stride : width;
     if (df && dp && dx) {
-        k_rope<<<(unsigned)cdiv(n, 256), 256>>>(dx, T, width, heads, d, rd, df, dp, inverse);
-        if (launched("rope"))
-            dev_back(x, stride, dx, T, width);
-        else
-            nan_fill(x, T, width, stride);
+        k_rope<<<(unsigned)cdiv(n, 256), 256, 0, stream>>>(dx, T, ld, heads, d, rd, df, dp, inverse);
+        if (launched("rope")) {
+            if (!xdev)
+                dev_back(x, stride, dx, T, width);
+        } else
+            fail_rows(x, T, width, stride);
     } else
-        nan_fill(x, T, width, stride);
-    pthread_mutex_unlock(&g_lock);
+        fail_rows(x, T, width, stride);
+    op_end();
 }
 
 /* ---- hyper-connections ------------------------------------------------------------------ */
@@ -1061,7 +1222,7 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
         }
     }
     __syncthreads();
-    for (int dd = threadIdx.x; dd < D; dd += NB) {
+    for (int dd = threadIdx.x; h && dd < D; dd += NB) {
         float s = 0.0f;
         for (int i = 0; i < n; i++)
             s = fmaf(pr[i], x[(int64_t)i * D + dd], s);
@@ -1076,39 +1237,38 @@ static void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, cons
         return;
     int nm = post ? (2 + n) * n : n;
     int64_t nd = (int64_t)n * D;
-    pthread_mutex_lock(&g_lock);
-    scratch_reset();
+    size_t bp = (size_t)T * n * sizeof(float), bc = (size_t)T * n * n * sizeof(float), bh = (size_t)T * D * sizeof(float);
+    op_begin();
     int ok = n <= HC_MAXN;
-    if (!ok && !g_err.code)
-        dsv4_fail(&g_err, DSV4_E_UNSUPPORTED, "cuda: hc_pre: %d streams, the kernel holds at most %d", n, HC_MAXN);
+    if (!ok)
+        fail(DSV4_E_UNSUPPORTED, "cuda: hc_pre: %d streams, the kernel holds at most %d", n, HC_MAXN);
     const float *dfn = ok ? (const float *)dev_const(fn, (size_t)nm * nd * sizeof(float)) : NULL;
     const float *db = ok ? (const float *)dev_const(base, (size_t)nm * sizeof(float)) : NULL;
     const float *ds = ok ? (const float *)dev_const(scale, (post ? 3 : 1) * sizeof(float)) : NULL;
-    float *dX = ok ? dev_in(X, T, nd, nd) : NULL;
-    float *dpre = ok ? dev_out((size_t)T * n) : NULL, *dh = ok ? dev_out((size_t)T * D) : NULL;
-    float *dpost = ok && post ? dev_out((size_t)T * n) : NULL, *dcomb = ok && post ? dev_out((size_t)T * n * n) : NULL;
-    if (dfn && db && ds && dX && dpre && dh && (!post || (dpost && dcomb))) {
-        k_hc_pre<<<T, NB>>>(dX, n, D, dfn, db, ds, iters, hc_eps, norm_eps, dpre, dpost, dcomb, dh);
+    const float *dX = ok ? (const float *)in_buf(X, (size_t)T * nd * sizeof(float)) : NULL;
+    float *dpre = ok ? (float *)out_buf(pre, bp, 1) : NULL, *dh = ok && h ? (float *)out_buf(h, bh, 1) : NULL;
+    float *dpost = ok && post ? (float *)out_buf(post, bp, 1) : NULL;
+    float *dcomb = ok && post ? (float *)out_buf(comb, bc, 1) : NULL;
+    if (dfn && db && ds && dX && dpre && (dh || !h) && (!post || (dpost && dcomb))) {
+        k_hc_pre<<<T, NB, 0, stream>>>(dX, n, D, dfn, db, ds, iters, hc_eps, norm_eps, dpre, dpost, dcomb, dh);
         if (launched("hc_pre")) {
-            dev_back(pre, n, dpre, T, n);
-            if (h) /* NULL: the mixes only (V4.1 collapses with another site's pre) */
-                dev_back(h, D, dh, T, D);
+            out_back(pre, dpre, bp);
+            out_back(h, dh, bh); /* h NULL: the mixes only (V4.1 collapses with another site's pre) */
             if (post) {
-                dev_back(post, n, dpost, T, n);
-                dev_back(comb, (int64_t)n * n, dcomb, T, (int64_t)n * n);
+                out_back(post, dpost, bp);
+                out_back(comb, dcomb, bc);
             }
-            pthread_mutex_unlock(&g_lock);
+            op_end();
             return;
         }
     }
-    nan_fill(pre, T, n, n);
-    if (h)
-        nan_fill(h, T, D, D);
+    out_fail(pre, bp);
+    out_fail(h, bh);
     if (post) {
-        nan_fill(post, T, n, n);
-        nan_fill(comb, T, (int64_t)n * n, (int64_t)n * n);
+        out_fail(post, bp);
+        out_fail(comb, bc);
     }
-    pthread_mutex_unlock(&g_lock);
+    op_end();
 }
 
 /* X[k] = post[k] y + sum_j comb[j][k] X[j]: one thread per (row, channel), all n streams. */
@@ -1138,22 +1298,24 @@ static void cu_hc_post(float *X, const float *y, int T, int n, int D, const floa
     if (T <= 0)
         return;
     int64_t nd = (int64_t)n * D;
-    pthread_mutex_lock(&g_lock);
-    scratch_reset();
+    size_t bX = (size_t)T * nd * sizeof(float);
+    op_begin();
     int ok = n <= HC_MAXN;
-    if (!ok && !g_err.code)
-        dsv4_fail(&g_err, DSV4_E_UNSUPPORTED, "cuda: hc_post: %d streams, the kernel holds at most %d", n, HC_MAXN);
-    float *dX = ok ? dev_in(X, T, nd, nd) : NULL, *dy = ok ? dev_in(y, T, D, D) : NULL;
-    float *dpo = ok ? dev_in(post, T, n, n) : NULL, *dc = ok ? dev_in(comb, T, (int64_t)n * n, (int64_t)n * n) : NULL;
+    if (!ok)
+        fail(DSV4_E_UNSUPPORTED, "cuda: hc_post: %d streams, the kernel holds at most %d", n, HC_MAXN);
+    float *dX = ok ? (float *)in_buf(X, bX) : NULL;
+    const float *dy = ok ? (const float *)in_buf(y, (size_t)T * D * sizeof(float)) : NULL;
+    const float *dpo = ok ? (const float *)in_buf(post, (size_t)T * n * sizeof(float)) : NULL;
+    const float *dc = ok ? (const float *)in_buf(comb, (size_t)T * n * n * sizeof(float)) : NULL;
     if (dX && dy && dpo && dc) {
-        k_hc_post<<<(unsigned)cdiv((int64_t)T * D, 256), 256>>>(dX, dy, T, n, D, dpo, dc);
+        k_hc_post<<<(unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream>>>(dX, dy, T, n, D, dpo, dc);
         if (launched("hc_post"))
-            dev_back(X, nd, dX, T, nd);
+            out_back(X, dX, bX);
         else
-            nan_fill(X, T, nd, nd);
+            out_fail(X, bX);
     } else
-        nan_fill(X, T, nd, nd);
-    pthread_mutex_unlock(&g_lock);
+        out_fail(X, bX);
+    op_end();
 }
 
 /* ---- attend: one block per head ---------------------------------------------------------- */
@@ -1214,8 +1376,8 @@ static void cu_attend(const float *q, int H, int d, const float *const *keys, in
 {
     if (H <= 0 || d <= 0)
         return;
-    pthread_mutex_lock(&g_lock);
-    scratch_reset();
+    size_t bo = (size_t)H * d * sizeof(float);
+    op_begin();
     size_t kb = (size_t)(nk > 0 ? nk : 1) * d * sizeof(float);
     if (kb > g_keys_cap) {
         float *nkeys = (float *)realloc(g_keys, kb);
@@ -1225,24 +1387,24 @@ static void cu_attend(const float *q, int H, int d, const float *const *keys, in
         }
     }
     int ok = kb <= g_keys_cap;
-    if (!ok && !g_err.code)
-        dsv4_fail(&g_err, DSV4_E_NOMEM, "cuda: attend: out of host memory staging %d keys", nk);
+    if (!ok)
+        fail(DSV4_E_NOMEM, "cuda: attend: out of host memory staging %d keys", nk);
     for (int i = 0; ok && i < nk; i++)
         memcpy(g_keys + (size_t)i * d, keys[i], d * sizeof(float));
     const float *ds = ok ? (const float *)dev_const(sink, H * sizeof(float)) : NULL;
-    float *dq = ok ? dev_in(q, 1, (int64_t)H * d, (int64_t)H * d) : NULL;
+    const float *dq = ok ? (const float *)in_buf(q, bo) : NULL;
     float *dk = ok ? dev_in(g_keys, nk, d, d) : NULL;
     float *dp = ok ? (float *)scratch((size_t)H * (nk > 0 ? nk : 1) * sizeof(float)) : NULL;
-    float *dout = ok ? dev_out((size_t)H * d) : NULL;
+    float *dout = ok ? (float *)out_buf(out, bo, 1) : NULL;
     if (ds && dq && dk && dp && dout) {
-        k_attend<<<H, NB>>>(dq, d, dk, nk, scale, ds, dp, dout);
+        k_attend<<<H, NB, 0, stream>>>(dq, d, dk, nk, scale, ds, dp, dout);
         if (launched("attend"))
-            dev_back(out, (int64_t)H * d, dout, 1, (int64_t)H * d);
+            out_back(out, dout, bo);
         else
-            nan_fill(out, 1, (int64_t)H * d, (int64_t)H * d);
+            out_fail(out, bo);
     } else
-        nan_fill(out, 1, (int64_t)H * d, (int64_t)H * d);
-    pthread_mutex_unlock(&g_lock);
+        out_fail(out, bo);
+    op_end();
 }
 
 /* ---- swiglu ------------------------------------------------------------------------------- */
@@ -1264,18 +1426,19 @@ static void cu_swiglu(const float *g, const float *u, int64_t n, float limit, fl
 {
     if (n <= 0)
         return;
-    pthread_mutex_lock(&g_lock);
-    scratch_reset();
-    float *dg = dev_in(g, 1, n, n), *du = dev_in(u, 1, n, n), *dh = dev_out((size_t)n);
+    size_t b = (size_t)n * sizeof(float);
+    op_begin();
+    const float *dg = (const float *)in_buf(g, b), *du = (const float *)in_buf(u, b);
+    float *dh = (float *)out_buf(h, b, h != g && h != u);
     if (dg && du && dh) {
-        k_swiglu<<<(unsigned)cdiv(n, 256), 256>>>(dg, du, n, limit, dh);
+        k_swiglu<<<(unsigned)cdiv(n, 256), 256, 0, stream>>>(dg, du, n, limit, dh);
         if (launched("swiglu"))
-            dev_back(h, n, dh, 1, n);
+            out_back(h, dh, b);
         else
-            nan_fill(h, 1, n, n);
+            out_fail(h, b);
     } else
-        nan_fill(h, 1, n, n);
-    pthread_mutex_unlock(&g_lock);
+        out_fail(h, b);
+    op_end();
 }
 
 /* h = sum_i pre_i X_i with pre given (V4.1's sites): one thread per (row, channel), the
@@ -1299,22 +1462,496 @@ static void cu_hc_collapse(const float *X, int T, int n, int D, const float *pre
     if (T <= 0)
         return;
     int64_t nd = (int64_t)n * D;
-    pthread_mutex_lock(&g_lock);
-    scratch_reset();
-    float *dX = dev_in(X, T, nd, nd), *dp = dev_in(pre, T, n, n), *dh = dev_out((size_t)T * D);
+    size_t bh = (size_t)T * D * sizeof(float);
+    op_begin();
+    const float *dX = (const float *)in_buf(X, (size_t)T * nd * sizeof(float));
+    const float *dp = (const float *)in_buf(pre, (size_t)T * n * sizeof(float));
+    float *dh = (float *)out_buf(h, bh, 1);
     if (dX && dp && dh) {
-        k_hc_collapse<<<(unsigned)cdiv((int64_t)T * D, 256), 256>>>(dX, T, n, D, dp, dh);
+        k_hc_collapse<<<(unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream>>>(dX, T, n, D, dp, dh);
         if (launched("hc_collapse"))
-            dev_back(h, D, dh, T, D);
+            out_back(h, dh, bh);
         else
-            nan_fill(h, T, D, D);
+            out_fail(h, bh);
     } else
-        nan_fill(h, T, D, D);
-    pthread_mutex_unlock(&g_lock);
+        out_fail(h, bh);
+    op_end();
 }
 
-static const dsv4_backend cuda_backend = {
-    "cuda", cu_linear, cu_rmsnorm, cu_rope, cu_hc_pre, cu_hc_collapse, cu_hc_post, cu_attend, cu_swiglu, cuda_check,
+/* ---- routed experts ----------------------------------------------------------------- */
+
+/* The per-expert weight parameters of one weights array (a layer's w1, w2 or w3) in device
+ * memory, built once and found again by the array's host address; rebuilt after any drop
+ * (the device copies may have moved). */
+struct xtab {
+    const dsv4_weight *host;
+    int E;
+    unsigned gen;
+    wdev *dev;
 };
+static xtab *g_xt;
+static int g_nxt, g_capxt;
+static cudaStream_t g_side;     /* non-blocking: table uploads that must not touch the op stream */
+
+static const wdev *expert_table(const dsv4_weight *w, int E)
+{
+    for (int i = 0; i < g_nxt; i++)
+        if (g_xt[i].host == w && g_xt[i].E == E) {
+            if (g_xt[i].gen == g_drops)
+                return g_xt[i].dev;
+            /* stale: the old table may still be read by queued work, so it is not freed here */
+            g_xt[i] = g_xt[--g_nxt];
+            break;
+        }
+    const dsv4_weight *a = &w[0];
+    wdev *h = (wdev *)malloc((size_t)E * sizeof(wdev));
+    if (!h) {
+        fail(DSV4_E_NOMEM, "cuda: experts: out of host memory for an expert table");
+        return NULL;
+    }
+    for (int e = 0; e < E; e++) {
+        const dsv4_weight *b = &w[e];
+        if (b->form != a->form || b->n != a->n || b->k != a->k || b->bn != a->bn || b->bk != a->bk ||
+            b->scale_e8m0 != a->scale_e8m0 || (b->scale == NULL) != (a->scale == NULL) || b->form >= DSV4_WF_EXL3) {
+            fail(DSV4_E_UNSUPPORTED, "cuda: experts: weight %s differs from %s in form, shape or blocks",
+                 b->name ? b->name : "?", a->name ? a->name : "?");
+            free(h);
+            return NULL;
+        }
+        resident *rq = find(b->data), *rs = b->scale ? find(b->scale) : NULL;
+        if (!rq || (b->scale && !rs)) {
+            fail(DSV4_E_ARG, "cuda: experts: weight %s is not on the device (dsv4_cuda_put_weight or pin_weight first)",
+                 b->name ? b->name : "?");
+            free(h);
+            return NULL;
+        }
+        h[e] = wdev_of(b, rq->dev, rs ? rs->dev : NULL);
+    }
+    wdev *d = NULL;
+    if (!g_side && CK(cudaStreamCreateWithFlags(&g_side, cudaStreamNonBlocking))) {
+        free(h);
+        return NULL;
+    }
+    if (CK(cudaMalloc((void **)&d, (size_t)E * sizeof(wdev))) ||
+        CK(cudaMemcpyAsync(d, h, (size_t)E * sizeof(wdev), cudaMemcpyHostToDevice, g_side)) ||
+        CK(cudaStreamSynchronize(g_side))) {
+        free(h);
+        return NULL;
+    }
+    free(h);
+    if (g_nxt == g_capxt) {
+        int nc = g_capxt ? 2 * g_capxt : 64;
+        xtab *n = (xtab *)realloc(g_xt, (size_t)nc * sizeof(xtab));
+        if (!n) {
+            fail(DSV4_E_NOMEM, "cuda: experts: out of host memory for the expert tables");
+            return NULL;
+        }
+        g_xt = n;
+        g_capxt = nc;
+    }
+    g_xt[g_nxt++] = xtab{w, E, g_drops, d};
+    return d;
+}
+
+/* The (row, k) pairs grouped by expert, stable by pair index: cnt/off per expert, ord the
+ * pairs in expert order, tiles of up to `tile` pairs of one expert as (expert, first, rows).
+ * One block of EX_SORT threads; pairs with an expert outside 0..E-1 are left out. */
+enum { EX_SORT = 1024 };
+
+__global__ void __launch_bounds__(EX_SORT) k_ex_sort(const int32_t *eid, int RK, int E, int tile, int *cnt, int *off,
+                                                     int *ord, int *tiles, int *ntiles)
+{
+    __shared__ int chunk[EX_SORT];
+    for (int e = threadIdx.x; e < E; e += EX_SORT)
+        cnt[e] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < RK; i += EX_SORT) {
+        int e = eid[i];
+        if (e >= 0 && e < E)
+            atomicAdd(&cnt[e], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int o = 0, nt = 0;
+        for (int e = 0; e < E; e++) {
+            off[e] = o;
+            for (int s = 0; s < cnt[e]; s += tile) {
+                tiles[3 * nt] = e;
+                tiles[3 * nt + 1] = o + s;
+                tiles[3 * nt + 2] = min(tile, cnt[e] - s);
+                nt++;
+            }
+            o += cnt[e];
+        }
+        *ntiles = nt;
+    }
+    __syncthreads();
+    /* thread e places expert e's pairs in pair order (E <= EX_SORT per pass) */
+    for (int e0 = 0; e0 < E; e0 += EX_SORT) {
+        int e = e0 + threadIdx.x, at = e < E ? off[e] : 0;
+        for (int c0 = 0; c0 < RK; c0 += EX_SORT) {
+            __syncthreads();
+            if (c0 + threadIdx.x < RK)
+                chunk[threadIdx.x] = eid[c0 + threadIdx.x];
+            __syncthreads();
+            int n = min(EX_SORT, RK - c0);
+            if (e < E)
+                for (int i = 0; i < n; i++)
+                    if (chunk[i] == e)
+                        ord[at++] = c0 + i;
+        }
+    }
+}
+
+/* W1 (z = 0, into G) and W3 (z = 1, into U) of each tile's expert over the tile's x rows:
+ * block (tile, row block, z). Blocks past the tile count exit. */
+template <int F, bool VEC, int TT>
+__global__ void __launch_bounds__(LIN_WARPS * 32) k_ex_up(const wdev *t1, const wdev *t3, const int *tiles,
+                                                         const int *ntiles, const int *ord, const float *x, float *G,
+                                                         float *U, int K, int D, int I)
+{
+    int tl = blockIdx.x;
+    if (tl >= *ntiles)
+        return;
+    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
+    wdev w = blockIdx.z ? t3[e] : t1[e];
+    pair_map m = {x, blockIdx.z ? U : G, ord + s0, K, D, I};
+    linear_rows<F, VEC, TT>(w, 0, I, m, n, blockIdx.y);
+}
+
+/* W2 of each tile's expert over the tile's h rows (G), into Y. */
+template <int F, bool VEC, int TT>
+__global__ void __launch_bounds__(LIN_WARPS * 32) k_ex_down(const wdev *t2, const int *tiles, const int *ntiles,
+                                                           const int *ord, const float *G, float *Y, int D, int I)
+{
+    int tl = blockIdx.x;
+    if (tl >= *ntiles)
+        return;
+    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
+    wdev w = t2[e];
+    pair_map m = {G, Y, ord + s0, 1, I, D};
+    linear_rows<F, VEC, TT>(w, 0, D, m, n, blockIdx.y);
+}
+
+/* h = swiglu(g, u) (as k_swiglu), times the pair's weight when pre_weight; into G. */
+__global__ void k_ex_act(float *G, const float *U, const float *wts, int64_t n, int I, float limit, int pre_weight)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    float a = G[i], b = U[i];
+    if (limit > 0) {
+        a = fminf(a, limit);
+        b = fminf(fmaxf(b, -limit), limit);
+    }
+    float h = a / (1.0f + expf(-a)) * b;
+    if (pre_weight)
+        h *= wts[i / I];
+    G[i] = h;
+}
+
+/* y_r = sum over k in order of (pre_weight ? 1 : w_rk) Y_rk; a pair with no valid expert
+ * makes its row NaN. */
+__global__ void k_ex_sum(const float *Y, const float *wts, const int32_t *eid, int E, int K, int D, int64_t n,
+                         int pre_weight, float *y)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    int64_t r = i / D;
+    int dd = (int)(i % D);
+    float s = 0.0f;
+    for (int k = 0; k < K; k++) {
+        int64_t pr = r * K + k;
+        int e = eid[pr];
+        float v = Y[pr * D + dd];
+        if (e < 0 || e >= E)
+            v = __int_as_float(0x7fc00000);
+        s = fmaf(pre_weight ? 1.0f : wts[pr], v, s);
+    }
+    y[i] = s;
+}
+
+template <int F>
+static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wdev *t2, const wdev *t3, bool vec1,
+                           bool vec2, int tile, int NT, const int *tiles, const int *ntiles, const int *ord, float *G,
+                           float *U, float *Y)
+{
+    const dsv4_weight *w1 = &a->w1[0], *w2 = &a->w2[0];
+    int wpr1 = wdev_of(w1, NULL, NULL).wpr, wpr2 = wdev_of(w2, NULL, NULL).wpr;
+    int rpb1 = vec1 ? LIN_WARPS / wpr1 * rows_per_warp(F) : LIN_WARPS;
+    int rpb2 = vec2 ? LIN_WARPS / wpr2 * rows_per_warp(F) : LIN_WARPS;
+    dim3 g1((unsigned)NT, (unsigned)cdiv(a->I, rpb1), 2), g2((unsigned)NT, (unsigned)cdiv(a->D, rpb2));
+    int K = a->K, D = a->D, I = a->I;
+    if (tile == 1 && vec1)
+        k_ex_up<F, true, 1><<<g1, LIN_WARPS * 32, 0, stream>>>(t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
+    else if (vec1)
+        k_ex_up<F, true, LIN_TT><<<g1, LIN_WARPS * 32, 0, stream>>>(t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
+    else
+        k_ex_up<F, false, LIN_TT><<<g1, LIN_WARPS * 32, 0, stream>>>(t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
+    if (!launched("experts w1/w3"))
+        return;
+    int64_t nh = (int64_t)a->R * K * I;
+    k_ex_act<<<(unsigned)cdiv(nh, 256), 256, 0, stream>>>(G, U, a->wts, nh, I, a->limit, a->pre_weight);
+    if (!launched("experts swiglu"))
+        return;
+    if (tile == 1 && vec2)
+        k_ex_down<F, true, 1><<<g2, LIN_WARPS * 32, 0, stream>>>(t2, tiles, ntiles, ord, G, Y, D, I);
+    else if (vec2)
+        k_ex_down<F, true, LIN_TT><<<g2, LIN_WARPS * 32, 0, stream>>>(t2, tiles, ntiles, ord, G, Y, D, I);
+    else
+        k_ex_down<F, false, LIN_TT><<<g2, LIN_WARPS * 32, 0, stream>>>(t2, tiles, ntiles, ord, G, Y, D, I);
+    launched("experts w2");
+}
+
+/* Up to this many pairs, each pair is its own tile (the T = 1 build, as a decode step's linear
+ * runs); above, tiles of up to LIN_TT rows of one expert share the expert's weight reads. */
+enum { EX_SOLO_PAIRS = 64 };
+
+static void cu_experts(const dsv4_experts_args *a)
+{
+    int R = a->R, K = a->K, D = a->D, I = a->I, E = a->E;
+    if (R <= 0 || D <= 0)
+        return;
+    size_t by = (size_t)R * D * sizeof(float);
+    op_begin();
+    int64_t RK = (int64_t)R * K;
+    int ok = 1;
+    if (a->ref) {
+        fail(DSV4_E_DEVICE, "cuda: experts: REF numerics run on the CPU");
+        ok = 0;
+    } else if (K <= 0 || I <= 0 || E <= 0 || RK > INT32_MAX / 4) {
+        fail(DSV4_E_ARG, "cuda: experts: bad shape R=%d K=%d D=%d I=%d E=%d", R, K, D, I, E);
+        ok = 0;
+    } else if (!on_dev(a->x) || !on_dev(a->y) || !on_dev(a->eid) || !on_dev(a->wts) || !on_dev(a->work)) {
+        fail(DSV4_E_ARG, "cuda: experts: x, y, eid, wts and work must be device buffers");
+        ok = 0;
+    } else if (a->w1[0].n != I || a->w1[0].k != D || a->w3[0].n != I || a->w3[0].k != D || a->w2[0].n != D ||
+               a->w2[0].k != I || a->w1[0].form != a->w2[0].form || a->w1[0].form != a->w3[0].form) {
+        fail(DSV4_E_ARG, "cuda: experts: weights are not [I, D], [D, I], [I, D] of one form");
+        ok = 0;
+    }
+    const wdev *t1 = ok ? expert_table(a->w1, E) : NULL, *t2 = ok ? expert_table(a->w2, E) : NULL;
+    const wdev *t3 = ok ? expert_table(a->w3, E) : NULL;
+    bool vec1 = ok && vec_ok(&a->w1[0]) && vec_ok(&a->w3[0]), vec2 = ok && vec_ok(&a->w2[0]);
+    if (t1 && t2 && t3 && (vec1 || vec2) &&
+        (((uintptr_t)a->x & 15) || ((uintptr_t)a->work & 15) || (vec1 && D % 4) || (vec2 && I % 4))) {
+        fail(DSV4_E_ARG, "cuda: experts: x and work must be 16-byte aligned");
+        t1 = NULL;
+    }
+    if (t1 && t2 && t3) {
+        int tile = RK <= EX_SOLO_PAIRS ? 1 : LIN_TT;
+        int64_t NT = tile == 1 ? RK : (RK / tile + E < RK ? RK / tile + E : RK);
+        float *G = a->work, *U = G + RK * I, *Y = U + RK * I;
+        int *ord = (int *)(Y + RK * D), *tiles = ord + RK, *cnt = tiles + 3 * NT, *off = cnt + E, *ntiles = off + E;
+        if (dsv4cu::poison)
+            CK(cudaMemsetAsync(a->y, 0xff, by, stream));
+        k_ex_sort<<<1, EX_SORT, 0, stream>>>(a->eid, (int)RK, E, tile, cnt, off, ord, tiles, ntiles);
+        if (launched("experts grouping")) {
+            switch (a->w1[0].form) {
+            case DSV4_WF_F32: launch_experts<DSV4_WF_F32>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            case DSV4_WF_BF16: launch_experts<DSV4_WF_BF16>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            case DSV4_WF_F16: launch_experts<DSV4_WF_F16>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            case DSV4_WF_FP8: launch_experts<DSV4_WF_FP8>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            default: launch_experts<DSV4_WF_FP4>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            }
+            k_ex_sum<<<(unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream>>>(Y, a->wts, a->eid, E, K, D,
+                                                                               (int64_t)R * D, a->pre_weight, a->y);
+            if (launched("experts sum") && !errp()->code) {
+                op_end();
+                return;
+            }
+        }
+    }
+    out_fail(a->y, by);
+    op_end();
+}
+
+/* ---- add, memory ------------------------------------------------------------------------ */
+
+__global__ void k_add(const float *a, const float *b, int64_t n, float *y)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = a[i] + b[i];
+}
+
+static void cu_add(const float *a, const float *b, int64_t n, float *y)
+{
+    if (n <= 0)
+        return;
+    size_t bb = (size_t)n * sizeof(float);
+    op_begin();
+    const float *da = (const float *)in_buf(a, bb), *db = (const float *)in_buf(b, bb);
+    float *dy = (float *)out_buf(y, bb, y != a && y != b);
+    if (da && db && dy) {
+        k_add<<<(unsigned)cdiv(n, 256), 256, 0, stream>>>(da, db, n, dy);
+        if (launched("add"))
+            out_back(y, dy, bb);
+        else
+            out_fail(y, bb);
+    } else
+        out_fail(y, bb);
+    op_end();
+}
+
+static void *cu_alloc(size_t bytes)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&dsv4cu::lock);
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory is the caller's to handle (NULL) */
+        p = NULL;
+    } else if (CK(cudaMemsetAsync(p, 0, bytes, stream))) {
+        cudaFree(p);
+        p = NULL;
+    }
+    pthread_mutex_unlock(&dsv4cu::lock);
+    return p;
+}
+
+static void cu_free(void *p)
+{
+    if (p)
+        cudaFree(p);
+}
+
+static void cu_upload(void *dst, const void *host, size_t bytes)
+{
+    if (!bytes)
+        return;
+    pthread_mutex_lock(&dsv4cu::lock);
+    /* pageable memory is staged before the call returns; pinned memory is read later, so wait
+     * for it (the caller may reuse its buffer at once) */
+    if (!CK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyDefault, stream)) && !capturing) {
+        cudaPointerAttributes at;
+        if (cudaPointerGetAttributes(&at, host) == cudaSuccess && at.type == cudaMemoryTypeHost)
+            CK(cudaStreamSynchronize(stream));
+        cudaGetLastError();
+    }
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
+
+static void cu_download(void *host, const void *src, size_t bytes)
+{
+    if (!bytes)
+        return;
+    pthread_mutex_lock(&dsv4cu::lock);
+    if (CK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDefault, stream)) || CK(cudaStreamSynchronize(stream)))
+        memset(host, 0xff, bytes);
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
+
+static void cu_copy(void *dst, const void *src, size_t bytes)
+{
+    if (!bytes || dst == src)
+        return;
+    pthread_mutex_lock(&dsv4cu::lock);
+    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
+
+/* ---- graphs: the op stream captured between graph_begin and graph_end ------------------- */
+
+static int cu_graph_begin(void)
+{
+    pthread_mutex_lock(&dsv4cu::lock);
+    int rc = 0;
+    dsv4_err_clear(&g_cap_err);
+    if (capturing)
+        rc = dsv4_fail(&g_cap_err, DSV4_E_ARG, "cuda: graph_begin while recording");
+    else {
+        cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed);
+        if (e != cudaSuccess)
+            rc = dsv4_fail(&g_cap_err, DSV4_E_DEVICE, "cuda: cudaStreamBeginCapture: %s", cudaGetErrorString(e));
+        else
+            capturing = 1;
+    }
+    cudaGetLastError();
+    pthread_mutex_unlock(&dsv4cu::lock);
+    return rc;
+}
+
+static void *cu_graph_end(void)
+{
+    pthread_mutex_lock(&dsv4cu::lock);
+    void *ret = NULL;
+    if (capturing) {
+        cudaGraph_t g = NULL;
+        cudaError_t e = cudaStreamEndCapture(stream, &g);
+        capturing = 0;
+        if (e == cudaSuccess && !g_cap_err.code) {
+            cudaGraphExec_t ex = NULL;
+            e = cudaGraphInstantiate(&ex, g, 0);
+            if (e == cudaSuccess)
+                ret = (void *)ex;
+        }
+        if (e != cudaSuccess && !g_cap_err.code)
+            dsv4_fail(&g_cap_err, DSV4_E_DEVICE, "cuda: recording a graph: %s", cudaGetErrorString(e));
+        if (g)
+            cudaGraphDestroy(g);
+        cudaGetLastError(); /* a failed recording leaves nothing behind: the ops run again */
+    } else if (!g_cap_err.code)
+        dsv4_fail(&g_cap_err, DSV4_E_ARG, "cuda: graph_end without graph_begin");
+    pthread_mutex_unlock(&dsv4cu::lock);
+    return ret;
+}
+
+static void cu_graph_run(void *g)
+{
+    if (!g)
+        return;
+    pthread_mutex_lock(&dsv4cu::lock);
+    CK(cudaGraphLaunch((cudaGraphExec_t)g, stream));
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
+
+static void cu_graph_free(void *g)
+{
+    if (g)
+        cudaGraphExecDestroy((cudaGraphExec_t)g);
+}
+
+extern "C" const char *dsv4_cuda_graph_why(void) { return g_cap_err.code ? g_cap_err.msg : ""; }
+
+static void cu_attn_step(const dsv4_attn_args *a) { dsv4cu::attn_step(a); }
+
+static void cu_route(const float *lg, int R, int E, int K, const float *bias, const int32_t *tid2eid, const int32_t *ids,
+                     int norm, float route_scale, int32_t *eid, float *wts)
+{
+    dsv4cu::route(lg, R, E, K, bias, tid2eid, ids, norm, route_scale, eid, wts);
+}
+
+static dsv4_backend make_table(void)
+{
+    dsv4_backend t;
+    memset(&t, 0, sizeof t);
+    t.name = "cuda";
+    t.alloc = cu_alloc;
+    t.free = cu_free;
+    t.upload = cu_upload;
+    t.download = cu_download;
+    t.copy = cu_copy;
+    t.linear = cu_linear;
+    t.rmsnorm = cu_rmsnorm;
+    t.rope = cu_rope;
+    t.hc_pre = cu_hc_pre;
+    t.hc_collapse = cu_hc_collapse;
+    t.hc_post = cu_hc_post;
+    t.attend = cu_attend;
+    t.attn_step = cu_attn_step;
+    t.route = cu_route;
+    t.experts = cu_experts;
+    t.add = cu_add;
+    t.swiglu = cu_swiglu;
+    t.graph_begin = cu_graph_begin;
+    t.graph_end = cu_graph_end;
+    t.graph_run = cu_graph_run;
+    t.graph_free = cu_graph_free;
+    t.check = cuda_check;
+    return t;
+}
+
+static const dsv4_backend cuda_backend = make_table();
 
 extern "C" const dsv4_backend *dsv4_backend_cuda(void) { return &cuda_backend; }

@@ -1,0 +1,99 @@
+/* kernels/cuda — what the CUDA backend's translation units (ops.cu, step.cu) share: the op
+ * lock, the stream every op queues on, the first-error slot, buffer classification and the
+ * block-reduction helpers. C++ only; not part of the C interface (cuda.h). */
+#ifndef DSV4_CUDA_INTERNAL_H
+#define DSV4_CUDA_INTERNAL_H
+
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+extern "C" { /* the C headers carry no linkage of their own */
+#include "core/core.h"
+#include "io/weight.h"
+#include "kernels/backend.h"
+}
+#include "kernels/cuda/cuda.h"
+
+namespace dsv4cu {
+
+/* Held by every op for its whole call (the scratch arena and the resident table are shared). */
+extern pthread_mutex_t lock;
+/* The stream every op queues on: a blocking stream, so the legacy default stream (the
+ * synchronous host-buffer copies) stays ordered with it both ways; graphs capture it. */
+extern cudaStream_t stream;
+extern int poison;              /* NaN-fill device outputs before kernels write them */
+extern int capturing;           /* inside graph_begin .. graph_end */
+
+/* Where an op records a failure: the first-error slot, or while recording the recording's
+ * own slot (a failed recording returns NULL from graph_end, and the ops run again). */
+dsv4_err *errp(void);
+/* Records e (when not cudaSuccess) as the op's failure; returns whether it failed. */
+int failed(cudaError_t e, const char *what);
+/* Records a failure of the op by message (first one kept). */
+void fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Whether the last launch went through (records the error when not). */
+int launched(const char *what);
+
+/* Whether p is device memory (device or managed); host memory (pageable or pinned) is not. */
+int on_dev(const void *p);
+/* Starts an op under the lock: resets the per-op scratch unless a graph is being recorded. */
+void op_begin(void);
+void op_end(void);
+/* A device view of a constant array: p itself when it is device memory, its resident copy
+ * when it was put, else a scratch copy (not while recording: that fails). */
+const void *dev_const(const void *p, size_t bytes);
+/* The device view of p when it has one (device memory, or a put copy), else NULL: for
+ * constant arrays whose length the op does not know (tid2eid). */
+const void *dev_known(const void *p);
+/* A device buffer of `bytes` for this op (per-op scratch; not while recording). */
+void *scratch(size_t bytes);
+/* Device view of an input [n] (the buffer itself or a scratch copy), and of an output: the
+ * buffer itself (poisoned when poisoning is on and may_poison) or a scratch buffer, copied
+ * back by out_back. out_fail marks an output that could not be computed (NaN). */
+const void *in_buf(const void *p, size_t bytes);
+void *out_buf(void *p, size_t bytes, int may_poison);
+void out_back(void *p, const void *d, size_t bytes);
+void out_fail(void *p, size_t bytes);
+
+__host__ __device__ static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+enum { NB = 256, NW = NB / 32 };
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* Sum over a block of NWARP warps in a fixed order (each warp's tree, then thread 0 adds the
+ * warps' partials in index order); every thread gets the result. sh: [NWARP + 1] floats. */
+template <int NWARP>
+__device__ __forceinline__ float block_sum(float v, float *sh)
+{
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0)
+        sh[wid] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = sh[0];
+        for (int i = 1; i < NWARP; i++)
+            s += sh[i];
+        sh[NWARP] = s;
+    }
+    __syncthreads();
+    return sh[NWARP];
+}
+
+/* The step ops in step.cu. */
+void attn_step(const dsv4_attn_args *a);
+void route(const float *lg, int R, int E, int K, const float *bias, const int32_t *tid2eid, const int32_t *ids, int norm,
+           float route_scale, int32_t *eid, float *wts);
+
+} // namespace dsv4cu
+
+#endif

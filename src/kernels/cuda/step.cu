@@ -1,0 +1,600 @@
+/* CUDA backend, the step-level ops: V4 attention's stateful part (attn_step) and the MoE
+ * routing (route), over device buffers. Everything a kernel reads that changes from step to
+ * step (positions, sequences, the per-sequence buffer table, the rings) is read from device
+ * memory and grid sizes depend only on the shapes (R, S, vis_cap, topk, H, E), so a recorded
+ * step replays correctly when only the buffers' contents change.
+ *
+ * attn_step runs five kernels in stream order:
+ *   k_emit   the entries the step completes: pooled, RMS-normed, roped (reads the rings);
+ *   k_iscore the indexer scores of every visible entry, rows that keep fewer than all (CSA);
+ *   k_itopk  the topk best per row (radix select on order-preserving keys, ties to the
+ *            lower index, compacted in ascending entry order by a block scan);
+ *   k_attn   attention per (row, head) over the kept entries then the window;
+ *   k_ring   the rings take the step's rows (writes the rings, so it runs last).
+ * Each row's result is computed by one block in one fixed order: batch invariant. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "kernels/cuda/internal.h"
+
+using namespace dsv4cu;
+
+#define CK(call) failed((call), #call)
+
+namespace {
+
+struct rows_dev {
+    const int64_t *pos;
+    const int32_t *seq;
+    const int64_t *start;
+    const int32_t *first;
+    const dsv4_lbufs *st;
+    int R, S;
+};
+
+struct pool_dev {
+    int ratio, dim, overlap;
+    const float *ape, *norm;
+};
+
+/* ---- 1. entries the step completes --------------------------------------------------- */
+
+/* Block (row r, compressor y: 0 the attention's, 1 the indexer's). Entry w = p / m when the
+ * row completes it ((p + 1) % m == 0). Per channel (a thread each): the softmax over the
+ * group's slots of z (+ ape) weighting c, slots in the CPU's order (window w-1's first half,
+ * then window w's second half with overlap; window w's only without); then the block's RMS
+ * norm, then the interleaved rope of the last rd channels at position w m. */
+__global__ void __launch_bounds__(NB) k_emit(rows_dev rd_, pool_dev pc, pool_dev pi, int c_cap, int rd,
+                                             const float *inv_freq, float eps, const float *cc, const float *zz,
+                                             const float *ic, const float *iz)
+{
+    extern __shared__ float ev[]; /* [dim] */
+    __shared__ float red[NW + 1];
+    int r = blockIdx.x, which = blockIdx.y;
+    pool_dev cp = which ? pi : pc;
+    int64_t p = rd_.pos[r];
+    int mr = cp.ratio;
+    if ((p + 1) % mr)
+        return;
+    int s = rd_.seq[r];
+    int64_t w = p / mr;
+    dsv4_lbufs b = rd_.st[s];
+    const float *cs = which ? ic : cc, *zs = which ? iz : zz;
+    const float *cr = which ? b.ic : b.c, *zr = which ? b.iz : b.z;
+    int dim = cp.dim, cw = (1 + cp.overlap) * dim, off = cp.overlap ? dim : 0;
+    float *out = (which ? b.ikey : b.ent) + w * dim;
+    int prev = cp.overlap && w > 0;
+    int nslot = prev ? 2 * mr : mr;
+    int64_t start = rd_.start[s], first = rd_.first[s];
+    for (int ch = threadIdx.x; ch < dim; ch += NB) {
+        float mx = -INFINITY;
+        for (int i = 0; i < nslot; i++) {
+            bool lo = prev && i < mr;
+            int j = prev && i >= mr ? i - mr : i;
+            int64_t tok = (lo ? w - 1 : w) * mr + j;
+            int col = lo ? ch : off + ch;
+            const float *zrow = tok >= start ? zs + (first + (tok - start)) * cw : zr + (tok % c_cap) * cw;
+            float lg = zrow[col] + (cp.ape ? cp.ape[(int64_t)j * cw + col] : 0.0f);
+            mx = fmaxf(mx, lg);
+        }
+        float den = 0.0f, acc = 0.0f;
+        for (int i = 0; i < nslot; i++) {
+            bool lo = prev && i < mr;
+            int j = prev && i >= mr ? i - mr : i;
+            int64_t tok = (lo ? w - 1 : w) * mr + j;
+            int col = lo ? ch : off + ch;
+            int64_t ro = tok >= start ? (first + (tok - start)) * cw : (tok % c_cap) * cw;
+            const float *zrow = (tok >= start ? zs : zr) + ro, *crow = (tok >= start ? cs : cr) + ro;
+            float lg = zrow[col] + (cp.ape ? cp.ape[(int64_t)j * cw + col] : 0.0f);
+            float e = expf(lg - mx);
+            den += e;
+            acc += e * crow[col];
+        }
+        ev[ch] = acc / den;
+    }
+    float ss = 0.0f;
+    for (int ch = threadIdx.x; ch < dim; ch += NB)
+        ss = fmaf(ev[ch], ev[ch], ss);
+    ss = block_sum<NW>(ss, red);
+    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int ch = threadIdx.x; ch < dim; ch += NB)
+        ev[ch] = cp.norm ? ev[ch] * inv * cp.norm[ch] : ev[ch] * inv;
+    __syncthreads();
+    float fp = (float)(w * mr);
+    float *v = ev + (dim - rd);
+    for (int i = threadIdx.x; i < rd / 2; i += NB) {
+        float ang = fp * inv_freq[i];
+        float c = cosf(ang), sn = sinf(ang);
+        float a0 = v[2 * i], b0 = v[2 * i + 1];
+        v[2 * i] = a0 * c - b0 * sn;
+        v[2 * i + 1] = a0 * sn + b0 * c;
+    }
+    __syncthreads();
+    for (int ch = threadIdx.x; ch < dim; ch += NB)
+        out[ch] = ev[ch];
+}
+
+/* ---- 2. indexer scores and top-k ------------------------------------------------------- */
+
+enum { SC_EPB = 64 };           /* entries a scoring block takes (a warp per entry at a time) */
+
+/* Block (row r, entries [y SC_EPB, (y + 1) SC_EPB)), rows with nvis > topk only:
+ * score[w] = sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w]) * (1 / sqrt(ci)), heads in
+ * order, each dot by the warp's lanes (stride 32) and its xor tree. */
+__global__ void __launch_bounds__(NB) k_iscore(rows_dev rd_, int ratio, int topk, int64_t vis_cap, int nI, int ci,
+                                               float iw_scale, const float *qi, const float *wt, float *scores)
+{
+    int r = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int64_t nvis = (rd_.pos[r] + 1) / ratio;
+    int64_t w0 = (int64_t)blockIdx.y * SC_EPB;
+    if (nvis <= topk || nvis > vis_cap || w0 >= nvis)
+        return;
+    const float *ikey = rd_.st[rd_.seq[r]].ikey;
+    const float *q = qi + (int64_t)r * nI * ci, *wr = wt + (int64_t)r * nI;
+    float isq = 1.0f / sqrtf((float)ci);
+    int64_t w1 = w0 + SC_EPB < nvis ? w0 + SC_EPB : nvis;
+    for (int64_t w = w0 + wid; w < w1; w += NW) {
+        const float *k = ikey + w * ci;
+        float s = 0.0f;
+        for (int h = 0; h < nI; h++) {
+            const float *qh = q + (int64_t)h * ci;
+            float a = 0.0f;
+            for (int j = lane; j < ci; j += 32)
+                a = fmaf(qh[j], k[j], a);
+            a = warp_sum(a);
+            s += wr[h] * iw_scale * (a > 0.0f ? a : 0.0f);
+        }
+        if (lane == 0)
+            scores[(int64_t)r * vis_cap + w] = s * isq;
+    }
+}
+
+/* A float's order as an unsigned key (higher score, higher key); -0 is +0, as the CPU's
+ * comparisons see them. */
+__device__ __forceinline__ unsigned okey(float f)
+{
+    if (f == 0.0f)
+        f = 0.0f;
+    unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+enum { TK_NT = 1024, TK_NW = TK_NT / 32 };
+
+/* Block per row with nvis > topk: the topk best of the row's scores, ties to the lower entry,
+ * into sel[r] in ascending entry order. Four 8-bit radix passes find the key T of the topk-th
+ * best and how many entries equal to T are taken (need: the lowest-indexed ones); then one
+ * ordered pass keeps every key > T and the first `need` keys == T, each at its place given by
+ * a block scan of (greater, equal) counts. Atomic counts are exact, so the result is
+ * deterministic. */
+__global__ void __launch_bounds__(TK_NT) k_itopk(rows_dev rd_, int ratio, int topk, int64_t vis_cap,
+                                                 const float *scores, int *sel)
+{
+    __shared__ unsigned hist[256];
+    __shared__ unsigned s_prefix, s_need;
+    __shared__ unsigned long long wsum[TK_NW];
+    int r = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int64_t nvis = (rd_.pos[r] + 1) / ratio;
+    if (nvis <= topk || nvis > vis_cap)
+        return;
+    const float *sc = scores + (int64_t)r * vis_cap;
+    int *out = sel + (int64_t)r * topk;
+    int n = (int)nvis;
+    unsigned prefix = 0, mask = 0, need = (unsigned)topk;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += TK_NT)
+            hist[i] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += TK_NT) {
+            unsigned k = okey(sc[i]);
+            if ((k & mask) == prefix)
+                atomicAdd(&hist[(k >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned cum = 0;
+            int bin = 255;
+            for (; bin > 0; bin--) {
+                if (cum + hist[bin] >= need)
+                    break;
+                cum += hist[bin];
+            }
+            s_prefix = prefix | ((unsigned)bin << shift);
+            s_need = need - cum;
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        need = s_need;
+        mask |= 255u << shift;
+        __syncthreads(); /* everyone has read s_prefix before thread 0 writes it again */
+    }
+    const unsigned T = prefix;
+    unsigned long long carry = 0; /* (greater << 32) | equal, over the chunks before */
+    for (int c0 = 0; c0 < n; c0 += TK_NT) {
+        int i = c0 + threadIdx.x;
+        unsigned k = i < n ? okey(sc[i]) : 0u;
+        int gt = i < n && k > T, eq = i < n && k == T;
+        unsigned long long v = ((unsigned long long)gt << 32) | (unsigned)eq, x = v;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o)
+                x += y;
+        }
+        if (lane == 31)
+            wsum[wid] = x;
+        __syncthreads();
+        if (wid == 0) {
+            unsigned long long t = wsum[lane];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                unsigned long long y = __shfl_up_sync(0xffffffffu, t, o);
+                if (lane >= o)
+                    t += y;
+            }
+            wsum[lane] = t;
+        }
+        __syncthreads();
+        unsigned long long excl = carry + (wid ? wsum[wid - 1] : 0ull) + x - v;
+        unsigned gtb = (unsigned)(excl >> 32), eqb = (unsigned)(excl & 0xffffffffu);
+        if (gt || (eq && eqb < need))
+            out[gtb + (eqb < need ? eqb : need)] = i;
+        carry += wsum[TK_NW - 1];
+        __syncthreads(); /* wsum is rewritten by the next chunk */
+    }
+}
+
+/* ---- 3. attention over the kept entries and the window --------------------------------- */
+
+/* Block (row r, head h), as k_attend: scores by warp (key i to warp i % NW), the softmax with
+ * the sink, o_j = sum_i (p_i / den) key_ij in key order. Keys: the kept entries (sel when the
+ * indexer chose, else 0..nvis-1), then window positions j0..p (the step's kv row when the
+ * step holds it, else the kv ring). p: [nkmax] floats of dynamic shared memory; a row that
+ * needs more (its position beyond the caller's vis_cap) gets NaN. */
+__global__ void __launch_bounds__(NB) k_attn(rows_dev rd_, int ratio, int csa, int topk, int64_t vis_cap, int kv_cap,
+                                             int H, int d, int window, int nkmax, float scale, const float *sink,
+                                             const float *q, const float *kv, const int *sel, float *o)
+{
+    extern __shared__ float pr[];
+    __shared__ float sh[NW + 1];
+    int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int64_t p = rd_.pos[r];
+    int s = rd_.seq[r];
+    dsv4_lbufs b = rd_.st[s];
+    int64_t start = rd_.start[s], first = rd_.first[s];
+    int64_t nvis = ratio ? (p + 1) / ratio : 0;
+    bool use_sel = csa && nvis > topk;
+    int64_t nsel = use_sel ? topk : nvis;
+    int64_t j0 = p - window + 1 < 0 ? 0 : p - window + 1;
+    int64_t nk64 = nsel + (p - j0 + 1);
+    float *orow = o + ((int64_t)r * H + h) * d;
+    if (nvis > vis_cap || nk64 > nkmax || p < 0) {
+        for (int j = threadIdx.x; j < d; j += NB)
+            orow[j] = __int_as_float(0x7fc00000);
+        return;
+    }
+    int nk = (int)nk64, ns = (int)nsel;
+    const int *rs = sel + (int64_t)r * topk;
+    auto key = [&](int i) -> const float * {
+        if (i < ns)
+            return b.ent + (use_sel ? (int64_t)rs[i] : (int64_t)i) * d;
+        int64_t tok = j0 + (i - ns);
+        return tok >= start ? kv + (first + (tok - start)) * d : b.kv + (tok % kv_cap) * d;
+    };
+    const float *qh = q + ((int64_t)r * H + h) * d;
+    for (int i = wid; i < nk; i += NW) {
+        const float *k = key(i);
+        float a = 0.0f;
+        for (int j = lane; j < d; j += 32)
+            a = fmaf(qh[j], k[j], a);
+        a = warp_sum(a);
+        if (lane == 0)
+            pr[i] = a * scale;
+    }
+    __syncthreads();
+    float mx = sink[h];
+    for (int i = threadIdx.x; i < nk; i += NB)
+        mx = fmaxf(mx, pr[i]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if (lane == 0)
+        sh[wid] = mx;
+    __syncthreads();
+    mx = sh[0];
+    for (int i = 1; i < NW; i++)
+        mx = fmaxf(mx, sh[i]);
+    float part = 0.0f;
+    for (int i = threadIdx.x; i < nk; i += NB) {
+        float e = expf(pr[i] - mx);
+        pr[i] = e;
+        part += e;
+    }
+    float den = expf(sink[h] - mx) + block_sum<NW>(part, sh);
+    for (int j = threadIdx.x; j < d; j += NB) {
+        float acc = 0.0f;
+        for (int i = 0; i < nk; i++)
+            acc = fmaf(pr[i] / den, key(i)[j], acc);
+        orow[j] = acc;
+    }
+}
+
+/* ---- 4. ring stores -------------------------------------------------------------------- */
+
+/* Thread per (row, column) of stream y (0 kv, 1 c, 2 z, 3 ic, 4 iz): a row at position p of
+ * sequence s goes to slot p % cap when p + cap >= the sequence's end in this step (its last
+ * cap rows only, so no two rows share a slot). */
+__global__ void k_ring(rows_dev rd_, int ratio, int csa, int d, int cw, int iw, int kv_cap, int c_cap, const float *kv,
+                       const float *cc, const float *zz, const float *ic, const float *iz)
+{
+    int kind = blockIdx.y;
+    if ((kind > 0 && !ratio) || (kind > 2 && !csa))
+        return;
+    int width = kind == 0 ? d : kind < 3 ? cw : iw, cap = kind ? c_cap : kv_cap;
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)rd_.R * width)
+        return;
+    int r = (int)(idx / width), c = (int)(idx % width);
+    int s = rd_.seq[r];
+    int64_t end = rd_.start[s] + ((s + 1 < rd_.S ? rd_.first[s + 1] : rd_.R) - rd_.first[s]);
+    int64_t p = rd_.pos[r];
+    if (p + cap < end)
+        return;
+    const float *src = kind == 0 ? kv : kind == 1 ? cc : kind == 2 ? zz : kind == 3 ? ic : iz;
+    dsv4_lbufs b = rd_.st[s];
+    float *ring = kind == 0 ? b.kv : kind == 1 ? b.c : kind == 2 ? b.z : kind == 3 ? b.ic : b.iz;
+    ring[(p % cap) * width + c] = src[(int64_t)r * width + c];
+}
+
+/* ---- routing ---------------------------------------------------------------------------- */
+
+/* A warp per row: s_e = sqrt(softplus(lg)) into shared memory, then the K experts (hash:
+ * tid2eid; else K rounds of the best unused s + bias, ties to the lower expert: each lane's
+ * first maximum over its experts in order, then an xor tree that prefers the higher value,
+ * then the lower index), then the weights by lane 0 in the CPU's order. */
+__global__ void __launch_bounds__(NB) k_route(const float *lg, int R, int E, int K, const float *bias,
+                                              const int32_t *tid2eid, const int32_t *ids, int norm, float route_scale,
+                                              int32_t *eid, float *wts)
+{
+    extern __shared__ float rsm[];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int r = blockIdx.x * NW + wid;
+    if (r >= R)
+        return; /* whole warps; no block barrier below */
+    float *sc = rsm + (size_t)wid * E;
+    unsigned char *used = (unsigned char *)(rsm + (size_t)NW * E) + (size_t)wid * E;
+    for (int e = lane; e < E; e += 32) {
+        float x = lg[(int64_t)r * E + e];
+        sc[e] = sqrtf(x > 20.0f ? x : log1pf(expf(x)));
+        used[e] = 0;
+    }
+    __syncwarp();
+    int32_t *ch = eid + (int64_t)r * K;
+    if (tid2eid) {
+        for (int k = lane; k < K; k += 32)
+            ch[k] = tid2eid[(int64_t)ids[r] * K + k];
+    } else {
+        for (int k = 0; k < K; k++) {
+            int best = -1;
+            float bv = 0.0f;
+            for (int e = lane; e < E; e += 32) {
+                float v = sc[e] + (bias ? bias[e] : 0.0f);
+                if (!used[e] && (best < 0 || v > bv)) {
+                    best = e;
+                    bv = v;
+                }
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                float ov = __shfl_xor_sync(0xffffffffu, bv, off);
+                int ob = __shfl_xor_sync(0xffffffffu, best, off);
+                if (ob >= 0 && (best < 0 || ov > bv || (ov == bv && ob < best))) {
+                    bv = ov;
+                    best = ob;
+                }
+            }
+            if (lane == 0) {
+                ch[k] = best;
+                if (best >= 0)
+                    used[best] = 1;
+            }
+            __syncwarp();
+        }
+    }
+    __syncwarp();
+    if (lane == 0) {
+        float sum = 0.0f;
+        for (int k = 0; k < K; k++) {
+            int e = ch[k];
+            sum += e >= 0 && e < E ? sc[e] : __int_as_float(0x7fc00000);
+        }
+        for (int k = 0; k < K; k++) {
+            int e = ch[k];
+            float w = e >= 0 && e < E ? sc[e] : __int_as_float(0x7fc00000);
+            if (norm)
+                w = w / (sum + 1e-20f);
+            wts[(int64_t)r * K + k] = w * route_scale;
+        }
+    }
+}
+
+int g_smem_optin;               /* the device's largest dynamic shared memory a block may opt into */
+int g_attn_smem_set;            /* what k_attn was allowed so far */
+
+} // namespace
+
+/* ---- host side --------------------------------------------------------------------------- */
+
+/* A buffer attn_step reads or writes: device memory, or the op fails (the per-sequence
+ * buffers it reaches through st cannot be staged from the host). */
+static bool need_dev(const void *p, const char *what)
+{
+    if (on_dev(p))
+        return true;
+    fail(DSV4_E_ARG, "cuda: attn_step: %s must be a device buffer", what);
+    return false;
+}
+
+void dsv4cu::attn_step(const dsv4_attn_args *a)
+{
+    const dsv4_rows *rw = &a->rows;
+    int R = rw->R, H = a->H, d = a->d;
+    if (R <= 0 || H <= 0 || d <= 0)
+        return;
+    size_t bo = (size_t)R * H * d * sizeof(float);
+    op_begin();
+    int ratio = a->ratio, csa = ratio ? a->csa : 0;
+    int64_t vis = ratio ? a->vis_cap : 0;
+    bool ok = true;
+    ok = ok && need_dev(rw->pos, "rows.pos") && need_dev(rw->seq, "rows.seq") && need_dev(rw->start, "rows.start") &&
+         need_dev(rw->first, "rows.first") && need_dev(a->st, "st") && need_dev(a->q, "q") && need_dev(a->kv, "kv") &&
+         need_dev(a->o, "o");
+    if (ok && ratio)
+        ok = need_dev(a->cc, "cc") && need_dev(a->zz, "zz");
+    if (ok && csa)
+        ok = need_dev(a->ic, "ic") && need_dev(a->iz, "iz") && need_dev(a->qi, "qi") && need_dev(a->wt, "wt") &&
+             need_dev(a->work, "work");
+    if (ok && (rw->S <= 0 || a->window < 0 || a->kv_cap <= 0 || (ratio && (ratio < 0 || a->c_cap <= 0 || vis < 0)) ||
+               (ratio && (a->comp.ratio != ratio || a->comp.dim != d)) ||
+               (csa && (a->icomp.ratio != ratio || a->icomp.dim != a->ci || a->topk <= 0 || a->ci <= 0 ||
+                        a->nI <= 0)) ||
+               a->rd > d || a->rd % 2 || (csa && a->rd > a->ci))) {
+        fail(DSV4_E_ARG, "cuda: attn_step: inconsistent arguments (ratio %d, d %d, rd %d, ci %d, topk %d)", ratio, d,
+             a->rd, a->ci, a->topk);
+        ok = false;
+    }
+    if (ok && (vis > INT32_MAX || (csa && cdiv(vis, SC_EPB) > 65535) || H > 65535)) {
+        fail(DSV4_E_UNSUPPORTED, "cuda: attn_step: vis_cap %lld or %d heads beyond the kernels' grid",
+             (long long)vis, H);
+        ok = false;
+    }
+    const float *sink = ok ? (const float *)dev_const(a->sink, (size_t)H * sizeof(float)) : NULL;
+    const float *ifr = ok && ratio ? (const float *)dev_const(a->inv_freq, (size_t)(a->rd / 2) * sizeof(float)) : NULL;
+    pool_dev pc = {0, 0, 0, NULL, NULL}, pi = {0, 0, 0, NULL, NULL};
+    if (ok && ratio) {
+        const dsv4_pool *c = &a->comp;
+        int cw = (1 + c->overlap) * c->dim;
+        pc = pool_dev{c->ratio, c->dim, c->overlap ? 1 : 0,
+                      (const float *)dev_const(c->ape, (size_t)c->ratio * cw * sizeof(float)),
+                      (const float *)dev_const(c->norm, (size_t)c->dim * sizeof(float))};
+        ok = (pc.ape || !c->ape) && (pc.norm || !c->norm) && (ifr || a->rd == 0);
+        if (ok && csa) {
+            const dsv4_pool *c2 = &a->icomp;
+            int cw2 = (1 + c2->overlap) * c2->dim;
+            pi = pool_dev{c2->ratio, c2->dim, c2->overlap ? 1 : 0,
+                          (const float *)dev_const(c2->ape, (size_t)c2->ratio * cw2 * sizeof(float)),
+                          (const float *)dev_const(c2->norm, (size_t)c2->dim * sizeof(float))};
+            ok = (pi.ape || !c2->ape) && (pi.norm || !c2->norm);
+        }
+    }
+    /* k_attn's score array: every key a row may have */
+    int64_t nkmax = (ratio ? (csa ? (vis < a->topk ? vis : a->topk) : vis) : 0) + a->window;
+    size_t asmem = (size_t)(nkmax > 0 ? nkmax : 1) * sizeof(float);
+    if (ok && !g_smem_optin) {
+        int dev = 0;
+        if (CK(cudaGetDevice(&dev)) || CK(cudaDeviceGetAttribute(&g_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)))
+            ok = false;
+    }
+    size_t static_smem = (NW + 1) * sizeof(float);
+    if (ok && asmem + static_smem > (size_t)g_smem_optin) {
+        fail(DSV4_E_UNSUPPORTED, "cuda: attn_step: %lld keys a row do not fit shared memory (%d bytes)", (long long)nkmax,
+             g_smem_optin);
+        ok = false;
+    }
+    if (ok && asmem > 48 * 1024 && (int)asmem > g_attn_smem_set) {
+        if (CK(cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)))
+            ok = false;
+        else
+            g_attn_smem_set = (int)asmem;
+    }
+    if (!ok || !sink) {
+        out_fail(a->o, bo);
+        op_end();
+        return;
+    }
+    rows_dev rdv = {rw->pos, rw->seq, rw->start, rw->first, a->st, R, rw->S};
+    float *scores = a->work;
+    int *sel = csa ? (int *)(a->work + (size_t)R * vis) : NULL;
+    if (dsv4cu::poison)
+        CK(cudaMemsetAsync(a->o, 0xff, bo, stream));
+    bool run = true;
+    if (ratio) {
+        int dmax = csa && a->ci > d ? a->ci : d;
+        k_emit<<<dim3((unsigned)R, csa ? 2 : 1), NB, (size_t)dmax * sizeof(float), stream>>>(
+            rdv, pc, pi, a->c_cap, a->rd, ifr, a->eps, a->cc, a->zz, a->ic, a->iz);
+        run = launched("attn_step entries");
+    }
+    if (run && csa && vis > a->topk) {
+        k_iscore<<<dim3((unsigned)R, (unsigned)cdiv(vis, SC_EPB)), NB, 0, stream>>>(
+            rdv, ratio, a->topk, vis, a->nI, a->ci, a->iw_scale, a->qi, a->wt, scores);
+        run = launched("attn_step indexer scores");
+        if (run) {
+            k_itopk<<<(unsigned)R, TK_NT, 0, stream>>>(rdv, ratio, a->topk, vis, scores, sel);
+            run = launched("attn_step indexer top-k");
+        }
+    }
+    if (run) {
+        k_attn<<<dim3((unsigned)R, (unsigned)H), NB, asmem, stream>>>(rdv, ratio, csa, a->topk, vis, a->kv_cap, H, d,
+                                                                       a->window, (int)nkmax, a->scale, sink, a->q,
+                                                                       a->kv, sel, a->o);
+        run = launched("attn_step attention");
+    }
+    if (run) {
+        int cw = (1 + csa) * d, iw = 2 * a->ci, wmax = d;
+        if (ratio && cw > wmax)
+            wmax = cw;
+        if (csa && iw > wmax)
+            wmax = iw;
+        k_ring<<<dim3((unsigned)cdiv((int64_t)R * wmax, 256), 5), 256, 0, stream>>>(
+            rdv, ratio, csa, d, cw, iw, a->kv_cap, a->c_cap, a->kv, a->cc, a->zz, a->ic, a->iz);
+        run = launched("attn_step rings");
+    }
+    if (!run)
+        out_fail(a->o, bo);
+    op_end();
+}
+
+void dsv4cu::route(const float *lg, int R, int E, int K, const float *bias, const int32_t *tid2eid, const int32_t *ids,
+                   int norm, float route_scale, int32_t *eid, float *wts)
+{
+    if (R <= 0 || K <= 0)
+        return;
+    size_t bk = (size_t)R * K * sizeof(float);
+    op_begin();
+    size_t smem = (size_t)NW * E * (sizeof(float) + 1);
+    bool ok = E > 0 && K <= E;
+    if (!ok)
+        fail(DSV4_E_ARG, "cuda: route: %d of %d experts", K, E);
+    if (ok && smem > 48 * 1024) {
+        fail(DSV4_E_UNSUPPORTED, "cuda: route: %d experts do not fit the kernel's shared memory", E);
+        ok = false;
+    }
+    const float *dlg = ok ? (const float *)in_buf(lg, (size_t)R * E * sizeof(float)) : NULL;
+    const float *db = ok && bias ? (const float *)dev_const(bias, (size_t)E * sizeof(float)) : NULL;
+    const int32_t *dt = NULL, *dids = NULL;
+    if (ok && tid2eid) {
+        dt = (const int32_t *)dev_known(tid2eid);
+        if (!dt) {
+            fail(DSV4_E_ARG, "cuda: route: tid2eid must be device memory or registered with dsv4_cuda_put");
+            ok = false;
+        }
+        dids = ok ? (const int32_t *)in_buf(ids, (size_t)R * sizeof(int32_t)) : NULL;
+    }
+    int32_t *deid = ok ? (int32_t *)out_buf(eid, bk, 1) : NULL;
+    float *dw = ok ? (float *)out_buf(wts, bk, 1) : NULL;
+    if (ok && dlg && (db || !bias) && (!tid2eid || (dt && dids)) && deid && dw) {
+        k_route<<<(unsigned)cdiv(R, NW), NB, smem, stream>>>(dlg, R, E, K, db, dt, dids, norm, route_scale, deid, dw);
+        if (launched("route")) {
+            out_back(eid, deid, bk);
+            out_back(wts, dw, bk);
+            op_end();
+            return;
+        }
+    }
+    out_fail(wts, bk); /* a failed routing: weights NaN, experts 0 (valid ids) */
+    if (on_dev(eid))
+        cudaMemsetAsync(eid, 0, bk, stream);
+    else if (eid)
+        memset(eid, 0, bk);
+    op_end();
+}
