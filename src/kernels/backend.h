@@ -104,6 +104,10 @@ typedef struct dsv4_backend {
     /* y[t, i] = sum_k W[r0 + i, k] * x[t, k] for i < r1 - r0: rows [r0, r1) of W.
      * x: [T, W.k] with row stride ldx; y: [T, r1 - r0] with row stride ldy. */
     void (*linear)(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
+    /* V4's grouped output projection: G row blocks of W [n, k], block g times its own slice of
+     * x: y[t, g n/G + i] = sum_j W[g n/G + i, j] x[t, g k + j]; x [T, G k], y [T, n]. Each
+     * block's rows as linear computes them. */
+    void (*linear_blocks)(const dsv4_weight *w, int G, const float *x, int T, float *y);
     /* y = x / sqrt(mean(x^2) + eps) * (w ? w : 1), per row of `dim`; x and y may alias. */
     void (*rmsnorm)(const float *x, int64_t rows, int dim, const float *w, float eps, float *y);
     /* Interleaved rope on the last rd channels of each of `heads` heads of width d in each

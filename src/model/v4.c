@@ -130,11 +130,8 @@ static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
     A.q = q, A.kv = kv, A.cc = cc, A.zz = zz, A.ic = ic, A.iz = iz, A.qi = qi, A.wt = wt, A.o = o;
     be->attn_step(&A);
     be->rope(o, R, Hd, H, d, rd, freq, f->dpos, 1);
-    int G = c->o_groups, rk = c->o_lora;
-    int64_t gw = Hd / G;
-    for (int g = 0; g < G; g++)
-        be->linear(&L->wo_a, (int64_t)g * rk, (int64_t)(g + 1) * rk, o + g * gw, R, Hd, t + (int64_t)g * rk, (int64_t)G * rk);
-    be->linear(&L->wo_b, 0, c->dim, t, R, (int64_t)G * rk, y, c->dim);
+    be->linear_blocks(&L->wo_a, c->o_groups, o, R, t);
+    be->linear(&L->wo_b, 0, c->dim, t, R, (int64_t)c->o_groups * c->o_lora, y, c->dim);
     m->arena.off = mk;
     return 0;
 }

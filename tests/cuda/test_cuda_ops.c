@@ -359,6 +359,56 @@ static void test_linear_group(dsv4_wform form, int64_t n, int64_t k, int bn, int
     free(one), free(grp), free(ref), free(mag), free(row);
 }
 
+/* The grouped output projection on device buffers: one launch equals the blocks launched one
+ * by one (bitwise) and the CPU (within tolerance); control: block 1 given block 0's slice. */
+static void test_linear_blocks(dsv4_wform form, int G, int64_t rk, int64_t k, int T)
+{
+    char what[96];
+    snprintf(what, sizeof what, "linear blocks %d x %s [%lld,%lld] T=%d", G, dsv4_wform_name(form), (long long)rk,
+             (long long)k, T);
+    int64_t n = G * rk;
+    lin_case c = {form, n, k, 128, form == DSV4_WF_FP4 ? 32 : 128, 1, 0, n, T, 0, 0};
+    dsv4_weight w;
+    make_weight(&c, &w);
+    dsv4_err err = {0};
+    CHECK(!dsv4_cuda_put_weight(&w, &err), "%s: %s", what, err.msg);
+    size_t nx = (size_t)T * G * k, ny = (size_t)T * n;
+    float *hx = falloc(nx), *ref = falloc(ny), *one = falloc(ny), *blk = falloc(ny), *row = falloc(k);
+    fill(hx, nx, -1, 1);
+    float *dx = gpu->alloc(nx * sizeof(float)), *dy = gpu->alloc(ny * sizeof(float)), *dz = gpu->alloc(ny * sizeof(float));
+    gpu->upload(dx, hx, nx * sizeof(float));
+    gpu->linear_blocks(&w, G, dx, T, dy);
+    for (int g = 0; g < G; g++)
+        gpu->linear(&w, g * rk, (g + 1) * rk, dx + g * k, T, (int64_t)G * k, dz + g * rk, n);
+    gpu->download(blk, dy, ny * sizeof(float));
+    gpu->download(one, dz, ny * sizeof(float));
+    CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
+    cpu->linear_blocks(&w, G, hx, T, ref);
+    double *mag = malloc(ny * sizeof(double));
+    for (int64_t i = 0; i < n; i++) {
+        dsv4_weight_row(&w, i, row);
+        for (int t = 0; t < T; t++) {
+            double m = 0;
+            for (int64_t q = 0; q < k; q++)
+                m += fabs((double)row[q] * hx[(size_t)t * G * k + (i / rk) * k + q]);
+            mag[(size_t)t * n + i] = m;
+        }
+    }
+    CHECK(agree(what, blk, ref, mag, ny, 0), "%s: GPU and CPU differ", what);
+    CHECK(!memcmp(blk, one, ny * sizeof(float)), "%s: one launch differs from the blocks one by one", what);
+    float *bad = falloc(ny); /* control: block 1 computed from block 0's slice of x */
+    memcpy(bad, ref, ny * sizeof(float));
+    float *ctl = falloc(ny);
+    cpu->linear(&w, rk, 2 * rk, hx, T, (int64_t)G * k, ctl, rk);
+    for (int t = 0; t < T; t++)
+        memcpy(bad + (size_t)t * n + rk, ctl + (size_t)t * rk, rk * sizeof(float));
+    control("linear blocks slice off by one", blk, bad, mag, ny);
+    gpu->free(dx), gpu->free(dy), gpu->free(dz);
+    dsv4_cuda_drop_weight(&w);
+    free((void *)w.data), free((void *)w.scale);
+    free(hx), free(ref), free(one), free(blk), free(row), free(mag), free(bad), free(ctl);
+}
+
 /* ---- rmsnorm ----------------------------------------------------------------------------- */
 
 static void test_rmsnorm(int rows, int dim, int with_w, int in_place)
@@ -1577,6 +1627,8 @@ int main(void)
         test_linear(&lc[i], i % 3 == 0 ? RESIDENT : i % 3 == 1 ? PINNED : PER_CALL);
     test_linear_group(DSV4_WF_FP4, 96, 512, 1, 32, 6, 1);
     test_linear_group(DSV4_WF_FP8, 128, 384, 128, 128, 3, 3);
+    test_linear_blocks(DSV4_WF_FP8, 8, 128, 512, 1);
+    test_linear_blocks(DSV4_WF_FP8, 8, 128, 512, 5);
     test_rmsnorm(5, 1000, 1, 0);
     test_rmsnorm(3, 4096, 0, 0);
     test_rmsnorm(4, 512, 1, 1);

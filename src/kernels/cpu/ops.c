@@ -465,6 +465,13 @@ static void cpu_swiglu(const float *g, const float *u, int64_t n, float limit, f
     }
 }
 
+static void cpu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T, float *y)
+{
+    int64_t rk = w->n / G;
+    for (int g = 0; g < G; g++)
+        cpu_linear(w, g * rk, (g + 1) * rk, x + g * w->k, T, (int64_t)G * w->k, y + g * rk, w->n);
+}
+
 static const dsv4_backend cpu_backend = {
     .name = "cpu",
     .alloc = dsv4_cpu_alloc,
@@ -473,6 +480,7 @@ static const dsv4_backend cpu_backend = {
     .download = dsv4_cpu_copy,
     .copy = dsv4_cpu_copy,
     .linear = cpu_linear,
+    .linear_blocks = cpu_linear_blocks,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .hc_pre = cpu_hc_pre,

@@ -820,7 +820,7 @@ template <int F, bool VEC, int TT>
 __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_linear_group(lin_jobs J, int T)
 {
     int j = blockIdx.x / J.bpj;
-    dense_map m = {J.x[j], J.y[j], J.w[j].k, J.nr};
+    dense_map m = {J.x[j], J.y[j], J.ldx, J.ldy};
     linear_rows<F, VEC, TT>(J.w[j], J.r0[j], J.nr, m, T, blockIdx.x % J.bpj);
 }
 
@@ -1020,6 +1020,44 @@ static void cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float 
     op_end();
 }
 
+/* The G blocks in one launch (jobs of one weight at row offsets g n/G, strided x and y) when
+ * both buffers are on the device and the shape allows it; else block by block. */
+static void cu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T, float *y)
+{
+    int64_t rk = w->n / G;
+    if (T <= 0 || G < 1)
+        return;
+    bool one = G <= DSV4_CUDA_GROUP_MAX && w->form < DSV4_WF_EXL3 && on_dev(x) && on_dev(y) && vec_ok(w) &&
+               ((uintptr_t)x & 15) == 0 && (w->k * G) % 4 == 0 && w->k % 4 == 0;
+    if (!one) {
+        for (int g = 0; g < G; g++)
+            cu_linear(w, g * rk, (g + 1) * rk, x + g * w->k, T, (int64_t)G * w->k, y + g * rk, w->n);
+        return;
+    }
+    op_begin();
+    const void *q = dev_const(w->data, data_bytes(w));
+    const void *s = w->scale ? dev_const(w->scale, scale_bytes(w)) : NULL;
+    if (q && (s || !w->scale) && (!dsv4cu::poison || !CK(cudaMemsetAsync(y, 0xff, (size_t)T * w->n * sizeof(float), stream)))) {
+        lin_jobs J;
+        memset(&J, 0, sizeof J);
+        J.n = G;
+        J.nr = (int)rk;
+        J.ldx = (int64_t)G * w->k;
+        J.ldy = w->n;
+        for (int g = 0; g < G; g++) {
+            J.w[g] = wdev_of(w, q, s);
+            J.r0[g] = g * rk;
+            J.x[g] = x + g * w->k;
+            J.y[g] = y + g * rk;
+        }
+        launch_linear(w, J, T, stream);
+        if (!launched("linear blocks"))
+            fail_rows(y, T, w->n, w->n);
+    } else
+        fail_rows(y, T, w->n, w->n);
+    op_end();
+}
+
 extern "C" int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy,
                                     void *stream, dsv4_err *err)
 {
@@ -1046,6 +1084,8 @@ extern "C" int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, co
     memset(&J, 0, sizeof J);
     J.n = n;
     J.nr = (int)w[0]->n;
+    J.ldx = w[0]->k;
+    J.ldy = w[0]->n;
     for (int j = 0; j < n; j++) {
         const dsv4_weight *a = w[j], *b = w[0];
         if (a->form != b->form || a->n != b->n || a->k != b->k || a->bn != b->bn || a->bk != b->bk ||
@@ -1933,6 +1973,7 @@ static dsv4_backend make_table(void)
     t.download = cu_download;
     t.copy = cu_copy;
     t.linear = cu_linear;
+    t.linear_blocks = cu_linear_blocks;
     t.rmsnorm = cu_rmsnorm;
     t.rope = cu_rope;
     t.hc_pre = cu_hc_pre;
