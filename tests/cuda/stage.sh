@@ -2,13 +2,14 @@
 # Stages what a device run needs in .dev/cuda (git-ignored; sent with the run's `carry`): the
 # device image has nvcc but not libcjson's headers, so the CUDA build is made here
 # (BUILD=${BUILD:-build-cuda}), stripped, with the shared libraries the image lacks, the scripts
-# and the shared fixtures. On the device: cd .dev/cuda && bash tests/cuda/on_device.sh [bench]
+# and the shared fixtures. On the device:
+#   cd .dev/cuda && tar -xJf prebuilt.tar.xz && bash tests/cuda/on_device.sh [bench]
 set -eu
 cd "$(dirname "$0")/../.."
 B=${BUILD:-build-cuda}
 D=.dev/cuda
 make -j"$(nproc)" CUDA=1 BUILD="$B" all "$B/tests/cuda/test_cuda_ops" >/dev/null
-rm -rf "$D/prebuilt" "$D/tests" "$D/bench"
+rm -rf "$D/prebuilt" "$D/lib" "$D/tests" "$D/bench" "$D/prebuilt.tar.xz"
 mkdir -p "$D/prebuilt/tests/cuda" "$D/lib" "$D/tests/cuda" "$D/bench" "$D/fixtures"
 for f in dsv4 tests/test_v4_fixtures tests/test_v41_fixtures tests/test_batch tests/test_lanes $(cd "$B" && ls tests/cuda/* | grep -v '\.d$\|\.o$'); do
     [ -f "$B/$f" ] && install -s "$B/$f" "$D/prebuilt/$f"
@@ -22,4 +23,6 @@ cp tests/cuda/on_device.sh tests/cuda/peer_torch.py "$D/tests/cuda/"
 [ -f bench/peer_transformers.py ] && cp bench/peer_transformers.py "$D/bench/"
 cp -r "${DSV4_SHARED:-../shared}/fixtures/v4" "${DSV4_SHARED:-../shared}/fixtures/v41" "$D/fixtures/"
 ln -sfn ../../../tests/fixtures "$D/tests/fixtures"
+# the binaries carry every kernel (about 3.5 MB each) and compress about 25x: the run unpacks them
+tar -C "$D" -cJf "$D/prebuilt.tar.xz" prebuilt lib && rm -rf "$D/prebuilt" "$D/lib"
 du -sh "$D"
