@@ -29,7 +29,7 @@ CU_SRC   := $(wildcard src/kernels/cuda/*.cu)
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS   += -DDSV4_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
-CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_ops $(BUILD)/tests/cuda/bench_cuda
+CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_ops $(BUILD)/tests/cuda/test_cuda_exl3 $(BUILD)/tests/cuda/bench_cuda
 endif
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
@@ -87,6 +87,7 @@ ifeq ($(CUDA),1)
 FIX = $${DSV4_SHARED:-../shared}/fixtures
 test-cuda: all
 	$(BUILD)/tests/cuda/test_cuda_ops
+	$(BUILD)/tests/cuda/test_cuda_exl3
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v4_fixtures
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v41_fixtures
 	DSV4_TEST_DEVICE=cuda $(BUILD)/tests/test_batch

@@ -42,15 +42,82 @@ static int argmax(const float *v, int n)
     return best;
 }
 
+/* A comma list of up to n positive ints into v; returns the count, 0 when malformed. */
+static int int_list(const char *s, int *v, int n)
+{
+    int c = 0;
+    while (*s && c < n) {
+        char *e;
+        long x = strtol(s, &e, 10);
+        if (e == s || x < 1 || x > 1 << 20 || (*e && *e != ','))
+            return 0;
+        v[c++] = (int)x;
+        s = *e ? e + 1 : e;
+    }
+    return *s ? 0 : c;
+}
+
+/* A prompt of P tokens on a fresh sequence: its time in *t, the next token in *next. */
+static int time_prefill(dsv4_model *m, int P, int V, int salt, dsv4_seq *s, float *lg, double *t, int32_t *next,
+                        dsv4_err *err)
+{
+    int32_t *ids = malloc((size_t)P * sizeof *ids);
+    if (!ids)
+        return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
+    for (int i = 0; i < P; i++)
+        ids[i] = (int32_t)((i * 7919 + 13 + salt * 104729) % V);
+    const int32_t *p = ids;
+    dsv4_batch b = {.n_seqs = 1, .seqs = &s, .ids = &p, .n_ids = &P, .logits = lg};
+    double t0 = dsv4_now();
+    int rc = dsv4_forward(m, &b, err);
+    *t = dsv4_now() - t0;
+    *next = argmax(lg, V);
+    free(ids);
+    return rc;
+}
+
+/* `lanes` sequences, each prompted with P tokens alone, then decoded together: the mean time of
+ * N steps after two untimed ones (the first step of a shape runs, the second records it). */
+static int time_decode(dsv4_model *m, int P, int N, int lanes, int V, double *t, dsv4_err *err)
+{
+    dsv4_seq **s = calloc(lanes, sizeof *s);
+    int32_t *next = calloc(lanes, sizeof *next);
+    const int32_t **idp = malloc(lanes * sizeof *idp);
+    int *nid = malloc(lanes * sizeof *nid);
+    float *lg = malloc((size_t)lanes * V * sizeof(float));
+    int rc = !s || !next || !idp || !nid || !lg ? dsv4_fail(err, DSV4_E_NOMEM, "out of memory") : 0;
+    for (int l = 0; l < lanes && !rc; l++) {
+        double tp;
+        if (!(s[l] = dsv4_seq_new(m, err)) || time_prefill(m, P, V, l, s[l], lg, &tp, &next[l], err))
+            rc = err->code ? err->code : DSV4_E_NOMEM;
+        idp[l] = &next[l];
+        nid[l] = 1;
+    }
+    dsv4_batch b = {.n_seqs = lanes, .seqs = s, .ids = idp, .n_ids = nid, .logits = lg};
+    double t2 = 0;
+    for (int i = 0; i < N + 2 && !rc; i++) {
+        if (i == 2)
+            t2 = dsv4_now();
+        rc = dsv4_forward(m, &b, err);
+        for (int l = 0; l < lanes && !rc; l++)
+            next[l] = argmax(lg + (size_t)l * V, V);
+    }
+    *t = (dsv4_now() - t2) / N;
+    for (int l = 0; s && l < lanes; l++)
+        dsv4_seq_free(s[l]);
+    free(s), free(next), free(idp), free(nid), free(lg);
+    return rc;
+}
+
 int dsv4_cmd_bench(int argc, char **argv)
 {
     cli_model_opts o = {0};
-    const char *synth = NULL;
-    int layers = 2, P = 64, N = 8, lanes = 1, elayers = 0;
+    const char *synth = NULL, *graphs = "on";
+    int layers = 2, N = 8, elayers = 0, Ps[8] = {64}, nP = 1, Ls[8] = {1}, nL = 1;
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
-            printf("usage: dsv4 bench (-m DIR | --synthetic v4-flash [--layers N] [--expert-layers E]) [--prefill P]\n"
-                   "                  [--decode N] [--lanes L]\n"
+            printf("usage: dsv4 bench (-m DIR | --synthetic v4-flash [--layers N] [--expert-layers E]) [--prefill P,...]\n"
+                   "                  [--decode N] [--lanes L,...] [--graphs on|off|both]\n"
                    "Prints load time, prefill and decode tokens/s, the bytes a decoded token reads (weights and\n"
                    "cache) and the fraction of the measured memory bandwidth that the decode speed represents\n"
                    "(on a GPU: its device-to-device copy rate; on the CPU: all threads reading).\n"
@@ -58,9 +125,11 @@ int dsv4_cmd_bench(int argc, char **argv)
                    "  --layers N            synthetic layers (alternating CSA / HCA as in layers 2.. of the model)\n"
                    "  --expert-layers E     only E layers own routed experts, layer i uses layer i %% E's (all 43\n"
                    "                        layers' shapes on a GPU that cannot hold 43 layers of experts)\n"
-                   "  --prefill P           prompt tokens per lane (default 64)\n"
+                   "  --prefill P,...       prompts timed on fresh sequences (default 64); decode lanes start\n"
+                   "                        from a prompt of the first\n"
                    "  --decode N            timed decode steps (default 8), after two untimed ones\n"
-                   "  --lanes L             sequences decoded together, one token each per step (default 1)\n%s",
+                   "  --lanes L,...         sequences decoded together, one token each per step (default 1)\n"
+                   "  --graphs on|off|both  replay recorded steps (GPU; default on); both: batch-1 decode each way\n%s",
                    cli_model_usage());
             return 0;
         }
@@ -73,20 +142,30 @@ int dsv4_cmd_bench(int argc, char **argv)
         else if (!strcmp(argv[i], "--expert-layers") && i + 1 < argc)
             elayers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
-            P = atoi(argv[++i]);
+            nP = int_list(argv[++i], Ps, 8);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
             N = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--lanes") && i + 1 < argc)
-            lanes = atoi(argv[++i]);
+            nL = int_list(argv[++i], Ls, 8);
+        else if (!strcmp(argv[i], "--graphs") && i + 1 < argc)
+            graphs = argv[++i];
         else {
             fprintf(stderr, "dsv4 bench: unknown option '%s' (see -h)\n", argv[i]);
             return 2;
         }
     }
-    if (P < 1 || N < 1 || lanes < 1 || lanes > 256 || elayers < 0) {
-        fprintf(stderr, "dsv4 bench: --prefill, --decode and --lanes (at most 256) must be positive\n");
+    if (!nP || !nL || N < 1 || elayers < 0 || (strcmp(graphs, "on") && strcmp(graphs, "off") && strcmp(graphs, "both"))) {
+        fprintf(stderr, "dsv4 bench: --prefill and --lanes take lists of positive counts, --decode a positive count, "
+                        "--graphs on, off or both\n");
         return 2;
     }
+    for (int i = 0; i < nL; i++)
+        if (Ls[i] > 256) {
+            fprintf(stderr, "dsv4 bench: at most 256 lanes\n");
+            return 2;
+        }
+    if (!strcmp(graphs, "off"))
+        setenv("DSV4_GRAPHS", "0", 1);
     double t0 = dsv4_now();
     dsv4_err err = {0};
     dsv4_model *m;
@@ -102,76 +181,64 @@ int dsv4_cmd_bench(int argc, char **argv)
     double t_load = dsv4_now() - t0;
     dsv4_model_info info;
     dsv4_model_get_info(m, &info);
-    int V = info.vocab_size;
+    int V = info.vocab_size, gpu = o.load.device && !strcmp(o.load.device, "cuda");
     printf("model: %s layers=%d width=%d vocab=%d threads=%d device=%s\n", synth ? synth : o.dir, info.n_layers,
-           info.hidden_size, V, omp_get_max_threads(), o.load.device ? o.load.device : "cpu");
+           info.hidden_size, V, omp_get_max_threads(), gpu ? "cuda" : "cpu");
     if (synth && elayers > 0 && elayers < layers)
         printf("experts: %d layers own routed experts; layer i reads layer i %% %d's (same bytes read per token)\n", elayers,
                elayers);
     printf("load: %.2f s, %.2f GB of weights\n", t_load, info.weight_bytes / 1e9);
     if (*dsv4_model_placement(m))
         printf("placement: %s\n", dsv4_model_placement(m));
-    dsv4_seq **s = calloc(lanes, sizeof *s);
-    int32_t *ids = malloc((size_t)P * sizeof *ids), *next = calloc(lanes, sizeof *next);
-    const int32_t **idp = malloc(lanes * sizeof *idp);
-    int *nid = malloc(lanes * sizeof *nid);
-    float *lg = malloc((size_t)lanes * V * sizeof(float));
-    int rc = !s || !ids || !next || !idp || !nid || !lg;
-    double t_pre = 0;
-    /* Each lane's prompt alone (lane 0 timed), then the lanes decode together. */
-    for (int l = 0; l < lanes && !rc; l++) {
-        if (!(s[l] = dsv4_seq_new(m, &err))) {
-            rc = 1;
-            break;
+    double bw = gpu ? dsv4_device_bandwidth("cuda") : read_bandwidth();
+    printf("measured %s bandwidth: %.1f GB/s\n", gpu ? "device copy (read + write)" : "read (all threads)", bw);
+    fflush(stdout);
+    float *lg = malloc((size_t)V * sizeof(float));
+    double flops = 2.0 * dsv4_token_params(m);
+    int rc = lg ? 0 : 1;
+    for (int i = 0; i < nP && !rc; i++) {
+        dsv4_seq *s = dsv4_seq_new(m, &err);
+        double t;
+        int32_t nx;
+        rc = !s || time_prefill(m, Ps[i], V, 0, s, lg, &t, &nx, &err);
+        dsv4_seq_free(s);
+        if (!rc)
+            printf("prefill: %d tokens in %.3f s = %.1f tok/s (%.1f TFLOP/s in the projections and experts)\n", Ps[i], t,
+                   Ps[i] / t, flops * Ps[i] / t / 1e12);
+        fflush(stdout);
+    }
+    free(lg);
+    int P = Ps[0];
+    for (int i = 0; i < nL && !rc; i++)
+        for (int pass = 0; pass < (!strcmp(graphs, "both") && Ls[i] == 1 ? 2 : 1) && !rc; pass++) {
+            if (!strcmp(graphs, "both"))
+                setenv("DSV4_GRAPHS", pass ? "0" : "1", 1);
+            int lanes = Ls[i];
+            double t;
+            if ((rc = time_decode(m, P, N, lanes, V, &t, &err)))
+                break;
+            double step_b = dsv4_decode_step_bytes(m, lanes, P + N / 2 + 1);
+            const char *how = !gpu ? "" : getenv("DSV4_GRAPHS") && !strcmp(getenv("DSV4_GRAPHS"), "0") ? ", ops one by one"
+                                                                                                     : ", recorded steps";
+            if (lanes == 1) {
+                size_t wb = dsv4_decode_weight_bytes(m), sb = dsv4_decode_state_bytes(m, P + N / 2 + 1);
+                printf("decode%s: %.3f ms/token = %.2f tok/s at context %d..%d\n", how, t * 1e3, 1.0 / t, P, P + N + 2);
+                printf("  read per token: weights %.1f MB + cache %.1f MB = %.2f GB/s; floor %.3f ms/token; %.0f%% of it\n",
+                       wb / 1e6, sb / 1e6, (wb + sb) / t / 1e9, (wb + sb) / (bw * 1e9) * 1e3,
+                       100.0 * (wb + sb) / t / 1e9 / bw);
+            } else {
+                printf("decode%s: %d lanes, %.3f ms/step = %.1f tok/s per lane, %.1f tok/s aggregate at context %d..%d\n",
+                       how, lanes, t * 1e3, 1.0 / t, lanes / t, P, P + N + 2);
+                printf("  read per step (weights, the expected distinct experts of %d lanes' picks, caches): %.1f MB = "
+                       "%.2f GB/s; floor %.3f ms/step; %.0f%% of it\n",
+                       lanes, step_b / 1e6, step_b / t / 1e9, step_b / (bw * 1e9) * 1e3, 100.0 * step_b / t / 1e9 / bw);
+            }
+            fflush(stdout);
         }
-        for (int i = 0; i < P; i++)
-            ids[i] = (int32_t)((i * 7919 + 13 + l * 104729) % V);
-        const int32_t *p = ids;
-        dsv4_batch b = {.n_seqs = 1, .seqs = &s[l], .ids = &p, .n_ids = &P, .logits = lg};
-        double t1 = dsv4_now();
-        rc = dsv4_forward(m, &b, &err);
-        if (l == 0)
-            t_pre = dsv4_now() - t1;
-        next[l] = argmax(lg, V);
-    }
-    dsv4_batch b = {.n_seqs = lanes, .seqs = s, .ids = idp, .n_ids = nid, .logits = lg};
-    for (int l = 0; l < lanes; l++) {
-        idp[l] = &next[l];
-        nid[l] = 1;
-    }
-    double t2 = 0;
-    for (int i = 0; i < N + 2 && !rc; i++) {
-        if (i == 2) /* the first step of a shape runs, the second records it */
-            t2 = dsv4_now();
-        rc = dsv4_forward(m, &b, &err);
-        for (int l = 0; l < lanes && !rc; l++)
-            next[l] = argmax(lg + (size_t)l * V, V);
-    }
-    double t_dec = (dsv4_now() - t2) / N;
     if (rc) {
         fprintf(stderr, "dsv4 bench: %s\n", *err.msg ? err.msg : "out of memory");
+        dsv4_model_free(m);
         return 1;
-    }
-    int gpu = o.load.device && !strcmp(o.load.device, "cuda");
-    double bw = gpu ? dsv4_device_bandwidth("cuda") : read_bandwidth();
-    size_t wb = dsv4_decode_weight_bytes(m), sb = dsv4_decode_state_bytes(m, P + N / 2 + 1);
-    double flops = 2.0 * dsv4_token_params(m);
-    printf("prefill: %d tokens in %.3f s = %.1f tok/s (%.1f TFLOP/s in the projections and experts)\n", P, t_pre, P / t_pre,
-           flops * P / t_pre / 1e12);
-    if (lanes == 1) {
-        printf("decode: %.2f ms/token = %.2f tok/s at context %d..%d\n", t_dec * 1e3, 1.0 / t_dec, P, P + N + 2);
-        printf("read per decoded token: weights %.1f MB + cache %.1f MB; effective %.2f GB/s\n", wb / 1e6, sb / 1e6,
-               (wb + sb) / t_dec / 1e9);
-        printf("measured %s bandwidth: %.1f GB/s; floor %.3f ms/token; decode reaches %.0f%% of it\n",
-               gpu ? "device copy (read + write)" : "read (all threads)", bw, (wb + sb) / (bw * 1e9) * 1e3,
-               100.0 * (wb + sb) / t_dec / 1e9 / bw);
-    } else {
-        double step_b = dsv4_decode_step_bytes(m, lanes, P + N / 2 + 1);
-        printf("decode: %d lanes, %.2f ms/step = %.1f tok/s per lane, %.1f tok/s aggregate at context %d..%d\n", lanes,
-               t_dec * 1e3, 1.0 / t_dec, lanes / t_dec, P, P + N + 2);
-        printf("read per step (weights, the expected distinct experts of %d lanes' picks, caches): %.1f MB; effective "
-               "%.2f GB/s; floor %.3f ms/step; %.0f%% of it\n",
-               lanes, step_b / 1e6, step_b / t_dec / 1e9, step_b / (bw * 1e9) * 1e3, 100.0 * step_b / t_dec / 1e9 / bw);
     }
     dsv4_state_cost_t sc;
     dsv4_state_cost(m, 131072, &sc);
@@ -179,14 +246,6 @@ int dsv4_cmd_bench(int argc, char **argv)
            "quantized store %.1f MB\n",
            info.n_layers, (sc.window_bytes + sc.entry_bytes + sc.ikey_bytes) / 1e6, sc.window_bytes / 1e6,
            sc.entry_bytes / 1e6, sc.ikey_bytes / 1e6, (sc.window_bytes_q + sc.entry_bytes_q + sc.ikey_bytes_q) / 1e6);
-    for (int l = 0; l < lanes; l++)
-        dsv4_seq_free(s[l]);
-    free(s);
-    free(ids);
-    free(next);
-    free(idp);
-    free(nid);
-    free(lg);
     dsv4_model_free(m);
     return 0;
 }

@@ -53,24 +53,29 @@ if [ "${1:-}" = bench ]; then
     # the benchmark table (docs/bench.md): all 43 layers' shapes with the experts of 8 layers
     # shared round-robin (same bytes read per token), batch-1 decode with and without graph
     # replay, 4 and 8 lanes, a 4096-token prefill; then the peers on the same shapes
-    S="$B/dsv4 bench --synthetic v4-flash --device cuda"
-    run() { echo "== $*"; timeout 300 "$@" 2>&1 | grep -v "loading\|building" | tee -a "$OUT/synth.log"; }
-    run $S --layers 43 --expert-layers 8 --prefill 64 --decode 32
-    run env DSV4_GRAPHS=0 $S --layers 43 --expert-layers 8 --prefill 64 --decode 16
-    run $S --layers 43 --expert-layers 8 --prefill 64 --decode 16 --lanes 4
-    run $S --layers 43 --expert-layers 8 --prefill 64 --decode 16 --lanes 8
-    run $S --layers 43 --expert-layers 8 --prefill 4096 --decode 4
+    run() { echo "== $*"; stdbuf -oL timeout 400 "$@" 2>&1 | grep -v "loading\|building" | tee -a "$OUT/synth.log"; }
+    run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --prefill 64,4096 --decode 32 \
+        --lanes 1,4,8 --graphs both
     echo "== peer: transformers DeepseekV4 eager, 2 layers at V4-Flash shapes"
     PYTHONUNBUFFERED=1 timeout 300 python3 bench/peer_transformers.py --layers 2 2>&1 | tee "$OUT/peer_transformers.log"
-    run $S --layers 2 --prefill 4096 --decode 16
+    run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 2 --prefill 64,4096 --decode 16
     echo "== peer: PyTorch FP8 / BF16 matmul at the projection shapes"
     PYTHONUNBUFFERED=1 timeout 100 python3 tests/cuda/peer_torch.py 2>&1 | tee "$OUT/peer.log"
     exit $rc
 fi
+echo "== an EXL3 pack (four layers at K=3) through the CUDA backend against the CPU"
+ids=$(python3 -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["cases"][0]["ids"])))' "$F/v4/v4-tiny-a/cases.json")
+only=layers.1.attn.wo_a,layers.0.ffn.experts.2.w2,layers.2.ffn.shared_experts.w1,layers.2.attn.wq_b
+if $B/dsv4 quantize --exl3 3 --only $only -m "$F/v4/v4-tiny-a" -o "$T/pack" >"$T/quant.log" 2>&1 &&
+   $B/dsv4 logits -m "$T/pack" --ids "$ids" -o "$T/exl3_cpu.f32" && $B/dsv4 logits -m "$T/pack" --ids "$ids" --device cuda -o "$T/exl3_gpu.f32" &&
+   python3 tests/tools/exl3_gen.py maxdiff "$T/exl3_cpu.f32" "$T/exl3_gpu.f32" 1e-4; then echo "ok   exl3 forward"; else echo "FAIL exl3 forward"; rc=1; fi
 echo "== dsv4 bench --synthetic v4-flash --layers 2 --device cuda (graph replay on, then off)"
-timeout 100 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda --decode 16 2>&1 | grep -v "loading" | tee "$OUT/synth.log"
-DSV4_GRAPHS=0 timeout 100 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda --decode 16 2>&1 | grep -v "loading" |
-    tee -a "$OUT/synth.log"
+stdbuf -oL timeout 150 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda --decode 16 --graphs both >"$T/b.log" 2>&1
+r=$?
+grep -v "loading" "$T/b.log" | tee -a "$OUT/synth.log"; echo "exit $r"
+if [ $r -ge 128 ] && [ $r != 137 ]; then
+    echo "== backtrace"; timeout 200 cuda-gdb -batch -ex run -ex bt --args $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda --decode 4 2>&1 | tail -n 30
+fi
 echo "== dsv4 bench --synthetic again, DSV4_CUDA_BUDGET=4G (experts spilled to pinned host memory)"
 DSV4_CUDA_BUDGET=4G timeout 100 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda 2>&1 | grep -v "loading" |
     tee "$OUT/synth_spill.log"

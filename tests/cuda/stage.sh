@@ -19,7 +19,9 @@ for l in libcjson.so.1 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1; do
 done
 cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$D/lib/" 2>/dev/null ||
     cp -L "$(find / -name 'libcudart.so.13' 2>/dev/null | head -1)" "$D/lib/"
+mkdir -p "$D/tests/tools"
 cp tests/cuda/on_device.sh tests/cuda/peer_torch.py "$D/tests/cuda/"
+cp tests/tools/exl3_gen.py "$D/tests/tools/"
 [ -f bench/peer_transformers.py ] && cp bench/peer_transformers.py "$D/bench/"
 cp -r "${DSV4_SHARED:-../shared}/fixtures/v4" "${DSV4_SHARED:-../shared}/fixtures/v41" "$D/fixtures/"
 ln -sfn ../../../tests/fixtures "$D/tests/fixtures"

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/exl3_cuda.h"
 
 using namespace dsv4cu;
 
@@ -266,7 +267,9 @@ static size_t scale_bytes(const dsv4_weight *w)
 
 static int put_weight(const dsv4_weight *w, int pinned, dsv4_err *err)
 {
-    if (w->form >= DSV4_WF_EXL3)
+    if (w->form == DSV4_WF_EXL3) /* trellis, scales and bias on the device (the plan never spills them) */
+        return dsv4_cuda_exl3_put(w, err);
+    if (w->form > DSV4_WF_EXL3)
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, "cuda: weight %s: form %s has no CUDA kernel", w->name ? w->name : "?",
                          dsv4_wform_name(w->form));
     int rc = put_copy(w->data, data_bytes(w), pinned, err);
@@ -281,7 +284,12 @@ static int put_weight(const dsv4_weight *w, int pinned, dsv4_err *err)
 extern "C" int dsv4_cuda_put_weight(const dsv4_weight *w, dsv4_err *err) { return put_weight(w, 0, err); }
 extern "C" int dsv4_cuda_pin_weight(const dsv4_weight *w, dsv4_err *err) { return put_weight(w, 1, err); }
 
-extern "C" size_t dsv4_cuda_weight_bytes(const dsv4_weight *w) { return data_bytes(w) + (w->scale ? scale_bytes(w) : 0); }
+extern "C" size_t dsv4_cuda_weight_bytes(const dsv4_weight *w)
+{
+    if (w->form == DSV4_WF_EXL3)
+        return dsv4_cuda_exl3_bytes(w);
+    return data_bytes(w) + (w->scale ? scale_bytes(w) : 0);
+}
 
 extern "C" int dsv4_cuda_mem(size_t *free_b, size_t *total_b, dsv4_err *err)
 {
@@ -301,6 +309,10 @@ extern "C" void dsv4_cuda_usage(size_t *device_b, size_t *pinned_b)
 
 extern "C" void dsv4_cuda_drop_weight(const dsv4_weight *w)
 {
+    if (w->form == DSV4_WF_EXL3) {
+        dsv4_cuda_exl3_drop(w);
+        return;
+    }
     dsv4_cuda_drop(w->data);
     if (w->scale)
         dsv4_cuda_drop(w->scale);
@@ -967,6 +979,30 @@ static float *pack_buf(size_t n)
     return g_pack;
 }
 
+/* EXL3 rows (exl3.cu) over device buffers, or host ones copied in and out; its failures are
+ * kept here like every op's. */
+static void exl3_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                        int64_t ldy)
+{
+    int64_t nr = r1 - r0;
+    int ydev = on_dev(y);
+    const float *dx = on_dev(x) ? x : dev_in(x, T, w->k, ldx);
+    int64_t dldx = on_dev(x) ? ldx : w->k, dldy = ydev ? ldy : nr;
+    float *dy = ydev ? y : dev_out((size_t)T * nr);
+    if (ydev && dsv4cu::poison)
+        CK(cudaMemset2DAsync(y, ldy * sizeof(float), 0xff, nr * sizeof(float), T, stream));
+    dsv4_err e;
+    memset(&e, 0, sizeof e);
+    if (!dx || !dy || dsv4_cuda_exl3_linear(w, r0, r1, dx, T, dldx, dy, dldy, stream) || dsv4_cuda_exl3_check(&e)) {
+        if (e.code)
+            fail(e.code, "%s", e.msg);
+        fail_rows(y, T, nr, ldy);
+        return;
+    }
+    if (!ydev)
+        dev_back(y, ldy, dy, T, nr);
+}
+
 static void cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                       int64_t ldy)
 {
@@ -974,6 +1010,11 @@ static void cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float 
     if (T <= 0 || nr <= 0)
         return;
     op_begin();
+    if (w->form == DSV4_WF_EXL3) {
+        exl3_linear(w, r0, r1, x, T, ldx, y, ldy);
+        op_end();
+        return;
+    }
     int ok = w->form < DSV4_WF_EXL3;
     if (!ok)
         fail(DSV4_E_UNSUPPORTED, "cuda: weight %s: form %s has no CUDA kernel", w->name ? w->name : "?",
@@ -1748,13 +1789,43 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
  * runs); above, tiles of up to LIN_TT rows of one expert share the expert's weight reads. */
 enum { EX_SOLO_PAIRS = 64 };
 
+static void experts_run(const dsv4_experts_args *a);
+
+/* Host buffers (the V4.1 forward keeps its activations on the host) are copied in, the op
+ * runs on device copies, and y is copied back. */
 static void cu_experts(const dsv4_experts_args *a)
 {
-    int R = a->R, K = a->K, D = a->D, I = a->I, E = a->E;
-    if (R <= 0 || D <= 0)
+    if (a->R <= 0 || a->D <= 0)
         return;
-    size_t by = (size_t)R * D * sizeof(float);
     op_begin();
+    if (on_dev(a->x) && on_dev(a->y) && on_dev(a->eid) && on_dev(a->wts) && on_dev(a->work)) {
+        experts_run(a);
+        op_end();
+        return;
+    }
+    size_t RK = (size_t)a->R * a->K, by = (size_t)a->R * a->D * sizeof(float);
+    dsv4_experts_args d = *a;
+    d.x = (const float *)in_buf(a->x, by);
+    d.eid = (const int32_t *)in_buf(a->eid, RK * sizeof(int32_t));
+    d.wts = (const float *)in_buf(a->wts, RK * sizeof(float));
+    d.y = (float *)out_buf(a->y, by, 1);
+    d.work = on_dev(a->work) ? a->work : (float *)scratch(DSV4_EXPERTS_WORK(a->R, a->K, a->D, a->I, a->E) * sizeof(float));
+    if (!d.x || !d.eid || !d.wts || !d.y || !d.work) {
+        out_fail(a->y, by);
+        op_end();
+        return;
+    }
+    experts_run(&d);
+    if (!errp()->code)
+        out_back(a->y, d.y, by);
+    op_end();
+}
+
+/* The op on device buffers, inside op_begin/op_end. */
+static void experts_run(const dsv4_experts_args *a)
+{
+    int R = a->R, K = a->K, D = a->D, I = a->I, E = a->E;
+    size_t by = (size_t)R * D * sizeof(float);
     int64_t RK = (int64_t)R * K;
     int ok = 1;
     if (a->ref) {
@@ -1762,9 +1833,6 @@ static void cu_experts(const dsv4_experts_args *a)
         ok = 0;
     } else if (K <= 0 || I <= 0 || E <= 0 || RK > INT32_MAX / 4) {
         fail(DSV4_E_ARG, "cuda: experts: bad shape R=%d K=%d D=%d I=%d E=%d", R, K, D, I, E);
-        ok = 0;
-    } else if (!on_dev(a->x) || !on_dev(a->y) || !on_dev(a->eid) || !on_dev(a->wts) || !on_dev(a->work)) {
-        fail(DSV4_E_ARG, "cuda: experts: x, y, eid, wts and work must be device buffers");
         ok = 0;
     } else if (a->w1[0].n != I || a->w1[0].k != D || a->w3[0].n != I || a->w3[0].k != D || a->w2[0].n != D ||
                a->w2[0].k != I || a->w1[0].form != a->w2[0].form || a->w1[0].form != a->w3[0].form) {
@@ -1797,14 +1865,11 @@ static void cu_experts(const dsv4_experts_args *a)
             }
             k_ex_sum<<<(unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream>>>(Y, a->wts, a->eid, E, K, D,
                                                                                (int64_t)R * D, a->pre_weight, a->y);
-            if (launched("experts sum") && !errp()->code) {
-                op_end();
+            if (launched("experts sum") && !errp()->code)
                 return;
-            }
         }
     }
     out_fail(a->y, by);
-    op_end();
 }
 
 /* ---- add, memory ------------------------------------------------------------------------ */
