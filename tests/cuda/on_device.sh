@@ -33,6 +33,7 @@ ok() { # name, command...: runs it with its log in $T/name.log, records a failur
 }
 export DSV4_TEST_DEVICE=cuda
 ok ops $B/tests/cuda/test_cuda_ops
+ok exl3ops $B/tests/cuda/test_cuda_exl3
 ok v4 env DSV4_CUDA_POISON=1 $B/tests/test_v4_fixtures
 ok v41 env DSV4_CUDA_POISON=1 $B/tests/test_v41_fixtures
 ok batch $B/tests/test_batch
@@ -44,7 +45,7 @@ ok spill-v41 env DSV4_CUDA_BUDGET=2.2M $B/tests/test_v41_fixtures $F/v41/v41-tin
 ok refuse bash -c "DSV4_CUDA_BUDGET=1M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a 2>&1 | grep 'the hot path does not fit'"
 unset DSV4_TEST_DEVICE
 [ -s "$T/failed" ] && rc=1
-for n in ops v4 v41 batch lanes spill-v4a spill-v4b spill-v4v spill-v41 refuse; do
+for n in ops exl3ops v4 v41 batch lanes spill-v4a spill-v4b spill-v4v spill-v41 refuse; do
     echo "== $n"
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done
