@@ -24,7 +24,7 @@ ifeq ($(CUDA),1)
 CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= nvcc
 NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=sm_90 -Iinclude -Isrc \
-            -Xcompiler -Wall,-Wextra
+            -Xcompiler -Wall,-Wextra -MMD -MP
 CU_SRC   := $(wildcard src/kernels/cuda/*.cu)
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
 CFLAGS   += -DDSV4_CUDA

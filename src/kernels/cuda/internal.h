@@ -37,8 +37,11 @@ int launched(const char *what);
 
 /* Whether p is device memory (device or managed); host memory (pageable or pinned) is not. */
 int on_dev(const void *p);
-/* Starts an op under the lock: resets the per-op scratch unless a graph is being recorded. */
-void op_begin(void);
+/* Starts an op under the lock: resets the per-op scratch unless a graph is being recorded.
+ * DSV4_CUDA_PROFILE=1: op_end waits for the op and adds its time to its function's total,
+ * printed at exit (recorded steps are not timed: run with DSV4_GRAPHS=0). */
+void op_begin_at(const char *name);
+#define op_begin() op_begin_at(__func__)
 void op_end(void);
 /* A device view of a constant array: p itself when it is device memory, its resident copy
  * when it was put, else a scratch copy (not while recording: that fails). */

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "kernels/cuda/internal.h"
 #include "kernels/cuda/exl3_cuda.h"
 
@@ -344,14 +345,73 @@ static void scratch_reset(void)
     g_want = 0;
 }
 
-void dsv4cu::op_begin(void)
+/* The op profile (DSV4_CUDA_PROFILE=1): wall time from op_begin to the op's completion. */
+static int g_prof = -1, g_nprof, g_depth;
+static const char *g_prof_name;
+static double g_prof_t0;
+static struct { const char *name; double s; long n; } g_prof_tab[64];
+
+static double prof_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void prof_print(void)
+{
+    double all = 0;
+    for (int i = 0; i < g_nprof; i++)
+        all += g_prof_tab[i].s;
+    fprintf(stderr, "cuda op profile (each op waited for; %.3f s in all):\n", all);
+    for (int i = 0; i < g_nprof; i++)
+        for (int j = i + 1; j < g_nprof; j++)
+            if (g_prof_tab[j].s > g_prof_tab[i].s) {
+                auto t = g_prof_tab[i];
+                g_prof_tab[i] = g_prof_tab[j];
+                g_prof_tab[j] = t;
+            }
+    for (int i = 0; i < g_nprof; i++)
+        fprintf(stderr, "  %-22s %8ld calls %10.3f ms %9.1f us/call %5.1f%%\n", g_prof_tab[i].name, g_prof_tab[i].n,
+                g_prof_tab[i].s * 1e3, g_prof_tab[i].s / g_prof_tab[i].n * 1e6, 100 * g_prof_tab[i].s / all);
+}
+
+void dsv4cu::op_begin_at(const char *name)
 {
     pthread_mutex_lock(&dsv4cu::lock);
     if (!capturing)
         scratch_reset();
+    if (g_prof < 0) {
+        const char *e = getenv("DSV4_CUDA_PROFILE");
+        g_prof = e && !strcmp(e, "1");
+        if (g_prof)
+            atexit(prof_print);
+    }
+    if (g_prof && !capturing && g_depth++ == 0) {
+        cudaStreamSynchronize(stream);
+        g_prof_name = name;
+        g_prof_t0 = prof_now();
+    }
 }
 
-void dsv4cu::op_end(void) { pthread_mutex_unlock(&dsv4cu::lock); }
+void dsv4cu::op_end(void)
+{
+    if (g_prof > 0 && !capturing && --g_depth == 0 && g_prof_name) {
+        cudaStreamSynchronize(stream);
+        double t = prof_now() - g_prof_t0;
+        int i = 0;
+        while (i < g_nprof && strcmp(g_prof_tab[i].name, g_prof_name))
+            i++;
+        if (i < 64) {
+            if (i == g_nprof)
+                g_prof_tab[g_nprof++].name = g_prof_name;
+            g_prof_tab[i].s += t;
+            g_prof_tab[i].n++;
+        }
+        g_prof_name = NULL;
+    }
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
 
 /* A device buffer of `bytes` for this op (256-byte aligned), NULL after recording an error. */
 void *dsv4cu::scratch(size_t bytes)
@@ -1790,6 +1850,97 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
 enum { EX_SOLO_PAIRS = 64 };
 
 static void experts_run(const dsv4_experts_args *a);
+static void cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                      int64_t ldy);
+
+/* Whether every expert of w has the first one's storage form, shape and blocks, of a form the
+ * grouped kernels take. */
+static bool experts_uniform(const dsv4_weight *w, int E)
+{
+    for (int e = 0; e < E; e++)
+        if (w[e].form != w[0].form || w[e].n != w[0].n || w[e].k != w[0].k || w[e].bn != w[0].bn ||
+            w[e].bk != w[0].bk || w[e].scale_e8m0 != w[0].scale_e8m0 || (w[e].scale == NULL) != (w[0].scale == NULL) ||
+            w[e].form >= DSV4_WF_EXL3)
+            return false;
+    return true;
+}
+
+__global__ void k_scale_rows(float *g, int64_t n, int I, const float *w)
+{
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        g[i] *= w[i / I];
+}
+
+/* Experts of mixed storage forms (EXL3 packs, partly quantized checkpoints): the step waits for
+ * the routing, and each used expert's rows go through the linear op together, as the CPU
+ * groups them; then the grouped path's combine. Not recordable (it reads eid on the host). */
+static void experts_by_expert(const dsv4_experts_args *a)
+{
+    int R = a->R, K = a->K, D = a->D, I = a->I, E = a->E, RK = R * K;
+    size_t by = (size_t)R * D * sizeof(float), rkb = (size_t)RK * sizeof(float);
+    if (capturing) {
+        pthread_mutex_lock(&dsv4cu::lock);
+        fail(DSV4_E_UNSUPPORTED, "cuda: experts of mixed storage forms route on the host (not recordable)");
+        pthread_mutex_unlock(&dsv4cu::lock);
+        return;
+    }
+    int32_t *eid = (int32_t *)malloc(RK * sizeof(int32_t));
+    int *rows = (int *)malloc(RK * sizeof(int));
+    float *wsel = (float *)malloc(rkb), *hw = (float *)malloc(rkb);
+    float *xd = NULL, *xb = NULL, *g = NULL, *u = NULL, *yb = NULL, *Y = NULL, *dw = NULL, *yd = NULL;
+    int32_t *de = NULL;
+    bool ok = eid && rows && wsel && hw && !CK(cudaMalloc((void **)&xb, (size_t)RK * D * sizeof(float))) &&
+              !CK(cudaMalloc((void **)&g, (size_t)RK * I * sizeof(float))) &&
+              !CK(cudaMalloc((void **)&u, (size_t)RK * I * sizeof(float))) &&
+              !CK(cudaMalloc((void **)&yb, (size_t)RK * D * sizeof(float))) &&
+              !CK(cudaMalloc((void **)&Y, (size_t)RK * D * sizeof(float))) && !CK(cudaMalloc((void **)&dw, 2 * rkb)) &&
+              !CK(cudaMalloc((void **)&de, (size_t)RK * sizeof(int32_t))) && !CK(cudaMalloc((void **)&xd, by)) &&
+              !CK(cudaMalloc((void **)&yd, by));
+    ok = ok && !CK(cudaMemcpyAsync(eid, a->eid, RK * sizeof(int32_t), cudaMemcpyDefault, stream)) &&
+         !CK(cudaMemcpyAsync(hw, a->wts, rkb, cudaMemcpyDefault, stream)) &&
+         !CK(cudaMemcpyAsync(xd, a->x, by, cudaMemcpyDefault, stream)) && !CK(cudaStreamSynchronize(stream));
+    for (int e = 0; e < E && ok; e++) {
+        int n = 0;
+        for (int i = 0; i < RK; i++)
+            if (eid[i] == e) {
+                rows[n] = i;
+                wsel[n++] = hw[i];
+                ok = ok && !CK(cudaMemcpyAsync(xb + (size_t)(n - 1) * D, xd + (size_t)(i / K) * D, D * sizeof(float),
+                                               cudaMemcpyDeviceToDevice, stream));
+            }
+        if (!n || !ok)
+            continue;
+        cu_linear(&a->w1[e], 0, I, xb, n, D, g, I);
+        cu_linear(&a->w3[e], 0, I, xb, n, D, u, I);
+        cu_swiglu(g, u, (int64_t)n * I, a->limit, g);
+        if (a->pre_weight) {
+            ok = ok && !CK(cudaMemcpyAsync(dw, wsel, n * sizeof(float), cudaMemcpyHostToDevice, stream));
+            k_scale_rows<<<(unsigned)cdiv((int64_t)n * I, 256), 256, 0, stream>>>(g, (int64_t)n * I, I, dw);
+            ok = ok && !CK(cudaStreamSynchronize(stream));
+        }
+        cu_linear(&a->w2[e], 0, D, g, n, I, yb, D);
+        for (int i = 0; i < n && ok; i++)
+            ok = !CK(cudaMemcpyAsync(Y + (size_t)rows[i] * D, yb + (size_t)i * D, D * sizeof(float),
+                                     cudaMemcpyDeviceToDevice, stream));
+    }
+    ok = ok && !CK(cudaMemcpyAsync(de, eid, RK * sizeof(int32_t), cudaMemcpyHostToDevice, stream)) &&
+         !CK(cudaMemcpyAsync(dw + RK, hw, rkb, cudaMemcpyHostToDevice, stream));
+    if (ok) {
+        k_ex_sum<<<(unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream>>>(Y, dw + RK, de, E, K, D, (int64_t)R * D,
+                                                                           a->pre_weight, yd);
+        ok = !CK(cudaMemcpyAsync(a->y, yd, by, cudaMemcpyDefault, stream)) && !CK(cudaStreamSynchronize(stream));
+    }
+    if (!ok) {
+        pthread_mutex_lock(&dsv4cu::lock);
+        fail(DSV4_E_DEVICE, "cuda: experts of mixed storage forms failed");
+        out_fail(a->y, by);
+        pthread_mutex_unlock(&dsv4cu::lock);
+    }
+    cudaStreamSynchronize(stream); /* the temporaries are read by queued copies */
+    cudaFree(xd), cudaFree(xb), cudaFree(g), cudaFree(u), cudaFree(yb), cudaFree(Y), cudaFree(dw), cudaFree(de), cudaFree(yd);
+    free(eid), free(rows), free(wsel), free(hw);
+}
 
 /* Host buffers (the V4.1 forward keeps its activations on the host) are copied in, the op
  * runs on device copies, and y is copied back. */
@@ -1797,6 +1948,11 @@ static void cu_experts(const dsv4_experts_args *a)
 {
     if (a->R <= 0 || a->D <= 0)
         return;
+    if (!experts_uniform(a->w1, a->E) || !experts_uniform(a->w2, a->E) || !experts_uniform(a->w3, a->E) ||
+        a->w1[0].form != a->w2[0].form || a->w1[0].form != a->w3[0].form) {
+        experts_by_expert(a);
+        return;
+    }
     op_begin();
     if (on_dev(a->x) && on_dev(a->y) && on_dev(a->eid) && on_dev(a->wts) && on_dev(a->work)) {
         experts_run(a);
