@@ -9,19 +9,20 @@ cd "$(dirname "$0")/../.."
 B=${BUILD:-build-cuda}
 D=.dev/cuda
 make -j"$(nproc)" CUDA=1 BUILD="$B" all "$B/tests/cuda/test_cuda_ops" >/dev/null
-rm -rf "$D/prebuilt" "$D/lib" "$D/tests" "$D/bench" "$D/prebuilt.tar.xz"
+rm -rf "$D/prebuilt" "$D/lib" "$D/tests" "$D/bench" "$D/tools" "$D/prebuilt.tar.xz"
 mkdir -p "$D/prebuilt/tests/cuda" "$D/lib" "$D/tests/cuda" "$D/bench" "$D/fixtures"
 for f in dsv4 tests/test_v4_fixtures tests/test_v41_fixtures tests/test_batch tests/test_lanes $(cd "$B" && ls tests/cuda/* | grep -v '\.d$\|\.o$'); do
     [ -f "$B/$f" ] && install -s "$B/$f" "$D/prebuilt/$f"
 done
-for l in libcjson.so.1 libpcre2-8.so.0 libutf8proc.so.2 libgomp.so.1; do
-    cp -L "$(ldconfig -p | awk -v l="$l" '$1 == l {print $NF; exit}')" "$D/lib/"
-done
+# every library the CLI links but the C runtime's own (the image lacks libmicrohttpd and its TLS stack)
+ldd "$B/dsv4" | awk '$3 ~ /^\// {print $3}' | grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt|libcudart)\.so' |
+    while read -r l; do cp -L "$l" "$D/lib/"; done
 cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$D/lib/" 2>/dev/null ||
     cp -L "$(find / -name 'libcudart.so.13' 2>/dev/null | head -1)" "$D/lib/"
 mkdir -p "$D/tests/tools"
 cp tests/cuda/on_device.sh tests/cuda/peer_torch.py "$D/tests/cuda/"
 cp tests/tools/exl3_gen.py "$D/tests/tools/"
+mkdir -p "$D/tools" && cp "${DSV4_SHARED:-../shared}/tools/exl3_ref.py" "$D/tools/"   # exl3_gen.py's comparator imports it
 [ -f bench/peer_transformers.py ] && cp bench/peer_transformers.py "$D/bench/"
 cp -r "${DSV4_SHARED:-../shared}/fixtures/v4" "${DSV4_SHARED:-../shared}/fixtures/v41" "$D/fixtures/"
 ln -sfn ../../../tests/fixtures "$D/tests/fixtures"

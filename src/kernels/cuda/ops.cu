@@ -1300,29 +1300,47 @@ enum { HC_MAXN = 16, HC_MAXM = (2 + HC_MAXN) * HC_MAXN };
  * runs the whole Sinkhorn projection in shared memory (fused: one launch for all iterations),
  * then the collapse h = sum_i pre_i X_i. X [T, n*D]; outputs pre/post [T, n], comb [T, n, n],
  * h [T, D]; post == NULL: the head collapse (nm = n mixes, no Sinkhorn). */
-__global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, const float *fn, const float *base,
+/* Elements of X's row a block of k_hc_mix sums: the mixes of one row are spread over
+ * (nm + 1) * cdiv(nd, HC_SPAN) blocks (a single block per row left the site latency-bound). */
+enum { HC_SPAN = 2048 };
+
+/* Partial sums of the site's dot products over span sp of row t: part[t][j][sp] = fn_j . X_t
+ * for j < nm, X_t . X_t for j = nm. Block (t, j, sp); fixed order per shape. */
+__global__ void __launch_bounds__(NB) k_hc_mix(const float *X, int64_t nd, const float *fn, int nm, float *part)
+{
+    __shared__ float sh[NW + 1];
+    int t = blockIdx.x, j = blockIdx.y, sp = blockIdx.z, nsp = gridDim.z;
+    const float *x = X + t * nd, *f = j < nm ? fn + j * nd : x;
+    int64_t i0 = (int64_t)sp * HC_SPAN, i1 = i0 + HC_SPAN < nd ? i0 + HC_SPAN : nd;
+    float a = 0.0f;
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += NB)
+        a = fmaf(f[i], x[i], a);
+    a = block_sum<NW>(a, sh);
+    if (threadIdx.x == 0)
+        part[((int64_t)t * (nm + 1) + j) * nsp + sp] = a;
+}
+
+__global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, const float *part, int nsp, const float *base,
                                                const float *scale, int iters, float hc_eps, float norm_eps, float *pre,
                                                float *post, float *comb, float *h)
 {
-    __shared__ float sh[NW + 1], m[HC_MAXM], c[HC_MAXN * HC_MAXN], pr[HC_MAXN];
-    int t = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    __shared__ float m[HC_MAXM + 1], c[HC_MAXN * HC_MAXN], pr[HC_MAXN];
+    int t = blockIdx.x;
     int nm = post ? (2 + n) * n : n;
     int64_t nd = (int64_t)n * D;
     const float *x = X + t * nd;
-    float ss = 0.0f;
-    for (int64_t i = threadIdx.x; i < nd; i += NB)
-        ss = fmaf(x[i], x[i], ss);
-    ss = block_sum<NW>(ss, sh);
-    float inv = 1.0f / sqrtf(ss / (float)nd + norm_eps);
-    for (int j = wid; j < nm; j += NW) {
-        const float *f = fn + j * nd;
+    for (int j = threadIdx.x; j <= nm; j += NB) { /* each dot's spans added in order */
+        const float *p = part + ((int64_t)t * (nm + 1) + j) * nsp;
         float a = 0.0f;
-        for (int64_t i = lane; i < nd; i += 32)
-            a = fmaf(f[i], x[i], a);
-        a = warp_sum(a);
-        if (lane == 0)
-            m[j] = a * inv;
+        for (int sp = 0; sp < nsp; sp++)
+            a += p[sp];
+        m[j] = a;
     }
+    __syncthreads();
+    float inv = 1.0f / sqrtf(m[nm] / (float)nd + norm_eps);
+    __syncthreads();
+    for (int j = threadIdx.x; j < nm; j += NB)
+        m[j] *= inv;
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int i = 0; i < n; i++)
@@ -1371,6 +1389,27 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
     }
 }
 
+/* Device scratch for k_hc_mix's partial sums. It only grows, and an outgrown buffer is kept:
+ * a recorded graph may still read it. */
+static float *g_hcp;
+static size_t g_hcp_n;
+
+static float *hc_parts(size_t n)
+{
+    if (n <= g_hcp_n)
+        return g_hcp;
+    if (capturing) { /* growing is not recordable; the step runs the ops again */
+        fail(DSV4_E_ARG, "cuda: hc_pre: its scratch must grow, which a recording cannot");
+        return NULL;
+    }
+    float *p = NULL;
+    if (CK(cudaMalloc((void **)&p, n * sizeof(float))))
+        return NULL;
+    g_hcp = p;
+    g_hcp_n = n;
+    return p;
+}
+
 static void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, const float *base, const float *scale,
                       int iters, float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h)
 {
@@ -1390,8 +1429,11 @@ static void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, cons
     float *dpre = ok ? (float *)out_buf(pre, bp, 1) : NULL, *dh = ok && h ? (float *)out_buf(h, bh, 1) : NULL;
     float *dpost = ok && post ? (float *)out_buf(post, bp, 1) : NULL;
     float *dcomb = ok && post ? (float *)out_buf(comb, bc, 1) : NULL;
-    if (dfn && db && ds && dX && dpre && (dh || !h) && (!post || (dpost && dcomb))) {
-        k_hc_pre<<<T, NB, 0, stream>>>(dX, n, D, dfn, db, ds, iters, hc_eps, norm_eps, dpre, dpost, dcomb, dh);
+    int nsp = (int)cdiv(nd, HC_SPAN);
+    float *part = ok ? hc_parts((size_t)T * (nm + 1) * nsp) : NULL;
+    if (dfn && db && ds && dX && dpre && part && (dh || !h) && (!post || (dpost && dcomb))) {
+        k_hc_mix<<<dim3((unsigned)T, (unsigned)nm + 1, (unsigned)nsp), NB, 0, stream>>>(dX, nd, dfn, nm, part);
+        k_hc_pre<<<T, NB, 0, stream>>>(dX, n, D, part, nsp, db, ds, iters, hc_eps, norm_eps, dpre, dpost, dcomb, dh);
         if (launched("hc_pre")) {
             out_back(pre, dpre, bp);
             out_back(h, dh, bh); /* h NULL: the mixes only (V4.1 collapses with another site's pre) */
@@ -1702,34 +1744,41 @@ enum { EX_SORT = 1024 };
 __global__ void __launch_bounds__(EX_SORT) k_ex_sort(const int32_t *eid, int RK, int E, int tile, int *cnt, int *off,
                                                      int *ord, int *tiles, int *ntiles)
 {
-    __shared__ int chunk[EX_SORT];
+    /* counts and offsets in shared memory: thread 0's pass over the experts would otherwise wait
+     * on a global load per expert */
+    extern __shared__ int sm[];
+    int *scnt = sm, *soff = sm + E, *chunk = sm + 2 * E;
     for (int e = threadIdx.x; e < E; e += EX_SORT)
-        cnt[e] = 0;
+        scnt[e] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < RK; i += EX_SORT) {
         int e = eid[i];
         if (e >= 0 && e < E)
-            atomicAdd(&cnt[e], 1);
+            atomicAdd(&scnt[e], 1);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
         int o = 0, nt = 0;
         for (int e = 0; e < E; e++) {
-            off[e] = o;
-            for (int s = 0; s < cnt[e]; s += tile) {
+            soff[e] = o;
+            for (int s = 0; s < scnt[e]; s += tile) {
                 tiles[3 * nt] = e;
                 tiles[3 * nt + 1] = o + s;
-                tiles[3 * nt + 2] = min(tile, cnt[e] - s);
+                tiles[3 * nt + 2] = min(tile, scnt[e] - s);
                 nt++;
             }
-            o += cnt[e];
+            o += scnt[e];
         }
         *ntiles = nt;
     }
     __syncthreads();
+    for (int e = threadIdx.x; e < E; e += EX_SORT) {
+        cnt[e] = scnt[e];
+        off[e] = soff[e];
+    }
     /* thread e places expert e's pairs in pair order (E <= EX_SORT per pass) */
     for (int e0 = 0; e0 < E; e0 += EX_SORT) {
-        int e = e0 + threadIdx.x, at = e < E ? off[e] : 0;
+        int e = e0 + threadIdx.x, at = e < E ? soff[e] : 0;
         for (int c0 = 0; c0 < RK; c0 += EX_SORT) {
             __syncthreads();
             if (c0 + threadIdx.x < RK)
@@ -2010,7 +2059,7 @@ static void experts_run(const dsv4_experts_args *a)
         int *ord = (int *)(Y + RK * D), *tiles = ord + RK, *cnt = tiles + 3 * NT, *off = cnt + E, *ntiles = off + E;
         if (dsv4cu::poison)
             CK(cudaMemsetAsync(a->y, 0xff, by, stream));
-        k_ex_sort<<<1, EX_SORT, 0, stream>>>(a->eid, (int)RK, E, tile, cnt, off, ord, tiles, ntiles);
+        k_ex_sort<<<1, EX_SORT, (2 * (size_t)E + EX_SORT) * sizeof(int), stream>>>(a->eid, (int)RK, E, tile, cnt, off, ord, tiles, ntiles);
         if (launched("experts grouping")) {
             switch (a->w1[0].form) {
             case DSV4_WF_F32: launch_experts<DSV4_WF_F32>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
