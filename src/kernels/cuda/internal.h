@@ -43,6 +43,8 @@ int on_dev(const void *p);
 void op_begin_at(const char *name);
 #define op_begin() op_begin_at(__func__)
 void op_end(void);
+/* Profiling only: the op's time so far goes to `name`, the rest to the next split or the op. */
+void prof_split(const char *name);
 /* A device view of a constant array: p itself when it is device memory, its resident copy
  * when it was put, else a scratch copy (not while recording: that fails). */
 const void *dev_const(const void *p, size_t bytes);

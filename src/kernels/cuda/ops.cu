@@ -394,6 +394,25 @@ void dsv4cu::op_begin_at(const char *name)
     }
 }
 
+/* Inside a profiled op: the time since the op began (or the last split) goes to `name`. */
+void dsv4cu::prof_split(const char *name)
+{
+    if (g_prof <= 0 || capturing || !g_prof_name)
+        return;
+    cudaStreamSynchronize(stream);
+    double t = prof_now();
+    int i = 0;
+    while (i < g_nprof && strcmp(g_prof_tab[i].name, name))
+        i++;
+    if (i < 64) {
+        if (i == g_nprof)
+            g_prof_tab[g_nprof++].name = name;
+        g_prof_tab[i].s += t - g_prof_t0;
+        g_prof_tab[i].n++;
+    }
+    g_prof_t0 = t;
+}
+
 void dsv4cu::op_end(void)
 {
     if (g_prof > 0 && !capturing && --g_depth == 0 && g_prof_name) {
@@ -1342,44 +1361,44 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
     for (int j = threadIdx.x; j < nm; j += NB)
         m[j] *= inv;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int i = 0; i < n; i++)
-            pre[t * n + i] = pr[i] = sigm(m[i] * scale[0] + base[i]) + hc_eps;
-        if (post) {
-            for (int i = 0; i < n; i++)
-                post[t * n + i] = 2.0f * sigm(m[n + i] * scale[1] + base[n + i]);
-            for (int j = 0; j < n; j++) {
-                float mx = -INFINITY, s = 0.0f;
-                for (int k = 0; k < n; k++) {
-                    c[j * n + k] = m[2 * n + j * n + k] * scale[2] + base[2 * n + j * n + k];
-                    mx = fmaxf(mx, c[j * n + k]);
-                }
-                for (int k = 0; k < n; k++)
-                    s += (c[j * n + k] = expf(c[j * n + k] - mx));
-                for (int k = 0; k < n; k++)
-                    c[j * n + k] = c[j * n + k] / s + hc_eps;
-            }
-            for (int it = 0; it < iters; it++) {
-                if (it > 0)
-                    for (int j = 0; j < n; j++) {
-                        float s = 0.0f;
-                        for (int k = 0; k < n; k++)
-                            s += c[j * n + k];
-                        for (int k = 0; k < n; k++)
-                            c[j * n + k] /= s + hc_eps;
-                    }
-                for (int k = 0; k < n; k++) {
-                    float s = 0.0f;
-                    for (int j = 0; j < n; j++)
-                        s += c[j * n + k];
-                    for (int j = 0; j < n; j++)
-                        c[j * n + k] /= s + hc_eps;
-                }
-            }
-            for (int i = 0; i < n * n; i++)
-                comb[(int64_t)t * n * n + i] = c[i];
+    /* pre, post and comb: a thread per stream, each row's and column's sums in index order */
+    int j = threadIdx.x;
+    if (j < n)
+        pre[t * n + j] = pr[j] = sigm(m[j] * scale[0] + base[j]) + hc_eps;
+    if (post && j < n) {
+        post[t * n + j] = 2.0f * sigm(m[n + j] * scale[1] + base[n + j]);
+        float mx = -INFINITY, s = 0.0f;
+        for (int k = 0; k < n; k++) {
+            c[j * n + k] = m[2 * n + j * n + k] * scale[2] + base[2 * n + j * n + k];
+            mx = fmaxf(mx, c[j * n + k]);
+        }
+        for (int k = 0; k < n; k++)
+            s += (c[j * n + k] = expf(c[j * n + k] - mx));
+        for (int k = 0; k < n; k++)
+            c[j * n + k] = c[j * n + k] / s + hc_eps;
+    }
+    for (int it = 0; post && it < iters; it++) {
+        __syncthreads();
+        if (it > 0 && j < n) { /* thread j: row j */
+            float s = 0.0f;
+            for (int k = 0; k < n; k++)
+                s += c[j * n + k];
+            for (int k = 0; k < n; k++)
+                c[j * n + k] /= s + hc_eps;
+        }
+        __syncthreads();
+        if (j < n) { /* thread j: column j */
+            float s = 0.0f;
+            for (int r = 0; r < n; r++)
+                s += c[r * n + j];
+            for (int r = 0; r < n; r++)
+                c[r * n + j] /= s + hc_eps;
         }
     }
+    __syncthreads();
+    if (post)
+        for (int i = j; i < n * n; i += NB)
+            comb[(int64_t)t * n * n + i] = c[i];
     __syncthreads();
     for (int dd = threadIdx.x; h && dd < D; dd += NB) {
         float s = 0.0f;
@@ -1432,7 +1451,9 @@ static void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, cons
     int nsp = (int)cdiv(nd, HC_SPAN);
     float *part = ok ? hc_parts((size_t)T * (nm + 1) * nsp) : NULL;
     if (dfn && db && ds && dX && dpre && part && (dh || !h) && (!post || (dpost && dcomb))) {
+        prof_split("hc_pre: host part");
         k_hc_mix<<<dim3((unsigned)T, (unsigned)nm + 1, (unsigned)nsp), NB, 0, stream>>>(dX, nd, dfn, nm, part);
+        prof_split("hc_pre: mixes");
         k_hc_pre<<<T, NB, 0, stream>>>(dX, n, D, part, nsp, db, ds, iters, hc_eps, norm_eps, dpre, dpost, dcomb, dh);
         if (launched("hc_pre")) {
             out_back(pre, dpre, bp);
@@ -1796,7 +1817,7 @@ __global__ void __launch_bounds__(EX_SORT) k_ex_sort(const int32_t *eid, int RK,
 /* W1 (z = 0, into G) and W3 (z = 1, into U) of each tile's expert over the tile's x rows:
  * block (tile, row block, z). Blocks past the tile count exit. */
 template <int F, bool VEC, int TT>
-__global__ void __launch_bounds__(LIN_WARPS * 32) k_ex_up(const wdev *t1, const wdev *t3, const int *tiles,
+__global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_up(const wdev *t1, const wdev *t3, const int *tiles,
                                                          const int *ntiles, const int *ord, const float *x, float *G,
                                                          float *U, int K, int D, int I)
 {
@@ -1811,7 +1832,7 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) k_ex_up(const wdev *t1, const 
 
 /* W2 of each tile's expert over the tile's h rows (G), into Y. */
 template <int F, bool VEC, int TT>
-__global__ void __launch_bounds__(LIN_WARPS * 32) k_ex_down(const wdev *t2, const int *tiles, const int *ntiles,
+__global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_down(const wdev *t2, const int *tiles, const int *ntiles,
                                                            const int *ord, const float *G, float *Y, int D, int I)
 {
     int tl = blockIdx.x;
@@ -1881,10 +1902,12 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
         k_ex_up<F, false, LIN_TT><<<g1, LIN_WARPS * 32, 0, stream>>>(t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
     if (!launched("experts w1/w3"))
         return;
+    prof_split("experts: w1, w3");
     int64_t nh = (int64_t)a->R * K * I;
     k_ex_act<<<(unsigned)cdiv(nh, 256), 256, 0, stream>>>(G, U, a->wts, nh, I, a->limit, a->pre_weight);
     if (!launched("experts swiglu"))
         return;
+    prof_split("experts: swiglu");
     if (tile == 1 && vec2)
         k_ex_down<F, true, 1><<<g2, LIN_WARPS * 32, 0, stream>>>(t2, tiles, ntiles, ord, G, Y, D, I);
     else if (vec2)
@@ -1892,6 +1915,7 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
     else
         k_ex_down<F, false, LIN_TT><<<g2, LIN_WARPS * 32, 0, stream>>>(t2, tiles, ntiles, ord, G, Y, D, I);
     launched("experts w2");
+    prof_split("experts: w2");
 }
 
 /* Up to this many pairs, each pair is its own tile (the T = 1 build, as a decode step's linear
@@ -2059,7 +2083,9 @@ static void experts_run(const dsv4_experts_args *a)
         int *ord = (int *)(Y + RK * D), *tiles = ord + RK, *cnt = tiles + 3 * NT, *off = cnt + E, *ntiles = off + E;
         if (dsv4cu::poison)
             CK(cudaMemsetAsync(a->y, 0xff, by, stream));
+        prof_split("experts: host part");
         k_ex_sort<<<1, EX_SORT, (2 * (size_t)E + EX_SORT) * sizeof(int), stream>>>(a->eid, (int)RK, E, tile, cnt, off, ord, tiles, ntiles);
+        prof_split("experts: grouping");
         if (launched("experts grouping")) {
             switch (a->w1[0].form) {
             case DSV4_WF_F32: launch_experts<DSV4_WF_F32>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
