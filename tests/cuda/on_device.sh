@@ -7,9 +7,9 @@
 # that must be refused (one after the other: eight at once ran past their limits). Then the
 # timings: `dsv4 bench --synthetic v4-flash --layers 2` with graph replay on and off, and with
 # experts spilled. Last, the op test under compute-sanitizer.
-# `on_device.sh bench`: after the correctness runs, the benchmark table instead (43 layers,
-# lanes, 4k prefill, the transformers and PyTorch peers). Logs go to $OUT; the exit status is
-# that of the correctness runs.
+# `on_device.sh bench`: instead, our rows of the benchmark table (43 layers, lanes, 4k prefill);
+# `on_device.sh peers`: the transformers and PyTorch peers beside ours on the same 2 layers.
+# Logs go to $OUT; the exit status is that of the correctness runs.
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dsv4-out}
@@ -24,6 +24,26 @@ elif make -j16 CUDA=1 BUILD=build >"$OUT/build.log" 2>&1; then
     B=build
 else
     echo "== no prebuilt/ and the build failed:"; tail -n 3 "$OUT/build.log"; exit 1
+fi
+mode=${1:-test}
+run() { echo "== $*"; stdbuf -oL timeout 500 "$@" 2>&1 | grep -v "loading\|building" | tee -a "$OUT/synth.log"; }
+if [ "$mode" = bench ]; then
+    # the benchmark table (docs/bench.md), ours: all 43 layers' shapes with the experts of 8
+    # layers shared round-robin (same bytes read per token), a 64- and a 4096-token prefill,
+    # batch-1 decode with and without graph replay, 4 and 8 lanes
+    run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --prefill 64,4096 --decode 32 \
+        --lanes 1,4,8 --graphs both
+    exit 0
+fi
+if [ "$mode" = peers ]; then
+    # the peers on the same shapes: transformers' DeepseekV4 eager forward (2 layers at V4-Flash
+    # shapes, bf16), ours on the same 2 layers, PyTorch's FP8 / BF16 matmuls at the projections
+    echo "== peer: transformers DeepseekV4 eager, 2 layers at V4-Flash shapes"
+    PYTHONUNBUFFERED=1 timeout 300 python3 bench/peer_transformers.py --layers 2 2>&1 | tee "$OUT/peer_transformers.log"
+    run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 2 --prefill 64,4096 --decode 16
+    echo "== peer: PyTorch FP8 / BF16 matmul at the projection shapes"
+    PYTHONUNBUFFERED=1 timeout 100 python3 tests/cuda/peer_torch.py 2>&1 | tee "$OUT/peer.log"
+    exit 0
 fi
 T=$(mktemp -d)   # the per-test logs come back as one archive, $OUT/tests.tgz
 rc=0
@@ -50,20 +70,6 @@ for n in ops exl3ops v4 v41 batch lanes spill-v4a spill-v4b spill-v4v spill-v41 
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done
 tar -czf "$OUT/tests.tgz" -C "$T" .
-if [ "${1:-}" = bench ]; then
-    # the benchmark table (docs/bench.md): all 43 layers' shapes with the experts of 8 layers
-    # shared round-robin (same bytes read per token), batch-1 decode with and without graph
-    # replay, 4 and 8 lanes, a 4096-token prefill; then the peers on the same shapes
-    run() { echo "== $*"; stdbuf -oL timeout 400 "$@" 2>&1 | grep -v "loading\|building" | tee -a "$OUT/synth.log"; }
-    run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --prefill 64,4096 --decode 32 \
-        --lanes 1,4,8 --graphs both
-    echo "== peer: transformers DeepseekV4 eager, 2 layers at V4-Flash shapes"
-    PYTHONUNBUFFERED=1 timeout 300 python3 bench/peer_transformers.py --layers 2 2>&1 | tee "$OUT/peer_transformers.log"
-    run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 2 --prefill 64,4096 --decode 16
-    echo "== peer: PyTorch FP8 / BF16 matmul at the projection shapes"
-    PYTHONUNBUFFERED=1 timeout 100 python3 tests/cuda/peer_torch.py 2>&1 | tee "$OUT/peer.log"
-    exit $rc
-fi
 echo "== an EXL3 pack (four layers at K=3) through the CUDA backend against the CPU"
 ids=$(python3 -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["cases"][0]["ids"])))' "$F/v4/v4-tiny-a/cases.json")
 only=layers.1.attn.wo_a,layers.0.ffn.experts.2.w2,layers.2.ffn.shared_experts.w1,layers.2.attn.wq_b
