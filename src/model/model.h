@@ -75,6 +75,7 @@ typedef struct dsv4_arena {
     char *base;
     size_t cap, off, want;
     void *extra[DSV4_ARENA_EXTRA];
+    size_t extra_off[DSV4_ARENA_EXTRA];   /* the arena offset each was taken at */
     int n_extra;
     uint64_t gen;
 } dsv4_arena;
@@ -187,6 +188,8 @@ int dsv4_moe(dsv4_model *m, int li, const int32_t *ids, int R, const float *x, f
 /* A step buffer of `bytes` from the arena (m->mem memory); NULL after setting err. */
 void *dsv4_take(dsv4_model *m, size_t bytes, dsv4_err *err);
 void dsv4_arena_free(dsv4_model *m);
+/* Gives back the step buffers taken since `mark` (an earlier m->arena.off). */
+void dsv4_release(dsv4_model *m, size_t mark);
 void dsv4_graphs_free(dsv4_model *m);
 /* Engram tables of the model: resident or streamed per opts (AUTO: streamed when the
  * tables exceed half of RAM); engram_io.c. */

@@ -35,9 +35,21 @@ void *dsv4_take(dsv4_model *m, size_t bytes, dsv4_err *err)
         dsv4_fail(err, DSV4_E_NOMEM, "out of memory for a step's buffers (%zu bytes)", bytes);
         return NULL;
     }
-    A->extra[A->n_extra++] = p;
+    A->extra[A->n_extra] = p;
+    A->extra_off[A->n_extra++] = A->off;
     A->off += bytes;
     return p;
+}
+
+/* Gives back every buffer taken since mark (a layer's, at its end): the arena's by rewinding,
+ * the step's own ones by freeing them, so a step that outgrew the arena holds one layer's
+ * buffers at a time. */
+void dsv4_release(dsv4_model *m, size_t mark)
+{
+    dsv4_arena *A = &m->arena;
+    while (A->n_extra > 0 && A->extra_off[A->n_extra - 1] >= mark)
+        m->mem->free(A->extra[--A->n_extra]);
+    A->off = mark;
 }
 
 static void arena_begin(dsv4_model *m)
@@ -50,9 +62,9 @@ static void arena_begin(dsv4_model *m)
 static void arena_end(dsv4_model *m)
 {
     dsv4_arena *A = &m->arena;
-    for (int i = 0; i < A->n_extra; i++)
-        m->mem->free(A->extra[i]);
-    if (A->n_extra && A->want > A->cap) {
+    int outgrown = A->want > A->cap;
+    dsv4_release(m, 0);
+    if (outgrown) {
         m->mem->free(A->base);
         A->cap = 0;
         A->gen++;
@@ -132,7 +144,7 @@ static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
     be->rope(o, R, Hd, H, d, rd, freq, f->dpos, 1);
     be->linear_blocks(&L->wo_a, c->o_groups, o, R, t);
     be->linear(&L->wo_b, 0, c->dim, t, R, (int64_t)c->o_groups * c->o_lora, y, c->dim);
-    m->arena.off = mk;
+    dsv4_release(m, mk);
     return 0;
 }
 
@@ -170,7 +182,7 @@ int dsv4_moe(dsv4_model *m, int li, const int32_t *ids, int R, const float *x, f
         m->be->add(y, ys, (int64_t)R * D, y);
     }
     dsv4_rnd(m, y, (int64_t)R * D);
-    m->arena.off = mk;
+    dsv4_release(m, mk);
     return 0;
 }
 
