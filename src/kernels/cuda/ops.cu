@@ -1001,7 +1001,14 @@ static lin_jobs one_job(const wdev &wd, int64_t r0, int nr, const float *dx, flo
  * give the device LIN_MIN_WARPS warps and each lane would still get its U chunks (splitting
  * further only adds blocks, and a second wave). From the weight's form and shape alone, so
  * every call over that weight sums a row the same way. */
-static wdev wdev_of(const dsv4_weight *w, const void *q, const void *s)
+static wdev wdev_of_n(const dsv4_weight *w, const void *q, const void *s, int mats);
+
+static wdev wdev_of(const dsv4_weight *w, const void *q, const void *s) { return wdev_of_n(w, q, s, 1); }
+
+/* As wdev_of for a weight that runs beside mats - 1 others of its shape in every launch (the
+ * active experts of a row): the warps per row group count the others' rows too, so a small
+ * matrix is not split finer than the launch needs. From the shape and mats alone. */
+static wdev wdev_of_n(const dsv4_weight *w, const void *q, const void *s, int mats)
 {
     wdev d;
     d.q = (const uint8_t *)q;
@@ -1014,7 +1021,7 @@ static wdev wdev_of(const dsv4_weight *w, const void *q, const void *s)
     d.sk = w->form == DSV4_WF_FP8 ? cdiv(w->k, d.bk) : w->k / d.bk;
     d.cpb = d.bk / 8 > 0 ? d.bk / 8 : 1;
     d.cshift = (d.cpb & (d.cpb - 1)) ? -1 : __builtin_ctz((unsigned)d.cpb);
-    int64_t nch = w->k / 8, groups = cdiv(w->n, rows_per_warp(w->form));
+    int64_t nch = w->k / 8, groups = cdiv(w->n, rows_per_warp(w->form)) * (mats > 0 ? mats : 1);
     d.wpr = 1;
     while (d.wpr < LIN_WARPS && groups * d.wpr < LIN_MIN_WARPS && nch >= (int64_t)32 * chunks_in_flight(w->form) * d.wpr * 2)
         d.wpr *= 2;
@@ -1697,7 +1704,7 @@ static xtab *g_xt;
 static int g_nxt, g_capxt;
 static cudaStream_t g_side;     /* non-blocking: table uploads that must not touch the op stream */
 
-static const wdev *expert_table(const dsv4_weight *w, int E)
+static const wdev *expert_table(const dsv4_weight *w, int E, int K)
 {
     for (int i = 0; i < g_nxt; i++)
         if (g_xt[i].host == w && g_xt[i].E == E) {
@@ -1729,7 +1736,7 @@ static const wdev *expert_table(const dsv4_weight *w, int E)
             free(h);
             return NULL;
         }
-        h[e] = wdev_of(b, rq->dev, rs ? rs->dev : NULL);
+        h[e] = wdev_of_n(b, rq->dev, rs ? rs->dev : NULL, K);
     }
     wdev *d = NULL;
     if (!g_side && CK(cudaStreamCreateWithFlags(&g_side, cudaStreamNonBlocking))) {
@@ -1889,7 +1896,7 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
                            float *U, float *Y)
 {
     const dsv4_weight *w1 = &a->w1[0], *w2 = &a->w2[0];
-    int wpr1 = wdev_of(w1, NULL, NULL).wpr, wpr2 = wdev_of(w2, NULL, NULL).wpr;
+    int wpr1 = wdev_of_n(w1, NULL, NULL, a->K).wpr, wpr2 = wdev_of_n(w2, NULL, NULL, a->K).wpr;
     int rpb1 = vec1 ? LIN_WARPS / wpr1 * rows_per_warp(F) : LIN_WARPS;
     int rpb2 = vec2 ? LIN_WARPS / wpr2 * rows_per_warp(F) : LIN_WARPS;
     dim3 g1((unsigned)NT, (unsigned)cdiv(a->I, rpb1), 2), g2((unsigned)NT, (unsigned)cdiv(a->D, rpb2));
@@ -2068,8 +2075,8 @@ static void experts_run(const dsv4_experts_args *a)
         fail(DSV4_E_ARG, "cuda: experts: weights are not [I, D], [D, I], [I, D] of one form");
         ok = 0;
     }
-    const wdev *t1 = ok ? expert_table(a->w1, E) : NULL, *t2 = ok ? expert_table(a->w2, E) : NULL;
-    const wdev *t3 = ok ? expert_table(a->w3, E) : NULL;
+    const wdev *t1 = ok ? expert_table(a->w1, E, K) : NULL, *t2 = ok ? expert_table(a->w2, E, K) : NULL;
+    const wdev *t3 = ok ? expert_table(a->w3, E, K) : NULL;
     bool vec1 = ok && vec_ok(&a->w1[0]) && vec_ok(&a->w3[0]), vec2 = ok && vec_ok(&a->w2[0]);
     if (t1 && t2 && t3 && (vec1 || vec2) &&
         (((uintptr_t)a->x & 15) || ((uintptr_t)a->work & 15) || (vec1 && D % 4) || (vec2 && I % 4))) {
