@@ -5,6 +5,7 @@
 #define DSV4_CUDA_INTERNAL_H
 
 #include <cuda_runtime.h>
+#include <utility>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -62,6 +63,30 @@ void out_back(void *p, const void *d, size_t bytes);
 void out_fail(void *p, size_t bytes);
 
 __host__ __device__ static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* Programmatic dependent launch (Hopper): every kernel starts with PDL_WAIT(), and launch_k
+ * lets the next kernel on the stream be scheduled while the previous one drains; it waits
+ * there until the previous grid has finished and its writes are visible, so the order of
+ * results is unchanged and only the launch gap overlaps. A kernel launched plainly passes
+ * PDL_WAIT at once. DSV4_PDL=0 launches plainly (for comparison). */
+#define PDL_WAIT() cudaGridDependencySynchronize()
+int pdl_enabled(void);
+
+template <typename... P, typename... A>
+static inline void launch_k(void (*k)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st, A &&...args)
+{
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = at;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, k, std::forward<A>(args)...);
+}
 
 enum { NB = 256, NW = NB / 32 };
 

@@ -345,6 +345,16 @@ static void scratch_reset(void)
     g_want = 0;
 }
 
+int dsv4cu::pdl_enabled(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DSV4_PDL");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
 /* The op profile (DSV4_CUDA_PROFILE=1): wall time from op_begin to the op's completion. */
 static int g_prof = -1, g_nprof, g_depth;
 static const char *g_prof_name;
@@ -901,6 +911,7 @@ __device__ __forceinline__ void linear_rows(const wdev &w, int64_t r0, int nr, c
 template <int F, bool VEC, int TT>
 __global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, int nr, dense_map m, int T)
 {
+    PDL_WAIT();
     linear_rows<F, VEC, TT>(w, r0, nr, m, T, blockIdx.x);
 }
 
@@ -910,6 +921,7 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, i
 template <int F, bool VEC, int TT>
 __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_linear_group(lin_jobs J, int T)
 {
+    PDL_WAIT();
     int j = blockIdx.x / J.bpj;
     dense_map m = {J.x[j], J.y[j], J.ldx, J.ldy};
     linear_rows<F, VEC, TT>(J.w[j], J.r0[j], J.nr, m, T, blockIdx.x % J.bpj);
@@ -952,19 +964,19 @@ static void launch_form(lin_jobs &J, bool vec, int T, cudaStream_t st)
     dim3 grid((unsigned)(J.bpj * J.n));
     if (J.n > 1) {
         if (vec && T == 1)
-            k_linear_group<F, true, 1><<<grid, LIN_WARPS * 32, 0, st>>>(J, T);
+            launch_k(k_linear_group<F, true, 1>, grid, LIN_WARPS * 32, 0, st, J, T);
         else if (vec)
-            k_linear_group<F, true, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J, T);
+            launch_k(k_linear_group<F, true, LIN_TT>, grid, LIN_WARPS * 32, 0, st, J, T);
         else
-            k_linear_group<F, false, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J, T);
+            launch_k(k_linear_group<F, false, LIN_TT>, grid, LIN_WARPS * 32, 0, st, J, T);
     } else {
         dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy};
         if (vec && T == 1)
-            k_linear<F, true, 1><<<grid, LIN_WARPS * 32, 0, st>>>(J.w[0], J.r0[0], J.nr, m, T);
+            launch_k(k_linear<F, true, 1>, grid, LIN_WARPS * 32, 0, st, J.w[0], J.r0[0], J.nr, m, T);
         else if (vec)
-            k_linear<F, true, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J.w[0], J.r0[0], J.nr, m, T);
+            launch_k(k_linear<F, true, LIN_TT>, grid, LIN_WARPS * 32, 0, st, J.w[0], J.r0[0], J.nr, m, T);
         else
-            k_linear<F, false, LIN_TT><<<grid, LIN_WARPS * 32, 0, st>>>(J.w[0], J.r0[0], J.nr, m, T);
+            launch_k(k_linear<F, false, LIN_TT>, grid, LIN_WARPS * 32, 0, st, J.w[0], J.r0[0], J.nr, m, T);
     }
 }
 
@@ -1241,6 +1253,7 @@ extern "C" int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, co
 
 __global__ void __launch_bounds__(NB) k_rmsnorm(const float *x, int dim, const float *w, float eps, float *y)
 {
+    PDL_WAIT();
     __shared__ float sh[NW + 1];
     const float *xr = x + (int64_t)blockIdx.x * dim;
     float *yr = y + (int64_t)blockIdx.x * dim;
@@ -1263,7 +1276,7 @@ static void cu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, fl
     const float *dx = (const float *)in_buf(x, b);
     float *dy = (float *)out_buf(y, b, y != x);
     if (dx && dy && (dw || !w)) {
-        k_rmsnorm<<<(unsigned)rows, NB, 0, stream>>>(dx, dim, dw, eps, dy);
+        launch_k(k_rmsnorm, (unsigned)rows, NB, 0, stream, dx, dim, dw, eps, dy);
         if (launched("rmsnorm"))
             out_back(y, dy, b);
         else
@@ -1278,6 +1291,7 @@ static void cu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, fl
 __global__ void k_rope(float *x, int T, int64_t ld, int heads, int d, int rd, const float *inv_freq,
                        const int64_t *pos, int inverse)
 {
+    PDL_WAIT();
     int half = rd / 2;
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)T * heads * half)
@@ -1305,7 +1319,7 @@ static void cu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, c
     float *dx = xdev ? x : dev_in(x, T, width, stride);
     int64_t ld = xdev ? stride : width;
     if (df && dp && dx) {
-        k_rope<<<(unsigned)cdiv(n, 256), 256, 0, stream>>>(dx, T, ld, heads, d, rd, df, dp, inverse);
+        launch_k(k_rope, (unsigned)cdiv(n, 256), 256, 0, stream, dx, T, ld, heads, d, rd, df, dp, inverse);
         if (launched("rope")) {
             if (!xdev)
                 dev_back(x, stride, dx, T, width);
@@ -1334,6 +1348,7 @@ enum { HC_SPAN = 2048 };
  * for j < nm, X_t . X_t for j = nm. Block (t, j, sp); fixed order per shape. */
 __global__ void __launch_bounds__(NB) k_hc_mix(const float *X, int64_t nd, const float *fn, int nm, float *part)
 {
+    PDL_WAIT();
     __shared__ float sh[NW + 1];
     int t = blockIdx.x, j = blockIdx.y, sp = blockIdx.z, nsp = gridDim.z;
     const float *x = X + t * nd, *f = j < nm ? fn + j * nd : x;
@@ -1350,6 +1365,7 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
                                                const float *scale, int iters, float hc_eps, float norm_eps, float *pre,
                                                float *post, float *comb, float *h)
 {
+    PDL_WAIT();
     __shared__ float m[HC_MAXM + 1], c[HC_MAXN * HC_MAXN], pr[HC_MAXN];
     int t = blockIdx.x;
     int nm = post ? (2 + n) * n : n;
@@ -1459,9 +1475,9 @@ static void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, cons
     float *part = ok ? hc_parts((size_t)T * (nm + 1) * nsp) : NULL;
     if (dfn && db && ds && dX && dpre && part && (dh || !h) && (!post || (dpost && dcomb))) {
         prof_split("hc_pre: host part");
-        k_hc_mix<<<dim3((unsigned)T, (unsigned)nm + 1, (unsigned)nsp), NB, 0, stream>>>(dX, nd, dfn, nm, part);
+        launch_k(k_hc_mix, dim3((unsigned)T, (unsigned)nm + 1, (unsigned)nsp), NB, 0, stream, dX, nd, dfn, nm, part);
         prof_split("hc_pre: mixes");
-        k_hc_pre<<<T, NB, 0, stream>>>(dX, n, D, part, nsp, db, ds, iters, hc_eps, norm_eps, dpre, dpost, dcomb, dh);
+        launch_k(k_hc_pre, T, NB, 0, stream, dX, n, D, part, nsp, db, ds, iters, hc_eps, norm_eps, dpre, dpost, dcomb, dh);
         if (launched("hc_pre")) {
             out_back(pre, dpre, bp);
             out_back(h, dh, bh); /* h NULL: the mixes only (V4.1 collapses with another site's pre) */
@@ -1485,6 +1501,7 @@ static void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, cons
 /* X[k] = post[k] y + sum_j comb[j][k] X[j]: one thread per (row, channel), all n streams. */
 __global__ void k_hc_post(float *X, const float *y, int T, int n, int D, const float *post, const float *comb)
 {
+    PDL_WAIT();
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)T * D)
         return;
@@ -1519,7 +1536,7 @@ static void cu_hc_post(float *X, const float *y, int T, int n, int D, const floa
     const float *dpo = ok ? (const float *)in_buf(post, (size_t)T * n * sizeof(float)) : NULL;
     const float *dc = ok ? (const float *)in_buf(comb, (size_t)T * n * n * sizeof(float)) : NULL;
     if (dX && dy && dpo && dc) {
-        k_hc_post<<<(unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream>>>(dX, dy, T, n, D, dpo, dc);
+        launch_k(k_hc_post, (unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream, dX, dy, T, n, D, dpo, dc);
         if (launched("hc_post"))
             out_back(X, dX, bX);
         else
@@ -1537,6 +1554,7 @@ static void cu_hc_post(float *X, const float *y, int T, int n, int D, const floa
 __global__ void __launch_bounds__(NB) k_attend(const float *q, int d, const float *keys, int nk, float scale,
                                                const float *sink, float *p_all, float *out)
 {
+    PDL_WAIT();
     __shared__ float sh[NW + 1];
     int h = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     const float *qh = q + (int64_t)h * d;
@@ -1608,7 +1626,7 @@ static void cu_attend(const float *q, int H, int d, const float *const *keys, in
     float *dp = ok ? (float *)scratch((size_t)H * (nk > 0 ? nk : 1) * sizeof(float)) : NULL;
     float *dout = ok ? (float *)out_buf(out, bo, 1) : NULL;
     if (ds && dq && dk && dp && dout) {
-        k_attend<<<H, NB, 0, stream>>>(dq, d, dk, nk, scale, ds, dp, dout);
+        launch_k(k_attend, H, NB, 0, stream, dq, d, dk, nk, scale, ds, dp, dout);
         if (launched("attend"))
             out_back(out, dout, bo);
         else
@@ -1622,6 +1640,7 @@ static void cu_attend(const float *q, int H, int d, const float *const *keys, in
 
 __global__ void k_swiglu(const float *g, const float *u, int64_t n, float limit, float *h)
 {
+    PDL_WAIT();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
@@ -1642,7 +1661,7 @@ static void cu_swiglu(const float *g, const float *u, int64_t n, float limit, fl
     const float *dg = (const float *)in_buf(g, b), *du = (const float *)in_buf(u, b);
     float *dh = (float *)out_buf(h, b, h != g && h != u);
     if (dg && du && dh) {
-        k_swiglu<<<(unsigned)cdiv(n, 256), 256, 0, stream>>>(dg, du, n, limit, dh);
+        launch_k(k_swiglu, (unsigned)cdiv(n, 256), 256, 0, stream, dg, du, n, limit, dh);
         if (launched("swiglu"))
             out_back(h, dh, b);
         else
@@ -1656,6 +1675,7 @@ static void cu_swiglu(const float *g, const float *u, int64_t n, float limit, fl
  * streams summed in order as on the CPU. */
 __global__ void k_hc_collapse(const float *X, int T, int n, int D, const float *pre, float *h)
 {
+    PDL_WAIT();
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (int64_t)T * D)
         return;
@@ -1679,7 +1699,7 @@ static void cu_hc_collapse(const float *X, int T, int n, int D, const float *pre
     const float *dp = (const float *)in_buf(pre, (size_t)T * n * sizeof(float));
     float *dh = (float *)out_buf(h, bh, 1);
     if (dX && dp && dh) {
-        k_hc_collapse<<<(unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream>>>(dX, T, n, D, dp, dh);
+        launch_k(k_hc_collapse, (unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream, dX, T, n, D, dp, dh);
         if (launched("hc_collapse"))
             out_back(h, dh, bh);
         else
@@ -1772,6 +1792,7 @@ enum { EX_SORT = 1024 };
 __global__ void __launch_bounds__(EX_SORT) k_ex_sort(const int32_t *eid, int RK, int E, int tile, int *cnt, int *off,
                                                      int *ord, int *tiles, int *ntiles)
 {
+    PDL_WAIT();
     /* counts and offsets in shared memory: thread 0's pass over the experts would otherwise wait
      * on a global load per expert */
     extern __shared__ int sm[];
@@ -1828,6 +1849,7 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_u
                                                          const int *ntiles, const int *ord, const float *x, float *G,
                                                          float *U, int K, int D, int I)
 {
+    PDL_WAIT();
     int tl = blockIdx.x;
     if (tl >= *ntiles)
         return;
@@ -1842,6 +1864,7 @@ template <int F, bool VEC, int TT>
 __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_down(const wdev *t2, const int *tiles, const int *ntiles,
                                                            const int *ord, const float *G, float *Y, int D, int I)
 {
+    PDL_WAIT();
     int tl = blockIdx.x;
     if (tl >= *ntiles)
         return;
@@ -1854,6 +1877,7 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_d
 /* h = swiglu(g, u) (as k_swiglu), times the pair's weight when pre_weight; into G. */
 __global__ void k_ex_act(float *G, const float *U, const float *wts, int64_t n, int I, float limit, int pre_weight)
 {
+    PDL_WAIT();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
@@ -1873,6 +1897,7 @@ __global__ void k_ex_act(float *G, const float *U, const float *wts, int64_t n, 
 __global__ void k_ex_sum(const float *Y, const float *wts, const int32_t *eid, int E, int K, int D, int64_t n,
                          int pre_weight, float *y)
 {
+    PDL_WAIT();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
@@ -1902,25 +1927,25 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
     dim3 g1((unsigned)NT, (unsigned)cdiv(a->I, rpb1), 2), g2((unsigned)NT, (unsigned)cdiv(a->D, rpb2));
     int K = a->K, D = a->D, I = a->I;
     if (tile == 1 && vec1)
-        k_ex_up<F, true, 1><<<g1, LIN_WARPS * 32, 0, stream>>>(t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
+        launch_k(k_ex_up<F, true, 1>, g1, LIN_WARPS * 32, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
     else if (vec1)
-        k_ex_up<F, true, LIN_TT><<<g1, LIN_WARPS * 32, 0, stream>>>(t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
+        launch_k(k_ex_up<F, true, LIN_TT>, g1, LIN_WARPS * 32, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
     else
-        k_ex_up<F, false, LIN_TT><<<g1, LIN_WARPS * 32, 0, stream>>>(t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
+        launch_k(k_ex_up<F, false, LIN_TT>, g1, LIN_WARPS * 32, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
     if (!launched("experts w1/w3"))
         return;
     prof_split("experts: w1, w3");
     int64_t nh = (int64_t)a->R * K * I;
-    k_ex_act<<<(unsigned)cdiv(nh, 256), 256, 0, stream>>>(G, U, a->wts, nh, I, a->limit, a->pre_weight);
+    launch_k(k_ex_act, (unsigned)cdiv(nh, 256), 256, 0, stream, G, U, a->wts, nh, I, a->limit, a->pre_weight);
     if (!launched("experts swiglu"))
         return;
     prof_split("experts: swiglu");
     if (tile == 1 && vec2)
-        k_ex_down<F, true, 1><<<g2, LIN_WARPS * 32, 0, stream>>>(t2, tiles, ntiles, ord, G, Y, D, I);
+        launch_k(k_ex_down<F, true, 1>, g2, LIN_WARPS * 32, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I);
     else if (vec2)
-        k_ex_down<F, true, LIN_TT><<<g2, LIN_WARPS * 32, 0, stream>>>(t2, tiles, ntiles, ord, G, Y, D, I);
+        launch_k(k_ex_down<F, true, LIN_TT>, g2, LIN_WARPS * 32, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I);
     else
-        k_ex_down<F, false, LIN_TT><<<g2, LIN_WARPS * 32, 0, stream>>>(t2, tiles, ntiles, ord, G, Y, D, I);
+        launch_k(k_ex_down<F, false, LIN_TT>, g2, LIN_WARPS * 32, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I);
     launched("experts w2");
     prof_split("experts: w2");
 }
@@ -1947,6 +1972,7 @@ static bool experts_uniform(const dsv4_weight *w, int E)
 
 __global__ void k_scale_rows(float *g, int64_t n, int I, const float *w)
 {
+    PDL_WAIT();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         g[i] *= w[i / I];
@@ -1996,7 +2022,7 @@ static void experts_by_expert(const dsv4_experts_args *a)
         cu_swiglu(g, u, (int64_t)n * I, a->limit, g);
         if (a->pre_weight) {
             ok = ok && !CK(cudaMemcpyAsync(dw, wsel, n * sizeof(float), cudaMemcpyHostToDevice, stream));
-            k_scale_rows<<<(unsigned)cdiv((int64_t)n * I, 256), 256, 0, stream>>>(g, (int64_t)n * I, I, dw);
+            launch_k(k_scale_rows, (unsigned)cdiv((int64_t)n * I, 256), 256, 0, stream, g, (int64_t)n * I, I, dw);
             ok = ok && !CK(cudaStreamSynchronize(stream));
         }
         cu_linear(&a->w2[e], 0, D, g, n, I, yb, D);
@@ -2007,7 +2033,7 @@ static void experts_by_expert(const dsv4_experts_args *a)
     ok = ok && !CK(cudaMemcpyAsync(de, eid, RK * sizeof(int32_t), cudaMemcpyHostToDevice, stream)) &&
          !CK(cudaMemcpyAsync(dw + RK, hw, rkb, cudaMemcpyHostToDevice, stream));
     if (ok) {
-        k_ex_sum<<<(unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream>>>(Y, dw + RK, de, E, K, D, (int64_t)R * D,
+        launch_k(k_ex_sum, (unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream, Y, dw + RK, de, E, K, D, (int64_t)R * D,
                                                                            a->pre_weight, yd);
         ok = !CK(cudaMemcpyAsync(a->y, yd, by, cudaMemcpyDefault, stream)) && !CK(cudaStreamSynchronize(stream));
     }
@@ -2091,7 +2117,7 @@ static void experts_run(const dsv4_experts_args *a)
         if (dsv4cu::poison)
             CK(cudaMemsetAsync(a->y, 0xff, by, stream));
         prof_split("experts: host part");
-        k_ex_sort<<<1, EX_SORT, (2 * (size_t)E + EX_SORT) * sizeof(int), stream>>>(a->eid, (int)RK, E, tile, cnt, off, ord, tiles, ntiles);
+        launch_k(k_ex_sort, 1, EX_SORT, (2 * (size_t)E + EX_SORT) * sizeof(int), stream, a->eid, (int)RK, E, tile, cnt, off, ord, tiles, ntiles);
         prof_split("experts: grouping");
         if (launched("experts grouping")) {
             switch (a->w1[0].form) {
@@ -2101,7 +2127,7 @@ static void experts_run(const dsv4_experts_args *a)
             case DSV4_WF_FP8: launch_experts<DSV4_WF_FP8>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
             default: launch_experts<DSV4_WF_FP4>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
             }
-            k_ex_sum<<<(unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream>>>(Y, a->wts, a->eid, E, K, D,
+            launch_k(k_ex_sum, (unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream, Y, a->wts, a->eid, E, K, D,
                                                                                (int64_t)R * D, a->pre_weight, a->y);
             if (launched("experts sum") && !errp()->code)
                 return;
@@ -2114,6 +2140,7 @@ static void experts_run(const dsv4_experts_args *a)
 
 __global__ void k_add(const float *a, const float *b, int64_t n, float *y)
 {
+    PDL_WAIT();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n)
         y[i] = a[i] + b[i];
@@ -2128,7 +2155,7 @@ static void cu_add(const float *a, const float *b, int64_t n, float *y)
     const float *da = (const float *)in_buf(a, bb), *db = (const float *)in_buf(b, bb);
     float *dy = (float *)out_buf(y, bb, y != a && y != b);
     if (da && db && dy) {
-        k_add<<<(unsigned)cdiv(n, 256), 256, 0, stream>>>(da, db, n, dy);
+        launch_k(k_add, (unsigned)cdiv(n, 256), 256, 0, stream, da, db, n, dy);
         if (launched("add"))
             out_back(y, dy, bb);
         else

@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(NB) k_emit(rows_dev rd_, pool_dev pc, pool_dev
                                              const float *inv_freq, float eps, const float *cc, const float *zz,
                                              const float *ic, const float *iz)
 {
+    PDL_WAIT();
     extern __shared__ float ev[]; /* [dim] */
     __shared__ float red[NW + 1];
     int r = blockIdx.x, which = blockIdx.y;
@@ -124,6 +125,7 @@ enum { SC_EPB = 64 };           /* entries a scoring block takes (a warp per ent
 __global__ void __launch_bounds__(NB) k_iscore(rows_dev rd_, int ratio, int topk, int64_t vis_cap, int nI, int ci,
                                                float iw_scale, const float *qi, const float *wt, float *scores)
 {
+    PDL_WAIT();
     int r = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     int64_t nvis = (rd_.pos[r] + 1) / ratio;
     int64_t w0 = (int64_t)blockIdx.y * SC_EPB;
@@ -170,6 +172,7 @@ enum { TK_NT = 1024, TK_NW = TK_NT / 32 };
 __global__ void __launch_bounds__(TK_NT) k_itopk(rows_dev rd_, int ratio, int topk, int64_t vis_cap,
                                                  const float *scores, int *sel)
 {
+    PDL_WAIT();
     __shared__ unsigned hist[256];
     __shared__ unsigned s_prefix, s_need;
     __shared__ unsigned long long wsum[TK_NW];
@@ -255,6 +258,7 @@ __global__ void __launch_bounds__(NB) k_attn(rows_dev rd_, int ratio, int csa, i
                                              int H, int d, int window, int nkmax, float scale, const float *sink,
                                              const float *q, const float *kv, const int *sel, float *o)
 {
+    PDL_WAIT();
     extern __shared__ float pr[];
     __shared__ float sh[NW + 1];
     int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -327,6 +331,7 @@ __global__ void __launch_bounds__(NB) k_attn(rows_dev rd_, int ratio, int csa, i
 __global__ void k_ring(rows_dev rd_, int ratio, int csa, int d, int cw, int iw, int kv_cap, int c_cap, const float *kv,
                        const float *cc, const float *zz, const float *ic, const float *iz)
 {
+    PDL_WAIT();
     int kind = blockIdx.y;
     if ((kind > 0 && !ratio) || (kind > 2 && !csa))
         return;
@@ -356,6 +361,7 @@ __global__ void __launch_bounds__(NB) k_route(const float *lg, int R, int E, int
                                               const int32_t *tid2eid, const int32_t *ids, int norm, float route_scale,
                                               int32_t *eid, float *wts)
 {
+    PDL_WAIT();
     extern __shared__ float rsm[];
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     int r = blockIdx.x * NW + wid;
@@ -520,21 +526,21 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
     bool run = true;
     if (ratio) {
         int dmax = csa && a->ci > d ? a->ci : d;
-        k_emit<<<dim3((unsigned)R, csa ? 2 : 1), NB, (size_t)dmax * sizeof(float), stream>>>(
+        launch_k(k_emit, dim3((unsigned)R, csa ? 2 : 1), NB, (size_t)dmax * sizeof(float), stream, 
             rdv, pc, pi, a->c_cap, a->rd, ifr, a->eps, a->cc, a->zz, a->ic, a->iz);
         run = launched("attn_step entries");
     }
     if (run && csa && vis > a->topk) {
-        k_iscore<<<dim3((unsigned)R, (unsigned)cdiv(vis, SC_EPB)), NB, 0, stream>>>(
+        launch_k(k_iscore, dim3((unsigned)R, (unsigned)cdiv(vis, SC_EPB)), NB, 0, stream, 
             rdv, ratio, a->topk, vis, a->nI, a->ci, a->iw_scale, a->qi, a->wt, scores);
         run = launched("attn_step indexer scores");
         if (run) {
-            k_itopk<<<(unsigned)R, TK_NT, 0, stream>>>(rdv, ratio, a->topk, vis, scores, sel);
+            launch_k(k_itopk, (unsigned)R, TK_NT, 0, stream, rdv, ratio, a->topk, vis, scores, sel);
             run = launched("attn_step indexer top-k");
         }
     }
     if (run) {
-        k_attn<<<dim3((unsigned)R, (unsigned)H), NB, asmem, stream>>>(rdv, ratio, csa, a->topk, vis, a->kv_cap, H, d,
+        launch_k(k_attn, dim3((unsigned)R, (unsigned)H), NB, asmem, stream, rdv, ratio, csa, a->topk, vis, a->kv_cap, H, d,
                                                                        a->window, (int)nkmax, a->scale, sink, a->q,
                                                                        a->kv, sel, a->o);
         run = launched("attn_step attention");
@@ -545,7 +551,7 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
             wmax = cw;
         if (csa && iw > wmax)
             wmax = iw;
-        k_ring<<<dim3((unsigned)cdiv((int64_t)R * wmax, 256), 5), 256, 0, stream>>>(
+        launch_k(k_ring, dim3((unsigned)cdiv((int64_t)R * wmax, 256), 5), 256, 0, stream, 
             rdv, ratio, csa, d, cw, iw, a->kv_cap, a->c_cap, a->kv, a->cc, a->zz, a->ic, a->iz);
         run = launched("attn_step rings");
     }
@@ -583,7 +589,7 @@ void dsv4cu::route(const float *lg, int R, int E, int K, const float *bias, cons
     int32_t *deid = ok ? (int32_t *)out_buf(eid, bk, 1) : NULL;
     float *dw = ok ? (float *)out_buf(wts, bk, 1) : NULL;
     if (ok && dlg && (db || !bias) && (!tid2eid || (dt && dids)) && deid && dw) {
-        k_route<<<(unsigned)cdiv(R, NW), NB, smem, stream>>>(dlg, R, E, K, db, dt, dids, norm, route_scale, deid, dw);
+        launch_k(k_route, (unsigned)cdiv(R, NW), NB, smem, stream, dlg, R, E, K, db, dt, dids, norm, route_scale, deid, dw);
         if (launched("route")) {
             out_back(eid, deid, bk);
             out_back(wts, dw, bk);
