@@ -43,17 +43,7 @@
 #include "kernels/cpu/exl3.h"
 #include "kernels/cuda/exl3_cuda.h"
 
-static uint64_t rng;
-
-static uint32_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
-static float frand(float lo, float hi) { return lo + (hi - lo) * (rnd() / 4294967296.0f); }
+#include "test_rng.h"
 
 static double gauss(void)
 {

@@ -27,17 +27,7 @@
 #include "kernels/cuda/cuda.h"
 
 static const dsv4_backend *cpu, *gpu;
-static uint64_t rng;
-
-static uint32_t rnd(void)
-{
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (uint32_t)(rng >> 16);
-}
-
-static float frand(float lo, float hi) { return lo + (hi - lo) * (rnd() / 4294967296.0f); }
+#include "test_rng.h"
 
 static float *falloc(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
 

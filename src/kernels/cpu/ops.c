@@ -8,6 +8,7 @@
 #endif
 #include "core/core.h"
 #include "kernels/backend.h"
+#include "kernels/hc_mix.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/exl3.h"
 
@@ -330,7 +331,6 @@ static void cpu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, 
     free(cs);
 }
 
-static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 /* One row's collapse: h[dd] = sum_i pre[i] X[i, dd], summed in stream order. */
 static void collapse_row(const float *x, int n, int D, const float *pr, float *hr)
@@ -364,38 +364,18 @@ static void cpu_hc_pre(const float *X, int T, int n, int D, const float *fn, con
             m[j] = dsv4_dot(fn + j * nd, x, nd) * inv;
         float *pr = pre + t * n;
         for (int i = 0; i < n; i++)
-            pr[i] = sigmoidf(m[i] * scale[0] + base[i]) + hc_eps;
+            pr[i] = dsv4_sigmoid(m[i] * scale[0] + base[i]) + hc_eps;
         if (post) {
             float *po = post + t * n, *c = comb + (int64_t)t * n * n;
             for (int i = 0; i < n; i++)
-                po[i] = 2.0f * sigmoidf(m[n + i] * scale[1] + base[n + i]);
-            for (int j = 0; j < n; j++) {
-                float mx = -INFINITY, s = 0;
-                for (int k = 0; k < n; k++) {
-                    c[j * n + k] = m[2 * n + j * n + k] * scale[2] + base[2 * n + j * n + k];
-                    mx = fmaxf(mx, c[j * n + k]);
-                }
-                for (int k = 0; k < n; k++)
-                    s += (c[j * n + k] = expf(c[j * n + k] - mx));
-                for (int k = 0; k < n; k++)
-                    c[j * n + k] = c[j * n + k] / s + hc_eps;
-            }
+                po[i] = 2.0f * dsv4_sigmoid(m[n + i] * scale[1] + base[n + i]);
+            for (int j = 0; j < n; j++)
+                dsv4_hc_comb_row(m, scale, base, n, j, hc_eps, c);
             for (int it = 0; it < iters; it++) {
-                if (it > 0)
-                    for (int j = 0; j < n; j++) {
-                        float s = 0;
-                        for (int k = 0; k < n; k++)
-                            s += c[j * n + k];
-                        for (int k = 0; k < n; k++)
-                            c[j * n + k] /= s + hc_eps;
-                    }
-                for (int k = 0; k < n; k++) {
-                    float s = 0;
-                    for (int j = 0; j < n; j++)
-                        s += c[j * n + k];
-                    for (int j = 0; j < n; j++)
-                        c[j * n + k] /= s + hc_eps;
-                }
+                for (int j = 0; it > 0 && j < n; j++)
+                    dsv4_hc_normalize(c, n, j * n, 1, hc_eps);
+                for (int k = 0; k < n; k++)
+                    dsv4_hc_normalize(c, n, k, n, hc_eps);
             }
         }
         if (h)

@@ -119,6 +119,51 @@ __device__ __forceinline__ float block_sum(float v, float *sh)
     return sh[NWARP];
 }
 
+/* One head's attention over nk keys (K = V) by a block of NB threads: scores by warp (key i to
+ * warp i % NW), the softmax with the sink, then out_j = sum_i (p_i / den) k_ij in key order.
+ * key(i) gives key i's row of d floats; p holds nk floats; sh is [NW + 1] shared floats. */
+template <class Key>
+__device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, int d, float scale, float sink, float *p,
+                                            float *sh, float *out)
+{
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    for (int i = wid; i < nk; i += NW) {
+        const float *k = key(i);
+        float a = 0.0f;
+        for (int j = lane; j < d; j += 32)
+            a = fmaf(qh[j], k[j], a);
+        a = warp_sum(a);
+        if (lane == 0)
+            p[i] = a * scale;
+    }
+    __syncthreads();
+    float mx = sink;
+    for (int i = threadIdx.x; i < nk; i += NB)
+        mx = fmaxf(mx, p[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0)
+        sh[wid] = mx;
+    __syncthreads();
+    mx = sh[0];
+    for (int i = 1; i < NW; i++)
+        mx = fmaxf(mx, sh[i]);
+    float part = 0.0f;
+    for (int i = threadIdx.x; i < nk; i += NB) {
+        float e = expf(p[i] - mx);
+        p[i] = e;
+        part += e;
+    }
+    float den = expf(sink - mx) + block_sum<NW>(part, sh);
+    for (int j = threadIdx.x; j < d; j += NB) {
+        float acc = 0.0f;
+        for (int i = 0; i < nk; i++)
+            acc = fmaf(p[i] / den, key(i)[j], acc);
+        out[j] = acc;
+    }
+}
+
 /* The step ops in step.cu. */
 void attn_step(const dsv4_attn_args *a);
 void route(const float *lg, int R, int E, int K, const float *bias, const int32_t *tid2eid, const int32_t *ids, int norm,

@@ -21,6 +21,7 @@
 #include <string.h>
 #include <time.h>
 #include "kernels/cuda/internal.h"
+#include "kernels/hc_mix.h"
 #include "kernels/cuda/exl3_cuda.h"
 
 using namespace dsv4cu;
@@ -1332,7 +1333,6 @@ static void cu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, c
 
 /* ---- hyper-connections ------------------------------------------------------------------ */
 
-__device__ __forceinline__ float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
 
 enum { HC_MAXN = 16, HC_MAXM = (2 + HC_MAXN) * HC_MAXN };
 
@@ -1387,36 +1387,18 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
     /* pre, post and comb: a thread per stream, each row's and column's sums in index order */
     int j = threadIdx.x;
     if (j < n)
-        pre[t * n + j] = pr[j] = sigm(m[j] * scale[0] + base[j]) + hc_eps;
+        pre[t * n + j] = pr[j] = dsv4_sigmoid(m[j] * scale[0] + base[j]) + hc_eps;
     if (post && j < n) {
-        post[t * n + j] = 2.0f * sigm(m[n + j] * scale[1] + base[n + j]);
-        float mx = -INFINITY, s = 0.0f;
-        for (int k = 0; k < n; k++) {
-            c[j * n + k] = m[2 * n + j * n + k] * scale[2] + base[2 * n + j * n + k];
-            mx = fmaxf(mx, c[j * n + k]);
-        }
-        for (int k = 0; k < n; k++)
-            s += (c[j * n + k] = expf(c[j * n + k] - mx));
-        for (int k = 0; k < n; k++)
-            c[j * n + k] = c[j * n + k] / s + hc_eps;
+        post[t * n + j] = 2.0f * dsv4_sigmoid(m[n + j] * scale[1] + base[n + j]);
+        dsv4_hc_comb_row(m, scale, base, n, j, hc_eps, c);
     }
     for (int it = 0; post && it < iters; it++) {
         __syncthreads();
-        if (it > 0 && j < n) { /* thread j: row j */
-            float s = 0.0f;
-            for (int k = 0; k < n; k++)
-                s += c[j * n + k];
-            for (int k = 0; k < n; k++)
-                c[j * n + k] /= s + hc_eps;
-        }
+        if (it > 0 && j < n) /* thread j: row j */
+            dsv4_hc_normalize(c, n, j * n, 1, hc_eps);
         __syncthreads();
-        if (j < n) { /* thread j: column j */
-            float s = 0.0f;
-            for (int r = 0; r < n; r++)
-                s += c[r * n + j];
-            for (int r = 0; r < n; r++)
-                c[r * n + j] /= s + hc_eps;
-        }
+        if (j < n) /* thread j: column j */
+            dsv4_hc_normalize(c, n, j, n, hc_eps);
     }
     __syncthreads();
     if (post)
@@ -1556,45 +1538,9 @@ __global__ void __launch_bounds__(NB) k_attend(const float *q, int d, const floa
 {
     PDL_WAIT();
     __shared__ float sh[NW + 1];
-    int h = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    const float *qh = q + (int64_t)h * d;
-    float *p = p_all + (int64_t)h * nk;
-    for (int i = wid; i < nk; i += NW) {
-        const float *k = keys + (int64_t)i * d;
-        float a = 0.0f;
-        for (int j = lane; j < d; j += 32)
-            a = fmaf(qh[j], k[j], a);
-        a = warp_sum(a);
-        if (lane == 0)
-            p[i] = a * scale;
-    }
-    __syncthreads();
-    float mx = sink[h];
-    for (int i = threadIdx.x; i < nk; i += NB)
-        mx = fmaxf(mx, p[i]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0)
-        sh[wid] = mx;
-    __syncthreads();
-    mx = sh[0];
-    for (int i = 1; i < NW; i++)
-        mx = fmaxf(mx, sh[i]);
-    float part = 0.0f;
-    for (int i = threadIdx.x; i < nk; i += NB) {
-        float e = expf(p[i] - mx);
-        p[i] = e;
-        part += e;
-    }
-    float den = expf(sink[h] - mx) + block_sum<NW>(part, sh);
-    float *o = out + (int64_t)h * d;
-    for (int j = threadIdx.x; j < d; j += NB) {
-        float acc = 0.0f;
-        for (int i = 0; i < nk; i++)
-            acc = fmaf(p[i] / den, keys[(int64_t)i * d + j], acc);
-        o[j] = acc;
-    }
+    int h = blockIdx.x;
+    auto key = [&](int i) { return keys + (int64_t)i * d; };
+    attend_head(q + (int64_t)h * d, key, nk, d, scale, sink[h], p_all + (int64_t)h * nk, sh, out + (int64_t)h * d);
 }
 
 static float *g_keys;           /* host staging for the gathered key rows */

@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(NB) k_attn(rows_dev rd_, int ratio, int csa, i
     PDL_WAIT();
     extern __shared__ float pr[];
     __shared__ float sh[NW + 1];
-    int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int r = blockIdx.x, h = blockIdx.y;
     int64_t p = rd_.pos[r];
     int s = rd_.seq[r];
     dsv4_lbufs b = rd_.st[s];
@@ -285,42 +285,7 @@ __global__ void __launch_bounds__(NB) k_attn(rows_dev rd_, int ratio, int csa, i
         int64_t tok = j0 + (i - ns);
         return tok >= start ? kv + (first + (tok - start)) * d : b.kv + (tok % kv_cap) * d;
     };
-    const float *qh = q + ((int64_t)r * H + h) * d;
-    for (int i = wid; i < nk; i += NW) {
-        const float *k = key(i);
-        float a = 0.0f;
-        for (int j = lane; j < d; j += 32)
-            a = fmaf(qh[j], k[j], a);
-        a = warp_sum(a);
-        if (lane == 0)
-            pr[i] = a * scale;
-    }
-    __syncthreads();
-    float mx = sink[h];
-    for (int i = threadIdx.x; i < nk; i += NB)
-        mx = fmaxf(mx, pr[i]);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    if (lane == 0)
-        sh[wid] = mx;
-    __syncthreads();
-    mx = sh[0];
-    for (int i = 1; i < NW; i++)
-        mx = fmaxf(mx, sh[i]);
-    float part = 0.0f;
-    for (int i = threadIdx.x; i < nk; i += NB) {
-        float e = expf(pr[i] - mx);
-        pr[i] = e;
-        part += e;
-    }
-    float den = expf(sink[h] - mx) + block_sum<NW>(part, sh);
-    for (int j = threadIdx.x; j < d; j += NB) {
-        float acc = 0.0f;
-        for (int i = 0; i < nk; i++)
-            acc = fmaf(pr[i] / den, key(i)[j], acc);
-        orow[j] = acc;
-    }
+    attend_head(q + ((int64_t)r * H + h) * d, key, nk, d, scale, sink[h], pr, sh, orow);
 }
 
 /* ---- 4. ring stores -------------------------------------------------------------------- */
