@@ -203,8 +203,9 @@ int dsv4_cmd_bench(int argc, char **argv)
         rc = !s || time_prefill(m, Ps[i], V, 0, s, lg, &t, &nx, &err);
         dsv4_seq_free(s);
         if (!rc)
-            printf("prefill: %d tokens in %.3f s = %.1f tok/s (%.1f TFLOP/s in the projections and experts)\n", Ps[i], t,
-                   Ps[i] / t, flops * Ps[i] / t / 1e12);
+            printf("prefill: %d tokens in %.3f s = %.1f tok/s (%.1f %s in the projections and experts)\n", Ps[i], t,
+                   Ps[i] / t, flops * Ps[i] / t / (flops * Ps[i] / t >= 1e12 ? 1e12 : 1e9),
+                   flops * Ps[i] / t >= 1e12 ? "TFLOP/s" : "GFLOP/s");
         fflush(stdout);
     }
     free(lg);
