@@ -84,6 +84,8 @@ typedef struct dsv4_arena {
 typedef struct dsv4_graphs {
     void *g[DSV4_GRAPH_SLOTS];
     uint64_t key[DSV4_GRAPH_SLOTS], use[DSV4_GRAPH_SLOTS], clock, last;
+    uint64_t unrecordable[DSV4_GRAPH_SLOTS];  /* shapes whose recording failed (an op waits on the host) */
+    int n_unrecordable;
 } dsv4_graphs;
 struct dsv4_model {
     dsv4_config cfg;

@@ -246,7 +246,10 @@ static int v4_layers_replayed(fwd *f, const dsv4_batch *b, float *X, float *h, f
             G->use[i] = ++G->clock;
             return 0;
         }
-    if (G->last != key || m->arena.n_extra) { /* a shape seen once, or buffers not at their steady places */
+    int bad = 0;
+    for (int i = 0; i < DSV4_GRAPH_SLOTS; i++)
+        bad |= i < G->n_unrecordable && G->unrecordable[i] == key;
+    if (G->last != key || m->arena.n_extra || bad) { /* seen once, buffers not at their places, or not recordable */
         G->last = key;
         return v4_layers(f, X, h, a, y, pre, post, comb, err);
     }
@@ -256,10 +259,12 @@ static int v4_layers_replayed(fwd *f, const dsv4_batch *b, float *X, float *h, f
     }
     int rc = v4_layers(f, X, h, a, y, pre, post, comb, err);
     void *g = be->graph_end();
-    if (rc || !g) {
+    if (rc || !g) { /* nothing ran while recording: run the ops, and do not try this shape again */
         if (g)
             be->graph_free(g);
         G->last = 0;
+        if (!rc)
+            G->unrecordable[G->n_unrecordable++ % DSV4_GRAPH_SLOTS] = key;
         return rc ? rc : v4_layers(f, X, h, a, y, pre, post, comb, err);
     }
     int slot = 0;
