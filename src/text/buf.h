@@ -3,6 +3,7 @@
 #ifndef DSV4_TEXT_BUF_H
 #define DSV4_TEXT_BUF_H
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -14,8 +15,10 @@ typedef struct dsv4_buf {
 
 static inline void dsv4_buf_put(dsv4_buf *b, const void *s, size_t n)
 {
-    if (b->oom)
+    if (b->oom || n > (SIZE_MAX - 64) / 2 - b->n) { /* the doubled size would wrap */
+        b->oom = 1;
         return;
+    }
     if (b->n + n + 1 > b->cap) {
         size_t c = (b->n + n + 1) * 2 + 32;
         char *q = (char *)realloc(b->p, c);

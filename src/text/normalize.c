@@ -7,6 +7,7 @@
 #include "core/core.h"
 #include "text/normalize.h"
 #include "text/tokenizer.h"
+#include "text/buf.h"
 
 enum { N_NFC, N_NFD, N_NFKC, N_NFKD, N_LOWER, N_STRIP_ACCENTS, N_STRIP, N_REPLACE, N_PREPEND };
 
@@ -24,37 +25,11 @@ struct dsv4_normalizer {
     int n, cap;
 };
 
-/* A growable byte buffer. */
-typedef struct sbuf {
-    char *p;
-    size_t n, cap;
-    int oom;
-} sbuf;
-
-static void sb_put(sbuf *b, const void *s, size_t n)
-{
-    if (b->oom)
-        return;
-    if (b->n + n + 1 > b->cap) {
-        size_t c = (b->n + n + 1) * 2;
-        char *q = realloc(b->p, c);
-        if (!q) {
-            b->oom = 1;
-            return;
-        }
-        b->p = q;
-        b->cap = c;
-    }
-    memcpy(b->p + b->n, s, n);
-    b->n += n;
-    b->p[b->n] = 0;
-}
-
-static void sb_cp(sbuf *b, uint32_t cp)
+static void sb_cp(dsv4_buf *b, uint32_t cp)
 {
     utf8proc_uint8_t u[4];
     utf8proc_ssize_t k = utf8proc_encode_char((utf8proc_int32_t)cp, u);
-    sb_put(b, u, (size_t)k);
+    dsv4_buf_put(b, u, (size_t)k);
 }
 
 void dsv4_normalizer_free(dsv4_normalizer *n)
@@ -265,13 +240,13 @@ static uint32_t to_lower(uint32_t c)
     return (uint32_t)utf8proc_tolower((utf8proc_int32_t)c);
 }
 
-static int map_utf8proc(const char *s, size_t len, int opts, sbuf *o)
+static int map_utf8proc(const char *s, size_t len, int opts, dsv4_buf *o)
 {
     utf8proc_uint8_t *r = NULL;
     utf8proc_ssize_t k = utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)len, &r, (utf8proc_option_t)opts);
     if (k < 0)
         return -1;
-    sb_put(o, r, (size_t)k);
+    dsv4_buf_put(o, r, (size_t)k);
     free(r);
     return 0;
 }
@@ -283,7 +258,7 @@ static int is_ws(uint32_t c)
            c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f || c == 0x3000;
 }
 
-static int apply(const nop *op, const char *s, size_t len, sbuf *o)
+static int apply(const nop *op, const char *s, size_t len, dsv4_buf *o)
 {
     const unsigned char *u = (const unsigned char *)s;
     switch (op->kind) {
@@ -305,7 +280,7 @@ static int apply(const nop *op, const char *s, size_t len, sbuf *o)
             if (kept(cp, (opts & UTF8PROC_COMPAT) != 0)) {
                 if (map_utf8proc(s + start, i - start, opts, o))
                     return -1;
-                sb_put(o, s + i, (size_t)k);
+                dsv4_buf_put(o, s + i, (size_t)k);
                 start = i + (size_t)k;
             }
             i += (size_t)k;
@@ -317,8 +292,8 @@ static int apply(const nop *op, const char *s, size_t len, sbuf *o)
     }
     if (op->kind == N_PREPEND) {
         if (len)
-            sb_put(o, op->content, strlen(op->content));
-        sb_put(o, s, len);
+            dsv4_buf_put(o, op->content, strlen(op->content));
+        dsv4_buf_put(o, s, len);
         return 0;
     }
     if (op->kind == N_REPLACE) {
@@ -327,10 +302,10 @@ static int apply(const nop *op, const char *s, size_t len, sbuf *o)
             size_t i = 0;
             while (i < len) {
                 if (len - i >= op->pat_len && !memcmp(s + i, op->pat, op->pat_len)) {
-                    sb_put(o, op->content, cl);
+                    dsv4_buf_put(o, op->content, cl);
                     i += op->pat_len;
                 } else
-                    sb_put(o, s + i++, 1);
+                    dsv4_buf_put(o, s + i++, 1);
             }
             return 0;
         }
@@ -343,8 +318,8 @@ static int apply(const nop *op, const char *s, size_t len, sbuf *o)
             if (rc < 0)
                 break;
             PCRE2_SIZE *ov = pcre2_get_ovector_pointer(md);
-            sb_put(o, s + i, ov[0] - i);
-            sb_put(o, op->content, cl);
+            dsv4_buf_put(o, s + i, ov[0] - i);
+            dsv4_buf_put(o, op->content, cl);
             if (ov[1] == ov[0]) {
                 /* an empty match: copy one character and move on */
                 if (ov[1] >= len) {
@@ -353,13 +328,13 @@ static int apply(const nop *op, const char *s, size_t len, sbuf *o)
                 }
                 uint32_t cp;
                 int k = dsv4_utf8_decode1(u + ov[1], len - ov[1], &cp);
-                sb_put(o, s + ov[1], (size_t)(k ? k : 1));
+                dsv4_buf_put(o, s + ov[1], (size_t)(k ? k : 1));
                 i = ov[1] + (size_t)(k ? k : 1);
             } else
                 i = ov[1];
         }
         if (i < len)
-            sb_put(o, s + i, len - i);
+            dsv4_buf_put(o, s + i, len - i);
         pcre2_match_data_free(md);
         return 0;
     }
@@ -381,7 +356,7 @@ static int apply(const nop *op, const char *s, size_t len, sbuf *o)
                 break;
             e = p;
         }
-        sb_put(o, s + b, e - b);
+        dsv4_buf_put(o, s + b, e - b);
         return 0;
     }
     for (size_t i = 0; i < len;) {
@@ -398,7 +373,7 @@ static int apply(const nop *op, const char *s, size_t len, sbuf *o)
             } else
                 sb_cp(o, to_lower(cp));
         } else if (!hf_mark(cp)) {
-            sb_put(o, s + i, (size_t)k);
+            dsv4_buf_put(o, s + i, (size_t)k);
         }
         i += (size_t)k;
     }
@@ -407,13 +382,13 @@ static int apply(const nop *op, const char *s, size_t len, sbuf *o)
 
 int dsv4_normalize(const dsv4_normalizer *n, const char *s, size_t len, char **out, size_t *out_len, dsv4_err *err)
 {
-    sbuf cur = {0};
-    sb_put(&cur, s, len);
+    dsv4_buf cur = {0};
+    dsv4_buf_put(&cur, s, len);
     if (!cur.p)
-        sb_put(&cur, "", 0);
+        dsv4_buf_put(&cur, "", 0);
     for (int i = 0; i < n->n && !cur.oom; i++) {
-        sbuf nx = {0};
-        sb_put(&nx, "", 0);
+        dsv4_buf nx = {0};
+        dsv4_buf_put(&nx, "", 0);
         if (apply(&n->ops[i], cur.p, cur.n, &nx) || nx.oom) {
             free(nx.p);
             free(cur.p);
