@@ -56,23 +56,6 @@ static void test_codebook(void)
     }
 }
 
-/* Packs 256 K-bit codes (trellis order) into 16K stored words: codes MSB-first into one
- * stream, 32 bits per u32, each u32 stored low half first. */
-static void pack_codes(const uint32_t *codes, int K, uint16_t *words)
-{
-    uint32_t u32[64] = {0};
-    for (int p = 0; p < 256; p++)
-        for (int b = 0; b < K; b++) {
-            int bit = p * K + b;
-            if ((codes[p] >> (K - 1 - b)) & 1)
-                u32[bit / 32] |= 1u << (31 - bit % 32);
-        }
-    for (int m = 0; m < 8 * K; m++) {
-        words[2 * m] = (uint16_t)u32[m];
-        words[2 * m + 1] = (uint16_t)(u32[m] >> 16);
-    }
-}
-
 typedef struct layer {
     char path[64];
     dsv4_st *st;
@@ -136,7 +119,7 @@ static void test_tile_layout(void)
         uint16_t words[128];
         for (int p = 0; p < 256; p++)
             codes[p] = rnd() & ((1u << K) - 1);
-        pack_codes(codes, K, words);
+        dsv4_exl3_pack_codes(codes, K, words);
         layer L;
         if (make_layer(&L, K, DSV4_EXL3_MUL1, 128, 128, 0, 0, 0, NULL))
             return;
@@ -260,7 +243,7 @@ static void test_all_states(void)
         uint32_t codes[256];
         for (int p = 0; p < 256; p++)
             codes[p] = p % 2 ? (uint32_t)(q / 256 * 128 + (p - 1) / 2) : (uint32_t)(q % 256);
-        pack_codes(codes, K, tr + (size_t)q * 16 * K);
+        dsv4_exl3_pack_codes(codes, K, tr + (size_t)q * 16 * K);
     }
     for (int cb = 0; cb < 3; cb++) {
         layer L;

@@ -75,6 +75,10 @@ void dsv4_exl3_linear_scalar(const dsv4_weight *w, const float *x, int T, float 
 
 /* ---- quantizer (exl3_quant.c) */
 
+/* Packs a tile's 256 K-bit codes (trellis order) into its 16K stored words: the codes MSB-first
+ * into one bit stream, 32 bits per u32, each u32 stored low half first. */
+void dsv4_exl3_pack_codes(const uint32_t *codes, int K, uint16_t *words);
+
 /* A Viterbi workspace for one thread (about 0.8 MB + 2^(24-K) bytes). */
 typedef struct dsv4_exl3_enc dsv4_exl3_enc;
 dsv4_exl3_enc *dsv4_exl3_enc_new(int K, int cb, dsv4_err *err);

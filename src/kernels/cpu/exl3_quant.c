@@ -152,6 +152,21 @@ static uint32_t viterbi(dsv4_exl3_enc *e, const float *t, int start, int32_t fix
     return arg;
 }
 
+void dsv4_exl3_pack_codes(const uint32_t *codes, int K, uint16_t *words)
+{
+    uint32_t u32[64] = {0};
+    for (int p = 0; p < 256; p++)
+        for (int b = 0; b < K; b++) {
+            int bit = p * K + b;
+            if ((codes[p] >> (K - 1 - b)) & 1)
+                u32[bit / 32] |= 1u << (31 - bit % 32);
+        }
+    for (int m = 0; m < 8 * K; m++) {
+        words[2 * m] = (uint16_t)u32[m];
+        words[2 * m + 1] = (uint16_t)(u32[m] >> 16);
+    }
+}
+
 double dsv4_exl3_enc_tile(dsv4_exl3_enc *e, const float *target, uint16_t *words, float *decoded)
 {
     static const int rofs[4] = {0, 1, 8, 9};
@@ -172,17 +187,7 @@ double dsv4_exl3_enc_tile(dsv4_exl3_enc *e, const float *target, uint16_t *words
         if (p)
             s = ((uint32_t)e->bp[(size_t)p * B + (s >> K)] << (16 - K)) | (s >> K);
     }
-    uint32_t u32[64] = {0};
-    for (int p = 0; p < 256; p++)
-        for (int b = 0; b < K; b++) {
-            int bit = p * K + b;
-            if ((codes[p] >> (K - 1 - b)) & 1)
-                u32[bit / 32] |= 1u << (31 - bit % 32);
-        }
-    for (int m = 0; m < 8 * K; m++) {
-        words[2 * m] = (uint16_t)u32[m];
-        words[2 * m + 1] = (uint16_t)(u32[m] >> 16);
-    }
+    dsv4_exl3_pack_codes(codes, K, words);
     /* the decoded values come from the packed words, so they are what a reader will see */
     double se = 0;
     for (int p = 0; p < 256; p++) {
