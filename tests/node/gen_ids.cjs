@@ -4,16 +4,10 @@
 // so the lists exercise the invalid-UTF-8 (U+FFFD) rule of decoding.
 //   node gen_ids.cjs [--seed N] [--count N] [--nvocab N]
 "use strict";
+const { options, seeded } = require("./common.cjs");
 const args = process.argv.slice(2);
-const opt = (k, d) => { const i = args.indexOf(k); return i >= 0 ? args[i + 1] : d; };
-let st = (Number(opt("--seed", "1")) * 0x85ebca6b) >>> 0;
-function rnd() {
-  st = (st + 0x6d2b79f5) >>> 0;
-  let t = st;
-  t = Math.imul(t ^ (t >>> 15), t | 1);
-  t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-}
+const opt = options(args);
+const rnd = seeded(Number(opt("--seed", "1")), 0x85ebca6b);
 const count = Number(opt("--count", "3000")), nvocab = Number(opt("--nvocab", "128815"));
 const out = [];
 for (let i = 0; i < count; i++) {

