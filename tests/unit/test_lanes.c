@@ -118,6 +118,24 @@ static void solo(const int32_t *prompt, int n, int k, result *out)
     dsv4_lanes_free(l);
 }
 
+/* A prompt sharing its first `keep` tokens with `base` and then `extra` tokens of its own,
+ * served beside the cache in l: it resumes from `want_cached` tokens and gives the tokens the
+ * same prompt gives alone and cold. k: the request's sampling case (as req_for). */
+static void resumed_case(dsv4_lanes *l, const int32_t *base, int keep, int extra, unsigned seed, int k, int want_cached,
+                         const char *what)
+{
+    int32_t p[64];
+    memcpy(p, base, keep * sizeof *p);
+    make_prompt(p + keep, extra, seed);
+    dsv4_request *r = req_for(p, keep + extra, k, 1);
+    run_all(l, &r, 1);
+    result got, ref;
+    collect(r, &got);
+    solo(p, keep + extra, k, &ref);
+    CHECK(got.n_cached == want_cached && same(&got, &ref), "%s (cached %d, want %d)", what, got.n_cached, want_cached);
+    dsv4_request_release(r);
+}
+
 int main(void)
 {
     char dir[1024];
@@ -202,38 +220,11 @@ int main(void)
         dsv4_request_release(c);
         /* diverging inside the rollback reach of the prompt-end state (40) but not of the
          * finished state (45): resumes from the prompt-end state and rolls back */
-        int32_t p3[60];
-        memcpy(p3, prompts[2], 36 * sizeof *p3);
-        make_prompt(p3 + 36, 10, 4242);
-        dsv4_request *d = req_for(p3, 46, 1, 1);
-        run_all(l, &d, 1);
-        result rd, fd;
-        collect(d, &rd);
-        solo(p3, 46, 1, &fd);
-        CHECK(rd.n_cached == 36 && same(&rd, &fd), "diverging prefix: cached %d (want 36), same tokens", rd.n_cached);
-        dsv4_request_release(d);
+        resumed_case(l, prompts[2], 36, 10, 4242, 1, 36, "diverging prefix: resumed from the prompt end and rolled back");
         /* below every end state's reach: the snapshot taken at 24 tokens while prefilling */
-        int32_t p4[40];
-        memcpy(p4, prompts[2], 28 * sizeof *p4);
-        make_prompt(p4 + 28, 10, 31337);
-        dsv4_request *e = req_for(p4, 38, 0, 1);
-        run_all(l, &e, 1);
-        result re, fe;
-        collect(e, &re);
-        solo(p4, 38, 0, &fe);
-        CHECK(re.n_cached == 24 && same(&re, &fe), "prefix of 28: resumed from the snapshot at 24 (cached %d)", re.n_cached);
-        dsv4_request_release(e);
+        resumed_case(l, prompts[2], 28, 10, 31337, 0, 24, "prefix of 28: resumed from the snapshot at 24");
         /* a match beyond every state's reach is served cold */
-        int32_t p5[40];
-        memcpy(p5, prompts[2], 14 * sizeof *p5);
-        make_prompt(p5 + 14, 10, 4711);
-        dsv4_request *f = req_for(p5, 24, 0, 1);
-        run_all(l, &f, 1);
-        result rf, ff;
-        collect(f, &rf);
-        solo(p5, 24, 0, &ff);
-        CHECK(rf.n_cached == 0 && same(&rf, &ff), "unreachable prefix: cold (cached %d)", rf.n_cached);
-        dsv4_request_release(f);
+        resumed_case(l, prompts[2], 14, 10, 4711, 0, 0, "unreachable prefix: cold");
         dsv4_lanes_stats st;
         dsv4_lanes_get_stats(l, &st);
         CHECK(st.cache_entries > 0 && st.cached_tokens > 0, "cache stats %zu entries", st.cache_entries);
