@@ -446,3 +446,13 @@ dsv4_st *dsv4_st_open_dir(const char *dir, dsv4_err *err)
     }
     return st;
 }
+
+const char *dsv4_tensor_shape(const dsv4_tensor *t, char *buf, size_t n)
+{
+    size_t o = snprintf(buf, n, "[");
+    for (int i = 0; i < t->ndim && o < n; i++)
+        o += snprintf(buf + o, n - o, i ? ", %lld" : "%lld", (long long)t->shape[i]);
+    if (o < n)
+        snprintf(buf + o, n - o, "]");
+    return buf;
+}

@@ -29,6 +29,8 @@ typedef struct dsv4_tensor {
     size_t nbytes;
     int file;           /* index into the set's files */
 } dsv4_tensor;
+/* "[a, b, ...]" of a tensor's shape into buf (n bytes, truncated to fit); returns buf. */
+const char *dsv4_tensor_shape(const dsv4_tensor *t, char *buf, size_t n);
 
 typedef struct dsv4_st dsv4_st;
 

@@ -10,16 +10,6 @@ const char *dsv4_wform_name(dsv4_wform f) { return f < DSV4_WF_COUNT ? wform_nam
 
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-static const char *shape_str(const dsv4_tensor *t, char *buf, size_t n)
-{
-    size_t o = snprintf(buf, n, "[");
-    for (int i = 0; i < t->ndim && o < n; i++)
-        o += snprintf(buf + o, n - o, i ? ", %lld" : "%lld", (long long)t->shape[i]);
-    if (o < n)
-        snprintf(buf + o, n - o, "]");
-    return buf;
-}
-
 static int scale_ok(const dsv4_tensor *s)
 {
     return s->dtype == DSV4_DT_F32 || s->dtype == DSV4_DT_F8_E8M0;
@@ -69,7 +59,7 @@ int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k
     const char *file = dsv4_st_file_path(st, t->file);
     if (t->ndim != 2)
         return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: shape %s, expected 2 dimensions [%lld, %lld]", file, name,
-                         shape_str(t, sh, sizeof sh), (long long)n, (long long)k);
+                         dsv4_tensor_shape(t, sh, sizeof sh), (long long)n, (long long)k);
     switch (t->dtype) {
     case DSV4_DT_F32:
     case DSV4_DT_BF16:
@@ -77,7 +67,7 @@ int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k
         out->form = t->dtype == DSV4_DT_F32 ? DSV4_WF_F32 : t->dtype == DSV4_DT_BF16 ? DSV4_WF_BF16 : DSV4_WF_F16;
         if (t->shape[0] != n || t->shape[1] != k)
             return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: shape %s, expected [%lld, %lld]", file, name,
-                             shape_str(t, sh, sizeof sh), (long long)n, (long long)k);
+                             dsv4_tensor_shape(t, sh, sizeof sh), (long long)n, (long long)k);
         return 0;
     case DSV4_DT_F8_E4M3:
     case DSV4_DT_I8:
@@ -86,7 +76,7 @@ int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k
         out->form = fp4 ? DSV4_WF_FP4 : DSV4_WF_FP8;
         if (t->shape[0] != n || t->shape[1] != (fp4 ? k / 2 : k) || (fp4 && k % 2))
             return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: shape %s, expected [%lld, %lld] for %s", file, name,
-                             shape_str(t, sh, sizeof sh), (long long)n, (long long)(fp4 ? k / 2 : k),
+                             dsv4_tensor_shape(t, sh, sizeof sh), (long long)n, (long long)(fp4 ? k / 2 : k),
                              fp4 ? "FP4 pairs" : "FP8");
         const dsv4_tensor *s = dsv4_st_find(st, sname);
         if (!s)
@@ -94,7 +84,7 @@ int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k
                              sname, dsv4_st_label(st), fp4 ? "FP4" : "FP8", name);
         if (!scale_ok(s) || s->ndim != 2)
             return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: %s %s; scales must be F32 or F8_E8M0 with 2 dimensions",
-                             dsv4_st_file_path(st, s->file), sname, dsv4_dtype_name(s->dtype), shape_str(s, sh2, sizeof sh2));
+                             dsv4_st_file_path(st, s->file), sname, dsv4_dtype_name(s->dtype), dsv4_tensor_shape(s, sh2, sizeof sh2));
         out->scale = s->data;
         out->scale_e8m0 = s->dtype == DSV4_DT_F8_E8M0;
         out->bytes += s->nbytes;
@@ -102,7 +92,7 @@ int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k
         if (fp4) {
             if (sn != n || sk <= 0 || k % sk)
                 return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: shape %s does not give one scale per row and an equal group along [%lld, %lld]",
-                                 dsv4_st_file_path(st, s->file), sname, shape_str(s, sh2, sizeof sh2), (long long)n, (long long)k);
+                                 dsv4_st_file_path(st, s->file), sname, dsv4_tensor_shape(s, sh2, sizeof sh2), (long long)n, (long long)k);
             out->bn = 1;
             out->bk = (int)(k / sk);
             return 0;
@@ -114,7 +104,7 @@ int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k
             bk = cdiv(k, sk);
         if (sn <= 0 || sk <= 0 || cdiv(n, bn) != sn || cdiv(k, bk) != sk)
             return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: shape %s fits no block size for the weight [%lld, %lld]",
-                             dsv4_st_file_path(st, s->file), sname, shape_str(s, sh2, sizeof sh2), (long long)n, (long long)k);
+                             dsv4_st_file_path(st, s->file), sname, dsv4_tensor_shape(s, sh2, sizeof sh2), (long long)n, (long long)k);
         out->bn = (int)bn;
         out->bk = (int)bk;
         return 0;

@@ -366,16 +366,6 @@ void dsv4_exl3_linear_rows(const dsv4_weight *w, int64_t r0, int64_t r1, const f
 
 /* ---------------------------------------------------------------- binding */
 
-static const char *shape_str(const dsv4_tensor *t, char *buf, size_t n)
-{
-    size_t o = snprintf(buf, n, "[");
-    for (int i = 0; i < t->ndim && o < n; i++)
-        o += snprintf(buf + o, n - o, i ? ", %lld" : "%lld", (long long)t->shape[i]);
-    if (o < n)
-        snprintf(buf + o, n - o, "]");
-    return buf;
-}
-
 /* A scale vector of `len` from prefix.<full> (F16/BF16/F32 values) or prefix.<legacy> (I16/U16
  * sign words, len/16 of them, bit b of word j = sign of element 16j + b, 1 = -1). */
 static int read_scale(const dsv4_st *st, const char *prefix, const char *full, const char *legacy, int64_t len,
@@ -387,7 +377,7 @@ static int read_scale(const dsv4_st *st, const char *prefix, const char *full, c
     if (t) {
         if (t->numel != len || (t->dtype != DSV4_DT_F16 && t->dtype != DSV4_DT_BF16 && t->dtype != DSV4_DT_F32))
             return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: tensor %s: %s %s, expected F16 [%lld]",
-                             dsv4_st_file_path(st, t->file), name, dsv4_dtype_name(t->dtype), shape_str(t, sh, sizeof sh),
+                             dsv4_st_file_path(st, t->file), name, dsv4_dtype_name(t->dtype), dsv4_tensor_shape(t, sh, sizeof sh),
                              (long long)len);
         for (int64_t i = 0; i < len; i++) {
             if (t->dtype == DSV4_DT_F32) {
@@ -408,7 +398,7 @@ static int read_scale(const dsv4_st *st, const char *prefix, const char *full, c
                          full, legacy);
     if (t->numel != len / 16 || (t->dtype != DSV4_DT_I16 && t->dtype != DSV4_DT_U16))
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: tensor %s: %s %s, expected I16 [%lld] sign words",
-                         dsv4_st_file_path(st, t->file), name, dsv4_dtype_name(t->dtype), shape_str(t, sh, sizeof sh),
+                         dsv4_st_file_path(st, t->file), name, dsv4_dtype_name(t->dtype), dsv4_tensor_shape(t, sh, sizeof sh),
                          (long long)(len / 16));
     for (int64_t j = 0; j < len / 16; j++) {
         uint16_t w;
@@ -432,7 +422,7 @@ static int read_flag(const dsv4_st *st, const char *prefix, const char *suffix, 
         return 0;
     if (t->numel != 1 || (t->dtype != DSV4_DT_I32 && t->dtype != DSV4_DT_U32))
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: tensor %s: %s %s, expected an I32 scalar",
-                         dsv4_st_file_path(st, t->file), name, dsv4_dtype_name(t->dtype), shape_str(t, sh, sizeof sh));
+                         dsv4_st_file_path(st, t->file), name, dsv4_dtype_name(t->dtype), dsv4_tensor_shape(t, sh, sizeof sh));
     uint32_t v;
     memcpy(&v, t->data, 4);
     if (v != mult)
@@ -455,18 +445,18 @@ int dsv4_exl3_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k, 
     if ((t->dtype != DSV4_DT_I16 && t->dtype != DSV4_DT_U16) || t->ndim != 3 || t->shape[2] % 16 || t->shape[2] < 16 ||
         t->shape[2] > 128)
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: tensor %s: %s %s, expected I16 [in/16, out/16, 16*K] with K in 1..8",
-                         file, name, dsv4_dtype_name(t->dtype), shape_str(t, sh, sizeof sh));
+                         file, name, dsv4_dtype_name(t->dtype), dsv4_tensor_shape(t, sh, sizeof sh));
     int64_t kp = t->shape[0] * 16, np = t->shape[1] * 16;
     if (kp <= 0 || np <= 0 || kp % 128 || np % 128)
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: tensor %s: shape %s: padded dims %lld x %lld are not multiples of 128",
-                         file, name, shape_str(t, sh, sizeof sh), (long long)kp, (long long)np);
+                         file, name, dsv4_tensor_shape(t, sh, sizeof sh), (long long)kp, (long long)np);
     if (!n)
         n = np;
     if (!k)
         k = kp;
     if (n > np || k > kp || n < 0 || k < 0)
         return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: shape %s holds %lld x %lld (in x out), smaller than the layer's [%lld, %lld]",
-                         file, name, shape_str(t, sh, sizeof sh), (long long)kp, (long long)np, (long long)n, (long long)k);
+                         file, name, dsv4_tensor_shape(t, sh, sizeof sh), (long long)kp, (long long)np, (long long)n, (long long)k);
     if ((uintptr_t)t->data % 2)
         return dsv4_fail(err, DSV4_E_FORMAT, "%s: tensor %s: data at an odd offset", file, name);
     int mcg, mul1;
@@ -482,7 +472,7 @@ int dsv4_exl3_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k, 
     if (bt && ((bt->numel != np && bt->numel != n) ||
                (bt->dtype != DSV4_DT_F16 && bt->dtype != DSV4_DT_BF16 && bt->dtype != DSV4_DT_F32)))
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: tensor %s: %s %s, expected F16 [%lld]", dsv4_st_file_path(st, bt->file),
-                         bname, dsv4_dtype_name(bt->dtype), shape_str(bt, sh, sizeof sh), (long long)np);
+                         bname, dsv4_dtype_name(bt->dtype), dsv4_tensor_shape(bt, sh, sizeof sh), (long long)np);
     size_t plen = strlen(prefix) + 1;
     size_t sz = sizeof(dsv4_exl3) + (size_t)(kp + np + (bt ? n : 0)) * sizeof(float) + plen;
     dsv4_exl3 *e = dsv4_xmalloc(sz, err);
