@@ -108,6 +108,9 @@ typedef struct dsv4_backend {
      * x: y[t, g n/G + i] = sum_j W[g n/G + i, j] x[t, g k + j]; x [T, G k], y [T, n]. Each
      * block's rows as linear computes them. */
     void (*linear_blocks)(const dsv4_weight *w, int G, const float *x, int T, float *y);
+    /* The embedding lookup: every one of the n streams of row t is row ids[t] of W, decoded
+     * exactly (X[t, i, :] = W[ids[t], :]). ids [T] (0 <= id < W.n), X [T, n, W.k]. */
+    void (*embed)(const dsv4_weight *w, const int32_t *ids, int T, int n, float *X);
     /* y = x / sqrt(mean(x^2) + eps) * (w ? w : 1), per row of `dim`; x and y may alias. */
     void (*rmsnorm)(const float *x, int64_t rows, int dim, const float *w, float eps, float *y);
     /* Interleaved rope on the last rd channels of each of `heads` heads of width d in each

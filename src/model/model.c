@@ -444,9 +444,9 @@ static float *rope_table(const dsv4_rope_cfg *r, int rd)
 }
 
 /* Walks every array the CUDA ops read, handing each to `weight` (expert: the routed expert's
- * index in layer order, else -1) or `floats` (arrays of cnt elements). The embedding stays on
- * the host (the forward looks rows up there); so do the compressors' ape tables and the
- * routing tables, which only host code reads. Stops at the first nonzero return. */
+ * index in layer order, WALK_EMBED for the embedding table, else -1) or `floats` (arrays of cnt
+ * elements). Stops at the first nonzero return. */
+#define WALK_EMBED (-2)
 typedef struct walker {
     int (*weight)(struct walker *k, const dsv4_weight *w, int64_t expert);
     int (*floats)(struct walker *k, const float *p, int64_t cnt);
@@ -458,6 +458,7 @@ static int walk_arrays(const dsv4_model *m, walker *k)
     int D = c->dim, n = c->hc_mult, nm = (2 + n) * n, rc = 0;
 #define W(w) (rc = rc ? rc : k->weight(k, (w), -1))
 #define F(p, cnt) (rc = rc ? rc : k->floats(k, (p), (cnt)))
+    rc = k->weight(k, &m->embed, WALK_EMBED);
     W(&m->head);
     F(m->norm, D);
     F(m->hc_head_fn, (int64_t)n * n * D);
@@ -538,7 +539,9 @@ static int plan_w(walker *k, const dsv4_weight *w, int64_t expert)
     dsv4_place_plan *p = ((plan_walk *)k)->p;
     if (!w->data)
         return 0;
-    if (expert < 0)
+    if (expert == WALK_EMBED)
+        p->embed += w->bytes;
+    else if (expert < 0)
         p->hot += w->bytes;
     else {
         const dsv4_model *m = ((plan_walk *)k)->m;
@@ -565,9 +568,11 @@ void dsv4_place_plan_make(const dsv4_model *m, size_t avail, dsv4_place_plan *p)
     p->fits = p->hot <= avail;
     /* Experts go to the device in layer order while they fit (an expert is its w1, w2, w3), the
      * rest to pinned host memory: the first layers' experts resident, the last layers' spilled. */
-    size_t room = p->fits ? avail - p->hot : 0;
+    if (!p->fits)
+        return;
+    size_t room = avail - p->hot;
     const dsv4_config *c = &m->cfg;
-    for (int li = 0; li < c->n_layers && m->layers && p->fits; li++)
+    for (int li = 0; li < c->n_layers && m->layers; li++)
         for (int e = 0; e < c->n_experts && m->layers[li].w1; e++) {
             const dsv4_layer *L = &m->layers[li];
             size_t b = expert_shared(m, li, e) ? 0 : L->w1[e].bytes + L->w2[e].bytes + L->w3[e].bytes;
@@ -577,6 +582,7 @@ void dsv4_place_plan_make(const dsv4_model *m, size_t avail, dsv4_place_plan *p)
             p->experts_dev += b;
             p->n_experts_dev++;
         }
+    p->embed_dev = p->embed <= room;
 }
 
 /* "1.23 GiB", or MiB below one GiB (fixtures, small budgets). */
@@ -591,15 +597,16 @@ static const char *human(size_t b, char *buf)
 
 void dsv4_place_plan_text(const dsv4_place_plan *p, char *buf, size_t n)
 {
-    char a[24], b[24], c[24], d[24], e[24];
+    char a[24], b[24], c[24], d[24], e[24], f[24];
     if (!p->fits)
         snprintf(buf, n, "hot path %s + routed experts %s, %s available for weights: the hot path does not fit",
                  human(p->hot, a), human(p->experts, b), human(p->avail, c));
     else
-        snprintf(buf, n, "hot path %s + routed experts %s, %s available for weights: hot path and %lld of %lld experts (%s) "
-                 "on the GPU, %lld (%s) in pinned host memory", human(p->hot, a), human(p->experts, b),
-                 human(p->avail, c), (long long)p->n_experts_dev, (long long)p->n_experts, human(p->experts_dev, d),
-                 (long long)(p->n_experts - p->n_experts_dev), human(p->experts - p->experts_dev, e));
+        snprintf(buf, n, "hot path %s + routed experts %s + embedding %s, %s available for weights: hot path and %lld of "
+                 "%lld experts (%s) on the GPU, %lld (%s) in pinned host memory, embedding %s", human(p->hot, a),
+                 human(p->experts, b), human(p->embed, f), human(p->avail, c), (long long)p->n_experts_dev,
+                 (long long)p->n_experts, human(p->experts_dev, d), (long long)(p->n_experts - p->n_experts_dev),
+                 human(p->experts - p->experts_dev, e), p->embed_dev ? "on the GPU" : "in pinned host memory");
 }
 
 #ifdef DSV4_CUDA
@@ -623,10 +630,12 @@ static double parse_bytes(const char *s)
  * prefill chunk's activations), the CUDA context's own growth. */
 #define CUDA_RESERVE ((size_t)1 << 30)
 
-/* PUT: experts with id < n_dev to the device, the rest pinned; DROP: frees every copy. */
+/* PUT: experts with id < n_dev, and the embedding when embed_dev, to the device, the rest
+ * pinned; DROP: frees every copy. */
 typedef struct {
     walker k;
     int64_t n_dev;
+    int embed_dev;
     dsv4_err *err;
 } place_walk;
 
@@ -635,7 +644,8 @@ static int put_w(walker *k, const dsv4_weight *w, int64_t expert)
     place_walk *pw = (place_walk *)k;
     if (!w->data)
         return 0;
-    return expert >= pw->n_dev ? dsv4_cuda_pin_weight(w, pw->err) : dsv4_cuda_put_weight(w, pw->err);
+    int pin = expert == WALK_EMBED ? !pw->embed_dev : expert >= pw->n_dev;
+    return pin ? dsv4_cuda_pin_weight(w, pw->err) : dsv4_cuda_put_weight(w, pw->err);
 }
 
 static int put_f(walker *k, const float *a, int64_t cnt)
@@ -683,13 +693,13 @@ static int cuda_place(dsv4_model *m, dsv4_err *err)
              tot / 1073741824.0, bs && *bs ? ", DSV4_CUDA_BUDGET set" : "");
     if (!p.fits)
         return dsv4_fail(err, DSV4_E_NOMEM, "does not fit the GPU: %s", m->placement);
-    place_walk pw = {{put_w, put_f}, p.n_experts_dev, err};
+    place_walk pw = {{put_w, put_f}, p.n_experts_dev, p.embed_dev, err};
     return walk_arrays(m, &pw.k);
 }
 
 static void cuda_unplace(dsv4_model *m)
 {
-    place_walk pw = {{drop_w, drop_f}, 0, NULL};
+    place_walk pw = {{drop_w, drop_f}, 0, 0, NULL};
     walk_arrays(m, &pw.k);
 }
 #endif

@@ -114,12 +114,15 @@ struct dsv4_model {
 };
 
 /* The CUDA loader's memory plan: the hot path (every array the GPU ops read but the routed
- * experts) must fit `avail` device bytes; routed experts follow in layer order while they fit,
- * the rest are read from pinned host memory. Bytes as stored (data and scales). */
+ * experts and the embedding) must fit `avail` device bytes; routed experts follow in layer
+ * order while they fit, the rest are read from pinned host memory; the embedding table goes
+ * to the device only when every expert did (a step reads one row of it per token, the least
+ * traffic per byte of anything, so it is the first to spill). Bytes as stored. */
 typedef struct {
-    size_t avail, hot, experts, experts_dev;
+    size_t avail, hot, experts, experts_dev, embed;
     int64_t n_experts, n_experts_dev;   /* an expert is its w1, w2, w3 */
     int fits;                           /* the hot path fits */
+    int embed_dev;                      /* the embedding table on the device (else pinned) */
 } dsv4_place_plan;
 void dsv4_place_plan_make(const dsv4_model *m, size_t avail, dsv4_place_plan *p);
 void dsv4_place_plan_text(const dsv4_place_plan *p, char *buf, size_t n);

@@ -367,12 +367,11 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
     f.row_seq = malloc(R * sizeof(int));
     int32_t *ids = malloc(R * sizeof(int32_t)), *first = malloc(S * sizeof(int32_t));
     int64_t *start = malloc(S * sizeof(int64_t));
-    float *Xh = malloc((size_t)R * n * D * sizeof(float));
     arena_begin(m);
     float *X = ftake(m, (size_t)R * n * D, err), *h = ftake(m, (size_t)R * D, err), *a = ftake(m, (size_t)R * D, err);
     float *y = ftake(m, (size_t)R * D, err), *pre = ftake(m, (size_t)R * n, err), *post = ftake(m, (size_t)R * n, err);
     float *comb = ftake(m, (size_t)R * n * n, err);
-    int rc = (err && err->code) || !f.pos || !f.row_seq || !ids || !first || !start || !Xh;
+    int rc = (err && err->code) || !f.pos || !f.row_seq || !ids || !first || !start;
     if (rc) {
         rc = err && err->code ? err->code : dsv4_fail(err, DSV4_E_NOMEM, "out of memory for a step of %d rows", R);
         goto out;
@@ -387,14 +386,9 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
         }
     }
     f.ids = ids;
-    for (int r = 0; r < R; r++) {
-        dsv4_weight_row(&m->embed, ids[r], Xh + (int64_t)r * n * D);
-        for (int i = 1; i < n; i++)
-            memcpy(Xh + ((int64_t)r * n + i) * D, Xh + (int64_t)r * n * D, D * sizeof(float));
-    }
-    m->mem->upload(X, Xh, (size_t)R * n * D * sizeof(float));
     if ((rc = step_rows(&f, b, start, first, err)))
         goto out;
+    be->embed(&m->embed, f.dids, R, n, X);
     float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
     if (c->family == DSV4_FAMILY_V41)
         rc = dsv4_v41_layers(&f, X, h, err);
@@ -439,6 +433,5 @@ out:
     free(ids);
     free(first);
     free(start);
-    free(Xh);
     return rc;
 }

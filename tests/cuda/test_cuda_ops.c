@@ -773,6 +773,81 @@ static int dev_equal(const void *d, const void *host, size_t bytes)
     return same;
 }
 
+/* ---- embedding ------------------------------------------------------------------------------ */
+
+/* T rows (ids with repeats and the table's last row) into n streams, the table resident, pinned
+ * or copied per call, the rows in host or device buffers: bitwise equal to the CPU's decode
+ * (both decode each stored element exactly). Controls: one row's id off by one, and for scaled
+ * forms one scale block skipped. */
+static void test_embed(const lin_case *c, int T, int n, int where, int dev_bufs)
+{
+    char what[160];
+    snprintf(what, sizeof what, "embed %s [%lld,%lld] T=%d n=%d%s%s", dsv4_wform_name(c->form), (long long)c->n,
+             (long long)c->k, T, n, where == RESIDENT ? " resident" : where == PINNED ? " pinned" : "",
+             dev_bufs ? " device buffers" : "");
+    dsv4_weight w;
+    make_weight(c, &w);
+    dsv4_err err = {0};
+    if (where == RESIDENT)
+        CHECK(!dsv4_cuda_put_weight(&w, &err), "%s: put: %s", what, err.msg);
+    if (where == PINNED)
+        CHECK(!dsv4_cuda_pin_weight(&w, &err), "%s: pin: %s", what, err.msg);
+    int64_t D = c->k;
+    size_t nx = (size_t)T * n * D;
+    int32_t *ids = malloc(T * sizeof(int32_t));
+    for (int t = 0; t < T; t++)
+        ids[t] = t == 0 ? (int32_t)(c->n - 1) : t == 2 ? ids[1] : (int32_t)(rnd() % c->n);
+    float *ref = falloc(nx), *got = falloc(nx), *wr = falloc(nx);
+    double *mag = malloc(nx * sizeof(double));
+    cpu->embed(&w, ids, T, n, ref);
+    if (dev_bufs) {
+        int32_t *di = to_dev(ids, T * sizeof(int32_t));
+        float *dX = to_dev(NULL, nx * sizeof(float));
+        gpu->embed(&w, di, T, n, dX);
+        float *h = from_dev(dX, nx * sizeof(float));
+        memcpy(got, h, nx * sizeof(float));
+        free(h);
+        gpu->free(di);
+        gpu->free(dX);
+    } else {
+        poison(got, nx);
+        gpu->embed(&w, ids, T, n, got);
+    }
+    CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
+    for (size_t i = 0; i < nx; i++)
+        mag[i] = fabs(ref[i]) + 1e-3;
+    CHECK(agree(what, got, ref, mag, nx, 0), "%s: GPU and CPU differ", what);
+    CHECK(!memcmp(got, ref, nx * sizeof(float)), "%s: not bitwise equal to the CPU's decode", what);
+    /* control 1: the last row's id one off */
+    ids[T - 1] = (ids[T - 1] + 1) % (int32_t)c->n;
+    cpu->embed(&w, ids, T, n, wr);
+    control("embed id one off", got, wr, mag, nx);
+    ids[T - 1] = (ids[T - 1] + (int32_t)c->n - 1) % (int32_t)c->n;
+    /* control 2: the GPU reads a copy whose scale block at row ids[0], columns 0..bk is 1 */
+    if (w.scale && where == PER_CALL) {
+        size_t ns = scale_count(&w), es = w.scale_e8m0 ? 1 : 4;
+        size_t at = w.form == DSV4_WF_FP8 ? (size_t)(ids[0] / w.bn) * ((w.k + w.bk - 1) / w.bk)
+                                          : (size_t)ids[0] * (w.k / w.bk);
+        void *s2 = malloc(ns * es);
+        memcpy(s2, w.scale, ns * es);
+        if (w.scale_e8m0)
+            ((uint8_t *)s2)[at] = 127;
+        else
+            ((float *)s2)[at] = 1.0f;
+        dsv4_weight w2 = w;
+        w2.scale = s2;
+        poison(wr, nx);
+        gpu->embed(&w2, ids, T, n, wr);
+        control("embed scale skipped", wr, ref, mag, nx);
+        free(s2);
+    }
+    if (where != PER_CALL)
+        dsv4_cuda_drop_weight(&w);
+    free((void *)w.data);
+    free((void *)w.scale);
+    free(ids), free(ref), free(got), free(wr), free(mag);
+}
+
 /* Every older op over device buffers: bitwise equal to the same op over host buffers (the
  * kernels are the same; only where the buffers live differs), strided linear rows included
  * (an aligned stride read in place, an odd one packed first), in-place forms, device pos. */
@@ -1615,6 +1690,18 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof lc / sizeof lc[0]; i++)
         test_linear(&lc[i], i % 3 == 0 ? RESIDENT : i % 3 == 1 ? PINNED : PER_CALL);
+    const lin_case ec[] = {
+        {DSV4_WF_BF16, 1000, 256, 0, 0, 0, 0, 0, 0, 0, 0},
+        {DSV4_WF_FP8, 300, 200, 128, 128, 1, 0, 0, 0, 0, 0},
+        {DSV4_WF_FP8, 129, 100, 64, 64, 0, 0, 0, 0, 0, 0},
+        {DSV4_WF_FP4, 77, 128, 1, 32, 1, 0, 0, 0, 0, 0},
+        {DSV4_WF_F16, 50, 70, 0, 0, 0, 0, 0, 0, 0, 0},
+        {DSV4_WF_F32, 40, 33, 0, 0, 0, 0, 0, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof ec / sizeof ec[0]; i++) {
+        test_embed(&ec[i], 7, 4, i % 3 == 0 ? RESIDENT : i % 3 == 1 ? PINNED : PER_CALL, 1);
+        test_embed(&ec[i], 3, 1, PER_CALL, 0);
+    }
     test_linear_group(DSV4_WF_FP4, 96, 512, 1, 32, 6, 1);
     test_linear_group(DSV4_WF_FP8, 128, 384, 128, 128, 3, 3);
     test_linear_blocks(DSV4_WF_FP8, 8, 128, 512, 1);

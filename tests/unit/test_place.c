@@ -1,7 +1,8 @@
 /* The CUDA loader's memory plan, computed on the CPU over a fixture's weights: the two classes
  * add up to the weights the GPU ops read, experts go to the device in layer order while they
- * fit, and a hot path larger than the budget is refused. Each check can fail: the expected
- * numbers are computed here from the layers' own byte counts, not from the plan. */
+ * fit, the embedding table after them, and a hot path larger than the budget is refused. Each
+ * check can fail: the expected numbers are computed here from the layers' own byte counts, not
+ * from the plan. */
 #include <stdio.h>
 #include <string.h>
 #include "check.h"
@@ -37,6 +38,8 @@ int main(void)
     CHECK(p.fits && p.experts == experts && p.n_experts == ne && p.n_experts_dev == ne && p.experts_dev == experts,
           "everything on the device: experts %zu (want %zu), %lld of %lld on the device", p.experts, experts,
           (long long)p.n_experts_dev, (long long)p.n_experts);
+    CHECK(p.embed == m->embed.bytes && p.embed > 0 && p.embed_dev, "the embedding (%zu bytes, want %zu) on the device: %d",
+          p.embed, m->embed.bytes, p.embed_dev);
     /* The hot path is every weight the ops read but the experts and the embedding (host), plus
      * small float arrays: between the weights' sum less those and that sum plus 10%. */
     size_t weights = m->weight_bytes - m->embed.bytes - experts;
@@ -49,6 +52,18 @@ int main(void)
     printf("  hot + 2.5 experts: %s\n", txt);
     CHECK(p.fits && p.n_experts_dev == 2 && p.experts_dev == 2 * one, "room for 2.5 experts keeps 2: %lld (%zu bytes)",
           (long long)p.n_experts_dev, p.experts_dev);
+    CHECK(!p.embed_dev && strstr(txt, "embedding in pinned host memory"), "experts spilled: the embedding spills too: %s",
+          txt);
+    /* The embedding follows the experts: on the device with exactly room for all of them and
+     * it, pinned with one byte less (every expert still on the device). */
+    dsv4_place_plan_make(m, hot + experts + m->embed.bytes, &p);
+    CHECK(p.embed_dev && p.n_experts_dev == ne, "room for everything: embedding on the device (%d), %lld experts",
+          p.embed_dev, (long long)p.n_experts_dev);
+    dsv4_place_plan_make(m, hot + experts + m->embed.bytes - 1, &p);
+    dsv4_place_plan_text(&p, txt, sizeof txt);
+    printf("  everything less 1 byte: %s\n", txt);
+    CHECK(!p.embed_dev && p.n_experts_dev == ne, "one byte short: the embedding pinned (%d), %lld experts on the device",
+          p.embed_dev, (long long)p.n_experts_dev);
     dsv4_place_plan_make(m, hot, &p);
     CHECK(p.fits && p.n_experts_dev == 0, "room for the hot path alone spills every expert: %lld on the device",
           (long long)p.n_experts_dev);

@@ -452,6 +452,17 @@ static void cpu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T
         cpu_linear(w, g * rk, (g + 1) * rk, x + g * w->k, T, (int64_t)G * w->k, y + g * rk, w->n);
 }
 
+static void cpu_embed(const dsv4_weight *w, const int32_t *ids, int T, int n, float *X)
+{
+    int64_t D = w->k;
+    for (int t = 0; t < T; t++) {
+        float *x = X + (int64_t)t * n * D;
+        dsv4_weight_row(w, ids[t], x);
+        for (int i = 1; i < n; i++)
+            memcpy(x + i * D, x, D * sizeof(float));
+    }
+}
+
 static const dsv4_backend cpu_backend = {
     .name = "cpu",
     .alloc = dsv4_cpu_alloc,
@@ -461,6 +472,7 @@ static const dsv4_backend cpu_backend = {
     .copy = dsv4_cpu_copy,
     .linear = cpu_linear,
     .linear_blocks = cpu_linear_blocks,
+    .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
     .hc_pre = cpu_hc_pre,

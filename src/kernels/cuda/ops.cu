@@ -6,10 +6,9 @@
  * sums meet in a fixed shuffle tree. A batch of rows therefore equals the rows one at a time,
  * bit for bit. The order differs from the CPU's, so GPU and CPU agree to rounding only.
  *
- * What stays on the host: the op table takes host buffers, so each op copies its inputs in
- * and its outputs back (synchronously, default stream); the forward's stateful attention
- * (rings, compressor windows, indexer scores and top-k), the embedding lookup and routing
- * run on the host as on the CPU backend. */
+ * Buffers: the ops run over device buffers without copies or waits (the V4 forward's step
+ * arena and sequence state); the older ops also take host buffers, copied in and out per call
+ * (V4.1's stateful steps, tests). The stateful attention op and routing live in step.cu. */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -1617,6 +1616,51 @@ static void cu_swiglu(const float *g, const float *u, int64_t n, float limit, fl
     op_end();
 }
 
+/* ---- embedding: one thread per (row, channel), the element decoded as linear's element path
+ * decodes it (exact for every stored form), written to all n streams ---------------------- */
+
+__global__ void k_embed(wdev w, const int32_t *ids, int n, float *X)
+{
+    __shared__ float lut4[16];
+    PDL_WAIT();
+    if (threadIdx.x < 16)
+        lut4[threadIdx.x] = c_e2m1[threadIdx.x];
+    __syncthreads();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (i >= w.k)
+        return;
+    float v = decode1(w, __ldg(ids + t), i, lut4), *x = X + t * n * w.k + i;
+    for (int s = 0; s < n; s++)
+        x[(int64_t)s * w.k] = v;
+}
+
+/* The table is read where the memory plan put it (device memory, or pinned host memory when
+ * it did not fit: a step reads T rows of it, so the host link costs little). */
+static void cu_embed(const dsv4_weight *w, const int32_t *ids, int T, int n, float *X)
+{
+    if (T <= 0 || n <= 0)
+        return;
+    op_begin();
+    size_t b = (size_t)T * n * w->k * sizeof(float);
+    int ok = w->form < DSV4_WF_EXL3 && T <= 65535;
+    if (!ok)
+        fail(DSV4_E_UNSUPPORTED, "cuda: embedding %s: %s table, %d rows: no CUDA lookup for it", w->name ? w->name : "?",
+             dsv4_wform_name(w->form), T);
+    const void *q = ok ? dev_const(w->data, data_bytes(w)) : NULL;
+    const void *s = ok && w->scale ? dev_const(w->scale, scale_bytes(w)) : NULL;
+    const int32_t *di = ok ? (const int32_t *)in_buf(ids, (size_t)T * sizeof(int32_t)) : NULL;
+    float *dX = ok ? (float *)out_buf(X, b, 1) : NULL;
+    if (q && (s || !w->scale) && di && dX) {
+        launch_k(k_embed, dim3((unsigned)cdiv(w->k, NB), (unsigned)T), NB, 0, stream, wdev_of(w, q, s), di, n, dX);
+        if (launched("embed"))
+            out_back(X, dX, b);
+        else
+            out_fail(X, b);
+    } else
+        out_fail(X, b);
+    op_end();
+}
+
 /* h = sum_i pre_i X_i with pre given (V4.1's sites): one thread per (row, channel), the
  * streams summed in order as on the CPU. */
 __global__ void k_hc_collapse(const float *X, int T, int n, int D, const float *pre, float *h)
@@ -2250,6 +2294,7 @@ static dsv4_backend make_table(void)
     t.copy = cu_copy;
     t.linear = cu_linear;
     t.linear_blocks = cu_linear_blocks;
+    t.embed = cu_embed;
     t.rmsnorm = cu_rmsnorm;
     t.rope = cu_rope;
     t.hc_pre = cu_hc_pre;
