@@ -141,6 +141,9 @@ double dsv4_token_params(const dsv4_model *m);
 /* The memory ceiling of a device in GB/s: "cuda" its device-to-device copy rate (bytes read
  * + written); 0 when not measurable (the CPU: benchmarks measure their own read rate). */
 double dsv4_device_bandwidth(const char *device);
+/* Opens (on) or closes the range a device profiler records (`ncu --profile-from-start off`
+ * records the kernels launched inside it); nothing on the CPU. */
+void dsv4_device_capture(const char *device, int on);
 
 /* Where the weights went: the CUDA loader's plan (hot path and routed experts against the
  * device memory available, what is on the GPU, what is in pinned host memory); "" on the CPU. */

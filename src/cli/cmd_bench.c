@@ -77,8 +77,9 @@ static int time_prefill(dsv4_model *m, int P, int V, int salt, dsv4_seq *s, floa
 }
 
 /* `lanes` sequences, each prompted with P tokens alone, then decoded together: the mean time of
- * N steps after two untimed ones (the first step of a shape runs, the second records it). */
-static int time_decode(dsv4_model *m, int P, int N, int lanes, int V, double *t, dsv4_err *err)
+ * N steps after two untimed ones (the first step of a shape runs, the second records it).
+ * capture: a device whose profiler records the last step (NULL: none). */
+static int time_decode(dsv4_model *m, int P, int N, int lanes, int V, const char *capture, double *t, dsv4_err *err)
 {
     dsv4_seq **s = calloc(lanes, sizeof *s);
     int32_t *next = calloc(lanes, sizeof *next);
@@ -98,7 +99,11 @@ static int time_decode(dsv4_model *m, int P, int N, int lanes, int V, double *t,
     for (int i = 0; i < N + 2 && !rc; i++) {
         if (i == 2)
             t2 = dsv4_now();
+        if (capture && i == N + 1)
+            dsv4_device_capture(capture, 1);
         rc = dsv4_forward(m, &b, err);
+        if (capture && i == N + 1)
+            dsv4_device_capture(capture, 0);
         for (int l = 0; l < lanes && !rc; l++)
             next[l] = argmax(lg + (size_t)l * V, V);
     }
@@ -113,7 +118,7 @@ int dsv4_cmd_bench(int argc, char **argv)
 {
     cli_model_opts o = {0};
     const char *synth = NULL, *graphs = "on";
-    int layers = 2, N = 8, elayers = 0, Ps[8] = {64}, nP = 1, Ls[8] = {1}, nL = 1;
+    int layers = 2, N = 8, elayers = 0, Ps[8] = {64}, nP = 1, Ls[8] = {1}, nL = 1, capture = 0;
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
             printf("usage: dsv4 bench (-m DIR | --synthetic v4-flash [--layers N] [--expert-layers E]) [--prefill P,...]\n"
@@ -129,7 +134,9 @@ int dsv4_cmd_bench(int argc, char **argv)
                    "                        from a prompt of the first\n"
                    "  --decode N            timed decode steps (default 8), after two untimed ones\n"
                    "  --lanes L,...         sequences decoded together, one token each per step (default 1)\n"
-                   "  --graphs on|off|both  replay recorded steps (GPU; default on); both: batch-1 decode each way\n%s",
+                   "  --graphs on|off|both  replay recorded steps (GPU; default on); both: batch-1 decode each way\n"
+                   "  --capture             the last decode step of each run inside the GPU profiler's capture\n"
+                   "                        range (ncu --profile-from-start off); it waits before and after\n%s",
                    cli_model_usage());
             return 0;
         }
@@ -149,6 +156,8 @@ int dsv4_cmd_bench(int argc, char **argv)
             nL = int_list(argv[++i], Ls, 8);
         else if (!strcmp(argv[i], "--graphs") && i + 1 < argc)
             graphs = argv[++i];
+        else if (!strcmp(argv[i], "--capture"))
+            capture = 1;
         else {
             fprintf(stderr, "dsv4 bench: unknown option '%s' (see -h)\n", argv[i]);
             return 2;
@@ -216,7 +225,7 @@ int dsv4_cmd_bench(int argc, char **argv)
                 setenv("DSV4_GRAPHS", pass ? "0" : "1", 1);
             int lanes = Ls[i];
             double t;
-            if ((rc = time_decode(m, P, N, lanes, V, &t, &err)))
+            if ((rc = time_decode(m, P, N, lanes, V, capture ? o.load.device : NULL, &t, &err)))
                 break;
             double step_b = dsv4_decode_step_bytes(m, lanes, P + N / 2 + 1);
             const char *how = !gpu ? "" : getenv("DSV4_GRAPHS") && !strcmp(getenv("DSV4_GRAPHS"), "0") ? ", ops one by one"

@@ -718,6 +718,16 @@ double dsv4_device_bandwidth(const char *device)
     return 0;
 }
 
+void dsv4_device_capture(const char *device, int on)
+{
+#ifdef DSV4_CUDA
+    if (device && !strcmp(device, "cuda"))
+        dsv4_cuda_capture(on);
+#else
+    (void)device, (void)on;
+#endif
+}
+
 int dsv4_device_probe(const char *device, char *desc, size_t n, dsv4_err *err)
 {
     dsv4_err_clear(err);

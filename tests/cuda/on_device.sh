@@ -8,7 +8,8 @@
 # timings: `dsv4 bench --synthetic v4-flash --layers 2` with graph replay on and off, and with
 # experts spilled. Last, the op test under compute-sanitizer.
 # `on_device.sh bench`: instead, our rows of the benchmark table (43 layers, lanes, 4k prefill);
-# `on_device.sh peers`: the transformers and PyTorch peers beside ours on the same 2 layers.
+# `on_device.sh peers`: the transformers and PyTorch peers beside ours on the same 2 layers;
+# `on_device.sh ncu`: the hardware counters of each kernel of one decode step.
 # Logs go to $OUT; the exit status is that of the correctness runs.
 set -u
 cd "$(dirname "$0")/../.."
@@ -33,6 +34,16 @@ if [ "$mode" = bench ]; then
     # batch-1 decode with and without graph replay, 4 and 8 lanes
     run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --prefill 64,4096 --decode 32 \
         --lanes 1,4,8 --graphs both
+    exit 0
+fi
+if [ "$mode" = ncu ]; then
+    # each kernel of one batch-1 decode step (2 layers at V4-Flash shapes, ops one by one):
+    # its time, DRAM bytes and launch shape, from the hardware counters, to $OUT/ncu.csv
+    timeout 400 ncu --clock-control none --profile-from-start off --csv --metrics \
+        gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum,launch__grid_size,launch__block_size,launch__registers_per_thread \
+        $B/dsv4 bench --synthetic v4-flash --device cuda --layers 2 --prefill 64 --decode 2 --graphs off --capture \
+        >"$OUT/ncu.csv" 2>"$OUT/ncu.err"
+    echo "ncu exit $?"; tail -n 3 "$OUT/ncu.err"; grep -c k_ "$OUT/ncu.csv"
     exit 0
 fi
 if [ "$mode" = peers ]; then

@@ -74,6 +74,8 @@ int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, const float *
 /* cudaMemcpy device to device over 2 GiB, bytes read + written per second, in GB/s (the best of
  * five after a warm-up); 0 when it could not run. measure.cu. */
 double dsv4_cuda_copy_bandwidth(void);
+/* cudaProfilerStart (on) or cudaProfilerStop, after the queued work finished. measure.cu. */
+void dsv4_cuda_capture(int on);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,7 @@
 /* The device's memory ceiling for benchmarks: cudaMemcpy device to device over buffers far
- * larger than the L2, counted as bytes read plus bytes written (how a copy loads HBM). */
+ * larger than the L2, counted as bytes read plus bytes written (how a copy loads HBM); and the
+ * profiler's capture range. */
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 #include "kernels/cuda/cuda.h"
 
@@ -33,4 +35,13 @@ out:
     cudaFree(a);
     cudaFree(b);
     return best;
+}
+
+extern "C" void dsv4_cuda_capture(int on)
+{
+    cudaDeviceSynchronize();
+    if (on)
+        cudaProfilerStart();
+    else
+        cudaProfilerStop();
 }
