@@ -64,12 +64,15 @@ void out_fail(void *p, size_t bytes);
 
 __host__ __device__ static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-/* Programmatic dependent launch (Hopper): every kernel starts with PDL_WAIT(), and launch_k
- * lets the next kernel on the stream be scheduled while the previous one drains; it waits
- * there until the previous grid has finished and its writes are visible, so the order of
- * results is unchanged and only the launch gap overlaps. A kernel launched plainly passes
- * PDL_WAIT at once. DSV4_PDL=0 launches plainly (for comparison). */
-#define PDL_WAIT() cudaGridDependencySynchronize()
+/* Programmatic dependent launch (Hopper): every kernel starts with PDL_WAIT(), launched by
+ * launch_k. The wait holds until the previous grid has finished and its writes are visible, so
+ * the order of results is unchanged; then the trigger lets the next kernel on the stream be
+ * scheduled at once (its blocks take their places and wait at their own PDL_WAIT), so its launch
+ * overlaps this kernel's work instead of following its last block. (The trigger takes effect
+ * once every block of this grid passed it, so the next grid never holds places this grid's
+ * unlaunched blocks need.) A kernel launched plainly passes both at once. DSV4_PDL=0 launches
+ * plainly (for comparison). */
+#define PDL_WAIT() (cudaGridDependencySynchronize(), cudaTriggerProgrammaticLaunchCompletion())
 int pdl_enabled(void);
 
 template <typename... P, typename... A>
@@ -119,12 +122,18 @@ __device__ __forceinline__ float block_sum(float v, float *sh)
     return sh[NWARP];
 }
 
+enum { ATT_MAXD = 512, ATT_C = ATT_MAXD / 32 };
+
 /* One head's attention over nk keys (K = V) by a block of NB threads: scores by warp (key i to
- * warp i % NW), the softmax with the sink, then out_j = sum_i (p_i / den) k_ij in key order.
- * key(i) gives key i's row of d floats; p holds nk floats; sh is [NW + 1] shared floats. */
+ * warp i % NW), the softmax with the sink, then out_j = sum_i (p_i / den) k_ij: for d <=
+ * ATT_MAXD warp w sums its keys i = w, w + NW, ... in order (lane l owns columns l + 32 c) and
+ * the NW partial rows are added in warp order, so a lane's loads of one key are independent
+ * and each warp waits on nk / NW keys, not nk; wider heads sum every key per column in order.
+ * The order depends on nk and d only. key(i) gives key i's row of d floats; p holds nk floats;
+ * sh is [NW + 1] shared floats, part [NW, ATT_MAXD]. */
 template <class Key>
 __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, int d, float scale, float sink, float *p,
-                                            float *sh, float *out)
+                                            float *sh, float *part, float *out)
 {
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     for (int i = wid; i < nk; i += NW) {
@@ -149,18 +158,44 @@ __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, in
     mx = sh[0];
     for (int i = 1; i < NW; i++)
         mx = fmaxf(mx, sh[i]);
-    float part = 0.0f;
+    float sum = 0.0f;
     for (int i = threadIdx.x; i < nk; i += NB) {
         float e = expf(p[i] - mx);
         p[i] = e;
-        part += e;
+        sum += e;
     }
-    float den = expf(sink - mx) + block_sum<NW>(part, sh);
+    float den = expf(sink - mx) + block_sum<NW>(sum, sh);
+    if (d > ATT_MAXD) {
+        for (int j = threadIdx.x; j < d; j += NB) {
+            float acc = 0.0f;
+            for (int i = 0; i < nk; i++)
+                acc = fmaf(p[i] / den, key(i)[j], acc);
+            out[j] = acc;
+        }
+        return;
+    }
+    float acc[ATT_C];
+#pragma unroll
+    for (int c = 0; c < ATT_C; c++)
+        acc[c] = 0.0f;
+    for (int i = wid; i < nk; i += NW) {
+        const float *k = key(i);
+        float w = p[i] / den;
+#pragma unroll
+        for (int c = 0; c < ATT_C; c++)
+            if (lane + 32 * c < d)
+                acc[c] = fmaf(w, k[lane + 32 * c], acc[c]);
+    }
+#pragma unroll
+    for (int c = 0; c < ATT_C; c++)
+        if (lane + 32 * c < d)
+            part[wid * ATT_MAXD + lane + 32 * c] = acc[c];
+    __syncthreads();
     for (int j = threadIdx.x; j < d; j += NB) {
-        float acc = 0.0f;
-        for (int i = 0; i < nk; i++)
-            acc = fmaf(p[i] / den, key(i)[j], acc);
-        out[j] = acc;
+        float o = part[j];
+        for (int w = 1; w < NW; w++)
+            o += part[w * ATT_MAXD + j];
+        out[j] = o;
     }
 }
 

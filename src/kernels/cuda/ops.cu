@@ -1251,6 +1251,11 @@ extern "C" int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, co
 /* ---- rmsnorm: one block per row -------------------------------------------------------- */
 
 
+/* Rows of up to NB * RMS_V elements are held in registers: every load of a thread is issued
+ * before the first use (y may alias x, which otherwise orders each store before the next load).
+ * A thread's elements are summed in the same order either way. */
+enum { RMS_V = 16 };
+
 __global__ void __launch_bounds__(NB) k_rmsnorm(const float *x, int dim, const float *w, float eps, float *y)
 {
     PDL_WAIT();
@@ -1258,6 +1263,28 @@ __global__ void __launch_bounds__(NB) k_rmsnorm(const float *x, int dim, const f
     const float *xr = x + (int64_t)blockIdx.x * dim;
     float *yr = y + (int64_t)blockIdx.x * dim;
     float ss = 0.0f;
+    if (dim <= NB * RMS_V) {
+        float v[RMS_V], wv[RMS_V];
+#pragma unroll
+        for (int c = 0; c < RMS_V; c++) {
+            int i = threadIdx.x + c * NB;
+            v[c] = i < dim ? xr[i] : 0.0f;
+            wv[c] = i < dim && w ? w[i] : 1.0f;
+        }
+#pragma unroll
+        for (int c = 0; c < RMS_V; c++)
+            if (threadIdx.x + c * NB < dim)
+                ss = fmaf(v[c], v[c], ss);
+        ss = block_sum<NW>(ss, sh);
+        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+        for (int c = 0; c < RMS_V; c++) {
+            int i = threadIdx.x + c * NB;
+            if (i < dim)
+                yr[i] = w ? v[c] * inv * wv[c] : v[c] * inv;
+        }
+        return;
+    }
     for (int i = threadIdx.x; i < dim; i += NB)
         ss = fmaf(xr[i], xr[i], ss);
     ss = block_sum<NW>(ss, sh);
@@ -1334,6 +1361,7 @@ static void cu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, c
 
 
 enum { HC_MAXN = 16, HC_MAXM = (2 + HC_MAXN) * HC_MAXN };
+static_assert(HC_MAXN <= 32, "k_hc_pre runs the Sinkhorn projection in one warp");
 
 /* One block per row t: the norm of X_t, the nm mixes (warp j % NW owns mix j), then thread 0
  * runs the whole Sinkhorn projection in shared memory (fused: one launch for all iterations),
@@ -1341,7 +1369,7 @@ enum { HC_MAXN = 16, HC_MAXM = (2 + HC_MAXN) * HC_MAXN };
  * h [T, D]; post == NULL: the head collapse (nm = n mixes, no Sinkhorn). */
 /* Elements of X's row a block of k_hc_mix sums: the mixes of one row are spread over
  * (nm + 1) * cdiv(nd, HC_SPAN) blocks (a single block per row left the site latency-bound). */
-enum { HC_SPAN = 2048 };
+enum { HC_SPAN = 2048, HC_U = 8 };
 
 /* Partial sums of the site's dot products over span sp of row t: part[t][j][sp] = fn_j . X_t
  * for j < nm, X_t . X_t for j = nm. Block (t, j, sp); fixed order per shape. */
@@ -1383,32 +1411,46 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
     for (int j = threadIdx.x; j < nm; j += NB)
         m[j] *= inv;
     __syncthreads();
-    /* pre, post and comb: a thread per stream, each row's and column's sums in index order */
+    /* pre, post and comb: a thread of warp 0 per stream (n <= HC_MAXN <= 32, so the Sinkhorn
+     * steps need only warp barriers), each row's and column's sums in index order */
     int j = threadIdx.x;
-    if (j < n)
-        pre[t * n + j] = pr[j] = dsv4_sigmoid(m[j] * scale[0] + base[j]) + hc_eps;
-    if (post && j < n) {
-        post[t * n + j] = 2.0f * dsv4_sigmoid(m[n + j] * scale[1] + base[n + j]);
-        dsv4_hc_comb_row(m, scale, base, n, j, hc_eps, c);
-    }
-    for (int it = 0; post && it < iters; it++) {
-        __syncthreads();
-        if (it > 0 && j < n) /* thread j: row j */
-            dsv4_hc_normalize(c, n, j * n, 1, hc_eps);
-        __syncthreads();
-        if (j < n) /* thread j: column j */
-            dsv4_hc_normalize(c, n, j, n, hc_eps);
+    if (j < 32) {
+        if (j < n)
+            pre[t * n + j] = pr[j] = dsv4_sigmoid(m[j] * scale[0] + base[j]) + hc_eps;
+        if (post && j < n) {
+            post[t * n + j] = 2.0f * dsv4_sigmoid(m[n + j] * scale[1] + base[n + j]);
+            dsv4_hc_comb_row(m, scale, base, n, j, hc_eps, c);
+        }
+        for (int it = 0; post && it < iters; it++) {
+            __syncwarp();
+            if (it > 0 && j < n) /* thread j: row j */
+                dsv4_hc_normalize(c, n, j * n, 1, hc_eps);
+            __syncwarp();
+            if (j < n) /* thread j: column j */
+                dsv4_hc_normalize(c, n, j, n, hc_eps);
+        }
+        __syncwarp();
+        if (post)
+            for (int i = j; i < n * n; i += 32)
+                comb[(int64_t)t * n * n + i] = c[i];
     }
     __syncthreads();
-    if (post)
-        for (int i = j; i < n * n; i += NB)
-            comb[(int64_t)t * n * n + i] = c[i];
-    __syncthreads();
-    for (int dd = threadIdx.x; h && dd < D; dd += NB) {
-        float s = 0.0f;
+    /* the collapse, HC_U channels a thread at a time so their loads are in flight together;
+     * each channel's streams are summed in order */
+    for (int d0 = threadIdx.x; h && d0 < D; d0 += HC_U * NB) {
+        float s[HC_U];
+#pragma unroll
+        for (int u = 0; u < HC_U; u++)
+            s[u] = 0.0f;
         for (int i = 0; i < n; i++)
-            s = fmaf(pr[i], x[(int64_t)i * D + dd], s);
-        h[(int64_t)t * D + dd] = s;
+#pragma unroll
+            for (int u = 0; u < HC_U; u++)
+                if (d0 + u * NB < D)
+                    s[u] = fmaf(pr[i], x[(int64_t)i * D + d0 + u * NB], s[u]);
+#pragma unroll
+        for (int u = 0; u < HC_U; u++)
+            if (d0 + u * NB < D)
+                h[(int64_t)t * D + d0 + u * NB] = s[u];
     }
 }
 
@@ -1529,17 +1571,16 @@ static void cu_hc_post(float *X, const float *y, int T, int n, int D, const floa
 
 /* ---- attend: one block per head ---------------------------------------------------------- */
 
-/* q [H, d], keys [nk, d] (K = V), sink [H], p [H, nk] scratch, out [H, d]. Scores by warp
- * (key i to warp i % NW), then the softmax with the sink, then out_j = sum_i (p_i / den) k_ij
- * in key order. */
+/* q [H, d], keys [nk, d] (K = V), sink [H], p [H, nk] scratch, out [H, d]; attend_head's
+ * order. */
 __global__ void __launch_bounds__(NB) k_attend(const float *q, int d, const float *keys, int nk, float scale,
                                                const float *sink, float *p_all, float *out)
 {
     PDL_WAIT();
-    __shared__ float sh[NW + 1];
+    __shared__ float sh[NW + 1], part[NW * ATT_MAXD];
     int h = blockIdx.x;
     auto key = [&](int i) { return keys + (int64_t)i * d; };
-    attend_head(q + (int64_t)h * d, key, nk, d, scale, sink[h], p_all + (int64_t)h * nk, sh, out + (int64_t)h * d);
+    attend_head(q + (int64_t)h * d, key, nk, d, scale, sink[h], p_all + (int64_t)h * nk, sh, part, out + (int64_t)h * d);
 }
 
 static float *g_keys;           /* host staging for the gathered key rows */

@@ -249,8 +249,8 @@ __global__ void __launch_bounds__(TK_NT) k_itopk(rows_dev rd_, int ratio, int to
 
 /* ---- 3. attention over the kept entries and the window --------------------------------- */
 
-/* Block (row r, head h), as k_attend: scores by warp (key i to warp i % NW), the softmax with
- * the sink, o_j = sum_i (p_i / den) key_ij in key order. Keys: the kept entries (sel when the
+/* Block (row r, head h), as k_attend (attend_head: scores by warp, the softmax with the sink,
+ * the weighted sum by warp, partial rows added in warp order). Keys: the kept entries (sel when the
  * indexer chose, else 0..nvis-1), then window positions j0..p (the step's kv row when the
  * step holds it, else the kv ring). p: [nkmax] floats of dynamic shared memory; a row that
  * needs more (its position beyond the caller's vis_cap) gets NaN. */
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(NB) k_attn(rows_dev rd_, int ratio, int csa, i
 {
     PDL_WAIT();
     extern __shared__ float pr[];
-    __shared__ float sh[NW + 1];
+    __shared__ float sh[NW + 1], part[NW * ATT_MAXD];
     int r = blockIdx.x, h = blockIdx.y;
     int64_t p = rd_.pos[r];
     int s = rd_.seq[r];
@@ -285,7 +285,7 @@ __global__ void __launch_bounds__(NB) k_attn(rows_dev rd_, int ratio, int csa, i
         int64_t tok = j0 + (i - ns);
         return tok >= start ? kv + (first + (tok - start)) * d : b.kv + (tok % kv_cap) * d;
     };
-    attend_head(q + ((int64_t)r * H + h) * d, key, nk, d, scale, sink[h], pr, sh, orow);
+    attend_head(q + ((int64_t)r * H + h) * d, key, nk, d, scale, sink[h], pr, sh, part, orow);
 }
 
 /* ---- 4. ring stores -------------------------------------------------------------------- */
@@ -466,13 +466,13 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
         if (CK(cudaGetDevice(&dev)) || CK(cudaDeviceGetAttribute(&g_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)))
             ok = false;
     }
-    size_t static_smem = (NW + 1) * sizeof(float);
+    size_t static_smem = (NW + 1 + NW * ATT_MAXD) * sizeof(float);
     if (ok && asmem + static_smem > (size_t)g_smem_optin) {
         fail(DSV4_E_UNSUPPORTED, "cuda: attn_step: %lld keys a row do not fit shared memory (%d bytes)", (long long)nkmax,
              g_smem_optin);
         ok = false;
     }
-    if (ok && asmem > 48 * 1024 && (int)asmem > g_attn_smem_set) {
+    if (ok && asmem + static_smem > 48 * 1024 && (int)asmem > g_attn_smem_set) {
         if (CK(cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)))
             ok = false;
         else
