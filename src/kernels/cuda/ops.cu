@@ -1817,19 +1817,18 @@ static const wdev *expert_table(const dsv4_weight *w, int E, int K)
 
 /* The (row, k) pairs grouped by expert, stable by pair index: cnt/off per expert, ord the
  * pairs in expert order, tiles of up to `tile` pairs of one expert as (expert, first, rows).
- * One block of EX_SORT threads; pairs with an expert outside 0..E-1 are left out. */
+ * One block of EX_SORT threads, E <= EX_SORT; pairs with an expert outside 0..E-1 are left out. */
 enum { EX_SORT = 1024 };
 
 __global__ void __launch_bounds__(EX_SORT) k_ex_sort(const int32_t *eid, int RK, int E, int tile, int *cnt, int *off,
                                                      int *ord, int *tiles, int *ntiles)
 {
     PDL_WAIT();
-    /* counts and offsets in shared memory: thread 0's pass over the experts would otherwise wait
-     * on a global load per expert */
+    /* counts and offsets in shared memory */
     extern __shared__ int sm[];
     int *scnt = sm, *soff = sm + E, *chunk = sm + 2 * E;
-    for (int e = threadIdx.x; e < E; e += EX_SORT)
-        scnt[e] = 0;
+    if (threadIdx.x < E)
+        scnt[threadIdx.x] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < RK; i += EX_SORT) {
         int e = eid[i];
@@ -1837,39 +1836,58 @@ __global__ void __launch_bounds__(EX_SORT) k_ex_sort(const int32_t *eid, int RK,
             atomicAdd(&scnt[e], 1);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        int o = 0, nt = 0;
-        for (int e = 0; e < E; e++) {
-            soff[e] = o;
-            for (int s = 0; s < scnt[e]; s += tile) {
-                tiles[3 * nt] = e;
-                tiles[3 * nt + 1] = o + s;
-                tiles[3 * nt + 2] = min(tile, scnt[e] - s);
-                nt++;
-            }
-            o += scnt[e];
+    { /* thread e: its pairs' and tiles' offsets by a block scan, then its tiles */
+        __shared__ int wsum[2][EX_SORT / 32];
+        int e = threadIdx.x, lane = e & 31, wid = e >> 5;
+        int c = e < E ? scnt[e] : 0, nt = (c + tile - 1) / tile, ic = c, it = nt;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int a = __shfl_up_sync(0xffffffffu, ic, o), b = __shfl_up_sync(0xffffffffu, it, o);
+            if (lane >= o)
+                ic += a, it += b;
         }
-        *ntiles = nt;
+        if (lane == 31)
+            wsum[0][wid] = ic, wsum[1][wid] = it;
+        __syncthreads();
+        if (wid == 0) {
+            int a = wsum[0][lane], b = wsum[1][lane];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                int pa = __shfl_up_sync(0xffffffffu, a, o), pb = __shfl_up_sync(0xffffffffu, b, o);
+                if (lane >= o)
+                    a += pa, b += pb;
+            }
+            wsum[0][lane] = a, wsum[1][lane] = b;
+        }
+        __syncthreads();
+        int o = ic - c + (wid ? wsum[0][wid - 1] : 0), t0 = it - nt + (wid ? wsum[1][wid - 1] : 0);
+        if (e < E)
+            soff[e] = o;
+        for (int k = 0; k < nt; k++) {
+            tiles[3 * (t0 + k)] = e;
+            tiles[3 * (t0 + k) + 1] = o + k * tile;
+            tiles[3 * (t0 + k) + 2] = min(tile, c - k * tile);
+        }
+        if (e == EX_SORT - 1)
+            *ntiles = wsum[1][EX_SORT / 32 - 1];
     }
     __syncthreads();
-    for (int e = threadIdx.x; e < E; e += EX_SORT) {
-        cnt[e] = scnt[e];
-        off[e] = soff[e];
+    if (threadIdx.x < E) {
+        cnt[threadIdx.x] = scnt[threadIdx.x];
+        off[threadIdx.x] = soff[threadIdx.x];
     }
-    /* thread e places expert e's pairs in pair order (E <= EX_SORT per pass) */
-    for (int e0 = 0; e0 < E; e0 += EX_SORT) {
-        int e = e0 + threadIdx.x, at = e < E ? soff[e] : 0;
-        for (int c0 = 0; c0 < RK; c0 += EX_SORT) {
-            __syncthreads();
-            if (c0 + threadIdx.x < RK)
-                chunk[threadIdx.x] = eid[c0 + threadIdx.x];
-            __syncthreads();
-            int n = min(EX_SORT, RK - c0);
-            if (e < E)
-                for (int i = 0; i < n; i++)
-                    if (chunk[i] == e)
-                        ord[at++] = c0 + i;
-        }
+    /* thread e places expert e's pairs in pair order */
+    int e = threadIdx.x, at = e < E ? soff[e] : 0;
+    for (int c0 = 0; c0 < RK; c0 += EX_SORT) {
+        __syncthreads();
+        if (c0 + threadIdx.x < RK)
+            chunk[threadIdx.x] = eid[c0 + threadIdx.x];
+        __syncthreads();
+        int n = min(EX_SORT, RK - c0);
+        if (e < E)
+            for (int i = 0; i < n; i++)
+                if (chunk[i] == e)
+                    ord[at++] = c0 + i;
     }
 }
 
@@ -2124,8 +2142,9 @@ static void experts_run(const dsv4_experts_args *a)
     if (a->ref) {
         fail(DSV4_E_DEVICE, "cuda: experts: REF numerics run on the CPU");
         ok = 0;
-    } else if (K <= 0 || I <= 0 || E <= 0 || RK > INT32_MAX / 4) {
-        fail(DSV4_E_ARG, "cuda: experts: bad shape R=%d K=%d D=%d I=%d E=%d", R, K, D, I, E);
+    } else if (K <= 0 || I <= 0 || E <= 0 || E > EX_SORT || RK > INT32_MAX / 4) {
+        fail(DSV4_E_ARG, "cuda: experts: bad shape R=%d K=%d D=%d I=%d E=%d (at most %d experts)", R, K, D, I, E,
+             (int)EX_SORT);
         ok = 0;
     } else if (a->w1[0].n != I || a->w1[0].k != D || a->w3[0].n != I || a->w3[0].k != D || a->w2[0].n != D ||
                a->w2[0].k != I || a->w1[0].form != a->w2[0].form || a->w1[0].form != a->w3[0].form) {
