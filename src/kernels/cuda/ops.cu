@@ -933,9 +933,11 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_line
 
 /* A multi launch: job j owns blocks b0[j] .. b0[j + 1] - 1 (a scan of at most
  * DSV4_CUDA_GROUP_MAX bounds, uniform in the block). Its own kernel, so the group and single
- * launches keep their parameters and registers. */
+ * launches keep their parameters and registers. The T = 1 chunk build is held to 64 registers
+ * (4 blocks a multiprocessor), what k_linear's FP8 build uses unbounded (the job lookup took it
+ * to 74); the others have no minimum (0), as in k_linear. */
 template <int F, bool VEC, int TT>
-__global__ void __launch_bounds__(LIN_WARPS * 32) k_linear_multi(lin_jobs J, int T)
+__global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 0) k_linear_multi(lin_jobs J, int T)
 {
     PDL_WAIT();
     int j = 0, b = (int)blockIdx.x;
