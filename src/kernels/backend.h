@@ -108,6 +108,12 @@ typedef struct dsv4_backend {
      * x: y[t, g n/G + i] = sum_j W[g n/G + i, j] x[t, g k + j]; x [T, G k], y [T, n]. Each
      * block's rows as linear computes them. */
     void (*linear_blocks)(const dsv4_weight *w, int G, const float *x, int T, float *y);
+    /* Several projections of one input: y[j][t, i] = sum_k W_j[i, k] x[t, k] for every row i
+     * of W_j, j < nw; every W_j has k = W_0.k. x: [T, k] with row stride ldx; y[j]: [T, W_j.n]
+     * dense, overlapping neither x nor another y. Each y[j] is bit for bit what
+     * linear(w[j], 0, W_j.n, x, T, ldx, y[j], W_j.n) gives; a backend may run them in fewer
+     * launches. */
+    void (*linear_multi)(int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx, float *const *y);
     /* The embedding lookup: every one of the n streams of row t is row ids[t] of W, decoded
      * exactly (X[t, i, :] = W[ids[t], :]). ids [T] (0 <= id < W.n), X [T, n, W.k]. */
     void (*embed)(const dsv4_weight *w, const int32_t *ids, int T, int n, float *X);

@@ -182,6 +182,10 @@ enum { DSV4_LIN_F32OUT = 1, DSV4_LIN_NOQ = 2 };
  * W is FP8/FP4 (unless DSV4_LIN_NOQ), and the output rounded to bf16 (unless F32OUT). */
 void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx,
               float *y, int64_t ldy, int flags);
+/* dsv4_lin(m, w[j], 0, W_j.n, x, T, ldx, y[j], W_j.n, flags) for j < nw (y[j] dense), through
+ * be->linear_multi where no input is quantized (FP32, or REF when none needs it). */
+void dsv4_lin_multi(const dsv4_model *m, int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx,
+                    float *const *y, int flags);
 void dsv4_rnd(const dsv4_model *m, float *x, int64_t n);          /* REF: round to bf16 */
 void dsv4_fp4_roundtrip(float *x, int64_t n, int block, int e4m3_scale); /* e2m1; e4m3 or ue8m0 scale */
 

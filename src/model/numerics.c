@@ -59,3 +59,20 @@ void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1,
         for (int t = 0; t < T; t++)
             dsv4_round_bf16(y + t * ldy, r1 - r0);
 }
+
+void dsv4_lin_multi(const dsv4_model *m, int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx,
+                    float *const *y, int flags)
+{
+    int ref = m->numerics == DSV4_NUMERICS_REF, q = 0;
+    for (int j = 0; j < nw; j++)
+        q |= ref && (w[j]->form == DSV4_WF_FP8 || w[j]->form == DSV4_WF_FP4) && !(flags & DSV4_LIN_NOQ);
+    if (q) { /* each weight's own quantized copy of x, as dsv4_lin makes it */
+        for (int j = 0; j < nw; j++)
+            dsv4_lin(m, w[j], 0, w[j]->n, x, T, ldx, y[j], w[j]->n, flags);
+        return;
+    }
+    m->be->linear_multi(nw, w, x, T, ldx, y);
+    if (ref && !(flags & DSV4_LIN_F32OUT))
+        for (int j = 0; j < nw; j++)
+            dsv4_round_bf16(y[j], (int64_t)T * w[j]->n);
+}

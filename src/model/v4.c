@@ -120,25 +120,22 @@ static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
     if (err && err->code)
         return err->code;
 
-    be->linear(&L->wq_a, 0, c->q_lora, a, R, c->dim, qr, c->q_lora);
+    /* The projections of a (2; 4 with a compressor; 7 with an indexer), then those of qr, each
+     * set in one op: on a GPU a launch per storage form rather than one per weight. */
+    const dsv4_weight *wa[7] = {&L->wq_a, &L->wkv, &L->comp.wkv, &L->comp.wgate, &L->icomp.wkv, &L->icomp.wgate,
+                                &L->iweights};
+    float *ya[7] = {qr, kv, cc, zz, ic, iz, wt};
+    const dsv4_weight *wb[2] = {&L->wq_b, &L->iwq_b};
+    float *yb[2] = {q, qi};
+    be->linear_multi(L->csa ? 7 : L->ratio ? 4 : 2, wa, a, R, c->dim, ya);
     be->rmsnorm(qr, R, c->q_lora, L->q_norm, eps, qr);
-    be->linear(&L->wq_b, 0, Hd, qr, R, c->q_lora, q, Hd);
+    be->linear_multi(L->csa ? 2 : 1, wb, qr, R, c->q_lora, yb);
     be->rmsnorm(q, (int64_t)R * H, d, NULL, eps, q);
     be->rope(q, R, Hd, H, d, rd, freq, f->dpos, 0);
-    be->linear(&L->wkv, 0, d, a, R, c->dim, kv, d);
     be->rmsnorm(kv, R, d, L->kv_norm, eps, kv);
     be->rope(kv, R, d, 1, d, rd, freq, f->dpos, 0);
-    if (L->ratio) {
-        be->linear(&L->comp.wkv, 0, cw, a, R, c->dim, cc, cw);
-        be->linear(&L->comp.wgate, 0, cw, a, R, c->dim, zz, cw);
-    }
-    if (L->csa) {
-        be->linear(&L->icomp.wkv, 0, 2 * ci, a, R, c->dim, ic, 2 * ci);
-        be->linear(&L->icomp.wgate, 0, 2 * ci, a, R, c->dim, iz, 2 * ci);
-        be->linear(&L->iwq_b, 0, (int64_t)nI * ci, qr, R, c->q_lora, qi, (int64_t)nI * ci);
+    if (L->csa)
         be->rope(qi, R, (int64_t)nI * ci, nI, ci, rd, m->inv_freq_compress, f->dpos, 0);
-        be->linear(&L->iweights, 0, nI, a, R, c->dim, wt, nI);
-    }
     A.q = q, A.kv = kv, A.cc = cc, A.zz = zz, A.ic = ic, A.iz = iz, A.qi = qi, A.wt = wt, A.o = o;
     be->attn_step(&A);
     be->rope(o, R, Hd, H, d, rd, freq, f->dpos, 1);
@@ -174,8 +171,9 @@ int dsv4_moe(dsv4_model *m, int li, const int32_t *ids, int R, const float *x, f
                             .ref = m->numerics == DSV4_NUMERICS_REF, .y = y, .work = work};
     m->be->experts(&ea);
     if (c->n_shared > 0) {
-        dsv4_lin(m, &L->sw1, 0, SI, x, R, D, g, SI, 0);
-        dsv4_lin(m, &L->sw3, 0, SI, x, R, D, u, SI, 0);
+        const dsv4_weight *sw[2] = {&L->sw1, &L->sw3};
+        float *gu[2] = {g, u};
+        dsv4_lin_multi(m, 2, sw, x, R, D, gu, 0);
         m->be->swiglu(g, u, (int64_t)R * SI, lim, g);
         dsv4_rnd(m, g, (int64_t)R * SI);
         dsv4_lin(m, &L->sw2, 0, D, g, R, SI, ys, D, 0);

@@ -985,6 +985,114 @@ static void test_device_buffers(void)
     free(X), free(fn), free(base), free(hc), free(yv), free(Xh);
 }
 
+/* ---- several projections of one input ------------------------------------------------------ */
+
+/* gpu->linear_multi over the nc weights of cs (one k; mixed forms, row counts, warps per row
+ * and paths; weight 1 pinned, the last copied per call, the rest resident) for T rows of x, in
+ * five ways: x and y on the device with x dense (0), with an aligned row stride (1), with an
+ * odd one that the chunk path packs (2: those weights run alone); on the host (3); the weights
+ * three times over, more than one launch holds (4). Each result is bitwise equal to
+ * gpu->linear weight by weight on the same buffers and within tolerance of the CPU. Control:
+ * weight 0's result against its reference with the rows shifted by one. */
+static void test_linear_multi(const lin_case *cs, int nc, int T)
+{
+    enum { NC = 8, NW = 3 * NC };
+    int64_t k = cs[0].k;
+    char what[128];
+    dsv4_weight w[NC];
+    const dsv4_weight *wp[NW];
+    float *ref[NC], *got[NW], *one[NW];
+    double *mag[NC];
+    dsv4_err err = {0};
+    float *x = falloc((size_t)T * k), *row = falloc(k);
+    fill(x, (size_t)T * k, -1, 1);
+    for (int j = 0; j < nc; j++) {
+        int64_t n = cs[j].n;
+        make_weight(&cs[j], &w[j]);
+        if (j == 1)
+            CHECK(!dsv4_cuda_pin_weight(&w[j], &err), "linear multi: pin: %s", err.msg);
+        else if (j < nc - 1)
+            CHECK(!dsv4_cuda_put_weight(&w[j], &err), "linear multi: put: %s", err.msg);
+        ref[j] = falloc((size_t)T * n);
+        mag[j] = malloc((size_t)T * n * sizeof(double));
+        cpu->linear(&w[j], 0, n, x, T, k, ref[j], n);
+        for (int64_t i = 0; i < n; i++) {
+            dsv4_weight_row(&w[j], i, row);
+            for (int t = 0; t < T; t++) {
+                double m = 0;
+                for (int64_t q = 0; q < k; q++)
+                    m += fabs((double)row[q] * x[(size_t)t * k + q]);
+                mag[j][(size_t)t * n + i] = m;
+            }
+        }
+    }
+    static const char *const how[5] = {"device", "device, stride k+4", "device, stride k+1", "host", "device, 3x the weights"};
+    for (int v = 0; v < 5; v++) {
+        int nw = v == 4 ? 3 * nc : nc, host = v == 3;
+        int64_t ldx = k + (v == 1 ? 4 : v == 2 ? 1 : 0);
+        float *hx = falloc((size_t)T * ldx);
+        fill(hx, (size_t)T * ldx, -1, 1);
+        for (int t = 0; t < T; t++)
+            memcpy(hx + (size_t)t * ldx, x + (size_t)t * k, k * sizeof(float));
+        float *dx = host ? hx : to_dev(hx, (size_t)T * ldx * sizeof(float));
+        for (int j = 0; j < nw; j++) {
+            size_t ny = (size_t)T * cs[j % nc].n;
+            wp[j] = &w[j % nc];
+            got[j] = host ? falloc(ny) : to_dev(NULL, ny * sizeof(float));
+            one[j] = host ? falloc(ny) : to_dev(NULL, ny * sizeof(float));
+            if (host) {
+                poison(got[j], ny);
+                poison(one[j], ny);
+            }
+        }
+        gpu->linear_multi(nw, wp, dx, T, ldx, got);
+        for (int j = 0; j < nw; j++)
+            gpu->linear(wp[j], 0, wp[j]->n, dx, T, ldx, one[j], wp[j]->n);
+        CHECK(!gpu->check(&err), "linear multi %s: %s", how[v], err.msg);
+        int same = 1, close = 1;
+        for (int j = 0; j < nw; j++) {
+            const dsv4_weight *a = wp[j];
+            size_t ny = (size_t)T * a->n;
+            float *g = host ? got[j] : from_dev(got[j], ny * sizeof(float));
+            float *o = host ? one[j] : from_dev(one[j], ny * sizeof(float));
+            same &= !memcmp(g, o, ny * sizeof(float));
+            snprintf(what, sizeof what, "linear multi %s [%lld,%lld] T=%d", dsv4_wform_name(a->form), (long long)a->n,
+                     (long long)k, T);
+            close &= agree(what, g, ref[j % nc], mag[j % nc], ny, v > 0);
+            if (v == 0 && j == 0) { /* control: the rows shifted by one */
+                float *bad = falloc(ny);
+                for (int t = 0; t < T; t++)
+                    for (int64_t i = 0; i < a->n; i++)
+                        bad[(size_t)t * a->n + i] = ref[0][(size_t)t * a->n + (i + 1) % a->n];
+                control("linear multi rows shifted by one", g, bad, mag[0], ny);
+                free(bad);
+            }
+            if (!host)
+                free(g), free(o);
+        }
+        snprintf(what, sizeof what, "linear multi %d weights [*,%lld] T=%d, %s", nw, (long long)k, T, how[v]);
+        CHECK(close, "%s: GPU and CPU differ", what);
+        CHECK(same, "%s: differs from the weights one by one", what);
+        printf("  %-44s %s\n", what, same && close ? "== one by one, ~ CPU" : "FAIL");
+        for (int j = 0; j < nw; j++) {
+            if (host)
+                free(got[j]), free(one[j]);
+            else
+                gpu->free(got[j]), gpu->free(one[j]);
+        }
+        if (!host)
+            gpu->free(dx);
+        free(hx);
+    }
+    for (int j = 0; j < nc; j++) {
+        if (j < nc - 1)
+            dsv4_cuda_drop_weight(&w[j]);
+        free((void *)w[j].data), free((void *)w[j].scale);
+        free(ref[j]), free(mag[j]);
+    }
+    free(x), free(row);
+}
+
 /* ---- route -------------------------------------------------------------------------------- */
 
 /* quant: logits and bias drawn from a few values, so exact ties are everywhere (the same x
@@ -1722,6 +1830,22 @@ int main(void)
     test_swiglu(4096, 0.0f);
     CHECK(!gpu->check(&err), "a CUDA op failed: %s", err.msg);
     test_device_buffers();
+    /* k 2048: FP8 e8m0 (2 warps a row), FP4 (2), FP8 f32 scales (4), BF16 (4), FP8 with bk 36
+     * (element path), F32 (8), BF16 of 3 rows; k 100: all on the element path */
+    const lin_case mc[] = {
+        {DSV4_WF_FP8, 8192, 2048, 128, 128, 1, 0, 8192, 0, 0, 0}, {DSV4_WF_FP4, 96, 2048, 1, 32, 1, 0, 96, 0, 0, 0},
+        {DSV4_WF_FP8, 200, 2048, 128, 128, 0, 0, 200, 0, 0, 0},   {DSV4_WF_BF16, 300, 2048, 0, 0, 0, 0, 300, 0, 0, 0},
+        {DSV4_WF_FP8, 40, 2048, 64, 36, 1, 0, 40, 0, 0, 0},       {DSV4_WF_F32, 50, 2048, 0, 0, 0, 0, 50, 0, 0, 0},
+        {DSV4_WF_BF16, 3, 2048, 0, 0, 0, 0, 3, 0, 0, 0},
+    };
+    const lin_case me[] = {
+        {DSV4_WF_FP8, 70, 100, 64, 64, 0, 0, 70, 0, 0, 0}, {DSV4_WF_FP4, 30, 100, 1, 20, 1, 0, 30, 0, 0, 0},
+        {DSV4_WF_BF16, 33, 100, 0, 0, 0, 0, 33, 0, 0, 0}, {DSV4_WF_F32, 17, 100, 0, 0, 0, 0, 17, 0, 0, 0},
+    };
+    for (int T = 1; T <= 5; T += 4) {
+        test_linear_multi(mc, sizeof mc / sizeof mc[0], T);
+        test_linear_multi(me, sizeof me / sizeof me[0], T);
+    }
     test_route(9, 64, 6, 1, 1, 0);
     test_route(9, 64, 6, 1, 0, 0);
     test_route(33, 256, 8, 0, 1, 0);

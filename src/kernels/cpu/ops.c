@@ -452,6 +452,12 @@ static void cpu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T
         cpu_linear(w, g * rk, (g + 1) * rk, x + g * w->k, T, (int64_t)G * w->k, y + g * rk, w->n);
 }
 
+static void cpu_linear_multi(int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx, float *const *y)
+{
+    for (int j = 0; j < nw; j++)
+        cpu_linear(w[j], 0, w[j]->n, x, T, ldx, y[j], w[j]->n);
+}
+
 static void cpu_embed(const dsv4_weight *w, const int32_t *ids, int T, int n, float *X)
 {
     int64_t D = w->k;
@@ -472,6 +478,7 @@ static const dsv4_backend cpu_backend = {
     .copy = dsv4_cpu_copy,
     .linear = cpu_linear,
     .linear_blocks = cpu_linear_blocks,
+    .linear_multi = cpu_linear_multi,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,

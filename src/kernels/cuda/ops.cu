@@ -733,14 +733,18 @@ __device__ __forceinline__ float decode1(const wdev &w, int64_t r, int64_t i, co
 }
 
 /* One launch's work: n jobs, each rows [r0, r0 + nr) of its weight times its x, bpj blocks a
- * job. A single linear is one job; a group (experts of one form and shape) is several. */
+ * job. A single linear is one job; a group (experts of one form and shape) is several. A
+ * multi launch (weights of one form over one x) has jobs of their own row counts nrj and
+ * warps per row: job j takes blocks b0[j] .. b0[j + 1] - 1 and writes y[j] dense. */
 struct lin_jobs {
     wdev w[DSV4_CUDA_GROUP_MAX];
     int64_t r0[DSV4_CUDA_GROUP_MAX];
     const float *x[DSV4_CUDA_GROUP_MAX];
     float *y[DSV4_CUDA_GROUP_MAX];
-    int n, nr, bpj;
-    int64_t ldx, ldy;           /* a single job's row strides (groups are dense) */
+    int nrj[DSV4_CUDA_GROUP_MAX];
+    int b0[DSV4_CUDA_GROUP_MAX + 1];
+    int n, nr, bpj, multi;
+    int64_t ldx, ldy;           /* a single job's row strides (groups are dense), x's in a multi launch */
 };
 
 /* y[t, i] = sum_k W[r0 + i, k] x[t, k]; x [T, k] dense, y [T, nr] dense, per job.
@@ -927,6 +931,22 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_line
     linear_rows<F, VEC, TT>(J.w[j], J.r0[j], J.nr, m, T, blockIdx.x % J.bpj);
 }
 
+/* A multi launch: job j owns blocks b0[j] .. b0[j + 1] - 1 (a scan of at most
+ * DSV4_CUDA_GROUP_MAX bounds, uniform in the block). Its own kernel, so the group and single
+ * launches keep their parameters and registers. The T = 1 chunk build is held to 64 registers
+ * (4 blocks a multiprocessor), what k_linear's FP8 build uses unbounded (the job lookup took it
+ * to 74); the others have no minimum (0), as in k_linear. */
+template <int F, bool VEC, int TT>
+__global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 0) k_linear_multi(lin_jobs J, int T)
+{
+    PDL_WAIT();
+    int j = 0, b = (int)blockIdx.x;
+    while (j + 1 < J.n && b >= J.b0[j + 1])
+        j++;
+    dense_map m = {J.x[j], J.y[j], J.ldx, J.nrj[j]};
+    linear_rows<F, VEC, TT>(J.w[j], J.r0[j], J.nrj[j], m, T, b - J.b0[j]);
+}
+
 /* Whether the 8-element chunk path tiles this weight's rows (and its scale blocks). */
 static bool vec_ok(const dsv4_weight *w)
 {
@@ -956,11 +976,31 @@ static int chunks_in_flight(int form)
     }
 }
 
+/* Output rows one block of a launch covers: LIN_WARPS / wpr row groups of R (chunk path), or
+ * LIN_WARPS rows (element path). */
+template <int F>
+static int rows_per_block(const wdev &w, bool vec)
+{
+    return vec ? LIN_WARPS / w.wpr * (int)ck<F>::R : LIN_WARPS;
+}
+
 template <int F>
 static void launch_form(lin_jobs &J, bool vec, int T, cudaStream_t st)
 {
-    int rpb = vec ? LIN_WARPS / J.w[0].wpr * (int)ck<F>::R : LIN_WARPS;
-    J.bpj = (int)cdiv(J.nr, rpb);
+    if (J.multi) {
+        J.b0[0] = 0;
+        for (int j = 0; j < J.n; j++)
+            J.b0[j + 1] = J.b0[j] + (int)cdiv(J.nrj[j], rows_per_block<F>(J.w[j], vec));
+        dim3 grid((unsigned)J.b0[J.n]);
+        if (vec && T == 1)
+            launch_k(k_linear_multi<F, true, 1>, grid, LIN_WARPS * 32, 0, st, J, T);
+        else if (vec)
+            launch_k(k_linear_multi<F, true, LIN_TT>, grid, LIN_WARPS * 32, 0, st, J, T);
+        else
+            launch_k(k_linear_multi<F, false, LIN_TT>, grid, LIN_WARPS * 32, 0, st, J, T);
+        return;
+    }
+    J.bpj = (int)cdiv(J.nr, rows_per_block<F>(J.w[0], vec));
     dim3 grid((unsigned)(J.bpj * J.n));
     if (J.n > 1) {
         if (vec && T == 1)
@@ -980,7 +1020,8 @@ static void launch_form(lin_jobs &J, bool vec, int T, cudaStream_t st)
     }
 }
 
-/* Launches J's jobs, whose weights all have w's form and shape. */
+/* Launches J's jobs, whose weights all have w's form and path (and, but in a multi launch, its
+ * shape). */
 static void launch_linear(const dsv4_weight *w, lin_jobs &J, int T, cudaStream_t st)
 {
     bool vec = vec_ok(w);
@@ -1195,6 +1236,74 @@ static void cu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T,
     } else
         fail_rows(y, T, w->n, w->n);
     op_end();
+}
+
+/* The weights of each storage form in one launch (x shared, y[j] dense [T, W_j.n]; x and every
+ * y on the device), each job summed as cu_linear sums it alone: the same wdev_of, path and
+ * grid within the job. A weight the launches cannot take (EXL3, not resident, the chunk path
+ * over an x it would have to pack) runs alone through cu_linear, as do all when x or a y is
+ * host memory. Past DSV4_CUDA_GROUP_MAX weights, slice by slice. */
+static void cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx, float *const *y)
+{
+    if (nw > DSV4_CUDA_GROUP_MAX) {
+        cu_linear_multi(DSV4_CUDA_GROUP_MAX, w, x, T, ldx, y);
+        cu_linear_multi(nw - DSV4_CUDA_GROUP_MAX, w + DSV4_CUDA_GROUP_MAX, x, T, ldx, y + DSV4_CUDA_GROUP_MAX);
+        return;
+    }
+    if (T <= 0 || nw <= 0)
+        return;
+    bool dev = on_dev(x);
+    for (int j = 0; j < nw; j++)
+        dev = dev && on_dev(y[j]);
+    if (!dev) {
+        for (int j = 0; j < nw; j++)
+            cu_linear(w[j], 0, w[j]->n, x, T, ldx, y[j], w[j]->n);
+        return;
+    }
+    bool aligned = ((uintptr_t)x & 15) == 0 && (T == 1 || ldx % 4 == 0);
+    int state[DSV4_CUDA_GROUP_MAX]; /* 0: for a launch, 1: launched, -1: alone */
+    wdev wd[DSV4_CUDA_GROUP_MAX];
+    op_begin();
+    for (int j = 0; j < nw; j++) {
+        const dsv4_weight *a = w[j];
+        const void *q = a->form < DSV4_WF_EXL3 && a->n > 0 ? dev_known(a->data) : NULL;
+        const void *s = q && a->scale ? dev_known(a->scale) : NULL;
+        state[j] = q && (s || !a->scale) && (aligned || !vec_ok(a)) ? 0 : -1;
+        if (!state[j])
+            wd[j] = wdev_of(a, q, s);
+    }
+    for (int j0 = 0; j0 < nw; j0++) {
+        if (state[j0])
+            continue;
+        bool vec = vec_ok(w[j0]);
+        lin_jobs J;
+        memset(&J, 0, sizeof J);
+        J.multi = 1;
+        J.ldx = ldx;
+        for (int j = j0; j < nw; j++) {
+            if (state[j] || w[j]->form != w[j0]->form || vec_ok(w[j]) != vec)
+                continue;
+            state[j] = 1;
+            if (dsv4cu::poison && CK(cudaMemsetAsync(y[j], 0xff, (size_t)T * w[j]->n * sizeof(float), stream))) {
+                fail_rows(y[j], T, w[j]->n, w[j]->n);
+                continue;
+            }
+            J.w[J.n] = wd[j];
+            J.x[J.n] = x;
+            J.y[J.n] = y[j];
+            J.nrj[J.n++] = (int)w[j]->n;
+        }
+        if (!J.n)
+            continue;
+        launch_linear(w[j0], J, T, stream);
+        if (!launched("linear multi"))
+            for (int i = 0; i < J.n; i++)
+                fail_rows(J.y[i], T, J.nrj[i], J.nrj[i]);
+    }
+    op_end();
+    for (int j = 0; j < nw; j++)
+        if (state[j] < 0)
+            cu_linear(w[j], 0, w[j]->n, x, T, ldx, y[j], w[j]->n);
 }
 
 extern "C" int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy,
@@ -2354,6 +2463,7 @@ static dsv4_backend make_table(void)
     t.copy = cu_copy;
     t.linear = cu_linear;
     t.linear_blocks = cu_linear_blocks;
+    t.linear_multi = cu_linear_multi;
     t.embed = cu_embed;
     t.rmsnorm = cu_rmsnorm;
     t.rope = cu_rope;
