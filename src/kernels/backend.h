@@ -126,9 +126,11 @@ typedef struct dsv4_backend {
     /* Hyper-connection site: from the n streams X [T, n, D], the mixes pre [T, n], post [T, n],
      * comb [T, n, n] (Sinkhorn-normalised) and the collapse h [T, D] = sum_i pre_i X_i.
      * fn [(2+n)n, nD], base [(2+n)n], scale [3]. post/comb may be NULL (head collapse, where
-     * fn is [n, nD] and scale [1]). h may be NULL (mixes only). */
+     * fn is [n, nD] and scale [1]). h may be NULL (mixes only). hw [D]: when given, h is the
+     * collapse RMS-normed (norm_eps) times hw, exactly as rmsnorm(h, hw) would make it (the
+     * forward's next step, done where h already is). */
     void (*hc_pre)(const float *X, int T, int n, int D, const float *fn, const float *base, const float *scale, int iters,
-                   float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h);
+                   float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h, const float *hw);
     /* h [T, D] = sum_i pre_i X_i with given pre [T, n] (V4.1 collapses with the previous site's pre). */
     void (*hc_collapse)(const float *X, int T, int n, int D, const float *pre, float *h);
     /* X[k] = post[k] * y + sum_j comb[j][k] * X[j], per row. */

@@ -184,9 +184,9 @@ int dsv4_moe(dsv4_model *m, int li, const int32_t *ids, int R, const float *x, f
     return 0;
 }
 
-/* The V4 layers over X [R, n, D] (backend memory); h, a, y [R, D], pre/post [R, n], comb
+/* The V4 layers over X [R, n, D] (backend memory); h, y [R, D], pre/post [R, n], comb
  * [R, n, n] scratch. Reads only backend buffers, so a step can be recorded and replayed. */
-static int v4_layers(fwd *f, float *X, float *h, float *a, float *y, float *pre, float *post, float *comb, dsv4_err *err)
+static int v4_layers(fwd *f, float *X, float *h, float *y, float *pre, float *post, float *comb, dsv4_err *err)
 {
     dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
@@ -195,14 +195,14 @@ static int v4_layers(fwd *f, float *X, float *h, float *a, float *y, float *pre,
     float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
     for (int li = 0; li < c->n_layers && !rc; li++) {
         const dsv4_layer *L = &m->layers[li];
-        be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre, post, comb, h);
-        be->rmsnorm(h, R, D, L->attn_norm, eps, a);
-        if ((rc = attention(f, li, a, y, err)))
+        be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre, post, comb, h,
+                   L->attn_norm);
+        if ((rc = attention(f, li, h, y, err)))
             break;
         be->hc_post(X, y, R, n, D, post, comb);
-        be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre, post, comb, h);
-        be->rmsnorm(h, R, D, L->ffn_norm, eps, a);
-        if ((rc = dsv4_moe(m, li, f->dids, R, a, y, err)))
+        be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre, post, comb, h,
+                   L->ffn_norm);
+        if ((rc = dsv4_moe(m, li, f->dids, R, h, y, err)))
             break;
         be->hc_post(X, y, R, n, D, post, comb);
     }
@@ -228,14 +228,14 @@ static uint64_t step_key(const fwd *f, const dsv4_batch *b)
 
 /* Runs the V4 layers, from a recording when this step's shape has run before: the first step
  * of a shape runs the ops, the second records them, later ones replay (DSV4_GRAPHS=0: never). */
-static int v4_layers_replayed(fwd *f, const dsv4_batch *b, float *X, float *h, float *a, float *y, float *pre, float *post,
+static int v4_layers_replayed(fwd *f, const dsv4_batch *b, float *X, float *h, float *y, float *pre, float *post,
                               float *comb, dsv4_err *err)
 {
     dsv4_model *m = f->m;
     const dsv4_backend *be = f->be;
     const char *env = getenv("DSV4_GRAPHS");
     if (!be->graph_begin || (env && !strcmp(env, "0")))
-        return v4_layers(f, X, h, a, y, pre, post, comb, err);
+        return v4_layers(f, X, h, y, pre, post, comb, err);
     uint64_t key = step_key(f, b);
     dsv4_graphs *G = &m->graphs;
     for (int i = 0; i < DSV4_GRAPH_SLOTS; i++)
@@ -249,13 +249,13 @@ static int v4_layers_replayed(fwd *f, const dsv4_batch *b, float *X, float *h, f
         bad |= i < G->n_unrecordable && G->unrecordable[i] == key;
     if (G->last != key || m->arena.n_extra || bad) { /* seen once, buffers not at their places, or not recordable */
         G->last = key;
-        return v4_layers(f, X, h, a, y, pre, post, comb, err);
+        return v4_layers(f, X, h, y, pre, post, comb, err);
     }
     if (be->graph_begin()) {
         G->last = 0;
-        return v4_layers(f, X, h, a, y, pre, post, comb, err);
+        return v4_layers(f, X, h, y, pre, post, comb, err);
     }
-    int rc = v4_layers(f, X, h, a, y, pre, post, comb, err);
+    int rc = v4_layers(f, X, h, y, pre, post, comb, err);
     void *g = be->graph_end();
     if (rc || !g) { /* nothing ran while recording: run the ops, and do not try this shape again */
         if (g)
@@ -263,7 +263,7 @@ static int v4_layers_replayed(fwd *f, const dsv4_batch *b, float *X, float *h, f
         G->last = 0;
         if (!rc)
             G->unrecordable[G->n_unrecordable++ % DSV4_GRAPH_SLOTS] = key;
-        return rc ? rc : v4_layers(f, X, h, a, y, pre, post, comb, err);
+        return rc ? rc : v4_layers(f, X, h, y, pre, post, comb, err);
     }
     int slot = 0;
     for (int i = 1; i < DSV4_GRAPH_SLOTS; i++)
@@ -366,7 +366,7 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
     int32_t *ids = malloc(R * sizeof(int32_t)), *first = malloc(S * sizeof(int32_t));
     int64_t *start = malloc(S * sizeof(int64_t));
     arena_begin(m);
-    float *X = ftake(m, (size_t)R * n * D, err), *h = ftake(m, (size_t)R * D, err), *a = ftake(m, (size_t)R * D, err);
+    float *X = ftake(m, (size_t)R * n * D, err), *h = ftake(m, (size_t)R * D, err);
     float *y = ftake(m, (size_t)R * D, err), *pre = ftake(m, (size_t)R * n, err), *post = ftake(m, (size_t)R * n, err);
     float *comb = ftake(m, (size_t)R * n * n, err);
     int rc = (err && err->code) || !f.pos || !f.row_seq || !ids || !first || !start;
@@ -391,7 +391,7 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
     if (c->family == DSV4_FAMILY_V41)
         rc = dsv4_v41_layers(&f, X, h, err);
     else
-        rc = v4_layers_replayed(&f, b, X, h, a, y, pre, post, comb, err);
+        rc = v4_layers_replayed(&f, b, X, h, y, pre, post, comb, err);
     if (!rc && be->check) /* a device op failed: the sequences do not advance */
         rc = be->check(err);
     if (rc)
@@ -416,8 +416,9 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
                 }
         }
         if (!v41)
-            be->hc_pre(X, nr, n, D, m->hc_head_fn, m->hc_head_base, m->hc_head_scale, 0, hce, eps, pre, NULL, NULL, h);
-        be->rmsnorm(h, nr, D, m->norm, eps, h);
+            be->hc_pre(X, nr, n, D, m->hc_head_fn, m->hc_head_base, m->hc_head_scale, 0, hce, eps, pre, NULL, NULL, h, m->norm);
+        else
+            be->rmsnorm(h, nr, D, m->norm, eps, h);
         dsv4_rnd(m, h, (int64_t)nr * D);
         be->linear(&m->head, 0, c->vocab, h, nr, D, b->logits, c->vocab);
         if (be->check)

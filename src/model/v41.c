@@ -426,7 +426,7 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
         const dsv4_layer *L = &m->layers[li];
         if (L->engram >= 0 && (rc = engram_apply(f, L->engram, &pf, X, err)))
             break;
-        be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre_a, post, comb, NULL);
+        be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre_a, post, comb, NULL, NULL);
         be->hc_collapse(X, R, n, D, pin, h);
         dsv4_rnd(m, h, (int64_t)R * D);
         be->rmsnorm(h, R, D, L->attn_norm, eps, a);
@@ -435,7 +435,7 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
             break;
         be->hc_post(X, y, R, n, D, post, comb);
         dsv4_rnd(m, X, (int64_t)R * n * D);
-        be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre_f, post, comb, NULL);
+        be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre_f, post, comb, NULL, NULL);
         be->hc_collapse(X, R, n, D, pre_a, h);
         dsv4_rnd(m, h, (int64_t)R * D);
         be->rmsnorm(h, R, D, L->ffn_norm, eps, a);

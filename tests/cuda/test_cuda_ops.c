@@ -536,8 +536,8 @@ static void test_hc_pre(int T, int n, int D, int full)
     fill(base, nm, -1, 1);
     fill(scale, 3, 0.5f, 2.0f);
     hc_out r = hc_alloc(T, n, D, full), g = hc_alloc(T, n, D, full), w = hc_alloc(T, n, D, full);
-    cpu->hc_pre(X, T, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, r.pre, r.post, r.comb, r.h);
-    gpu->hc_pre(X, T, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, g.pre, g.post, g.comb, g.h);
+    cpu->hc_pre(X, T, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, r.pre, r.post, r.comb, r.h, NULL);
+    gpu->hc_pre(X, T, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, g.pre, g.post, g.comb, g.h, NULL);
     size_t L;
     float *rf = hc_flat(&r, T, n, D, full, &L), *gf = hc_flat(&g, T, n, D, full, &L);
     double *mag = malloc(L * sizeof(double));
@@ -558,13 +558,13 @@ static void test_hc_pre(int T, int n, int D, int full)
     int j = full ? 2 * n : 0;
     memcpy(fn2 + (size_t)j * nd, fn + (size_t)(j + 1) * nd, nd * sizeof(float));
     memcpy(fn2 + (size_t)(j + 1) * nd, fn + (size_t)j * nd, nd * sizeof(float));
-    cpu->hc_pre(X, T, n, D, fn2, base, scale, iters, 1e-6f, 1e-6f, w.pre, w.post, w.comb, w.h);
+    cpu->hc_pre(X, T, n, D, fn2, base, scale, iters, 1e-6f, 1e-6f, w.pre, w.post, w.comb, w.h, NULL);
     float *wf = hc_flat(&w, T, n, D, full, &L);
     control(full ? "hc_pre mix row off by one" : "hc_pre (head) mix row off by one", gf, wf, mag, L);
     int same = 1;
     for (int t = 0; t < T; t++) {
         hc_out o = hc_alloc(1, n, D, full);
-        gpu->hc_pre(X + (size_t)t * nd, 1, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, o.pre, o.post, o.comb, o.h);
+        gpu->hc_pre(X + (size_t)t * nd, 1, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, o.pre, o.post, o.comb, o.h, NULL);
         same &= !memcmp(o.pre, g.pre + (size_t)t * n, n * sizeof(float));
         same &= !memcmp(o.h, g.h + (size_t)t * D, D * sizeof(float));
         if (full) {
@@ -577,7 +577,7 @@ static void test_hc_pre(int T, int n, int D, int full)
     /* mixes only (h NULL, as V4.1 calls it): the same mixes, bitwise, and no error */
     hc_out o = hc_alloc(T, n, D, full);
     dsv4_err err = {0};
-    gpu->hc_pre(X, T, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, o.pre, o.post, o.comb, NULL);
+    gpu->hc_pre(X, T, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, o.pre, o.post, o.comb, NULL, NULL);
     int mix_same = !gpu->check(&err) && !memcmp(o.pre, g.pre, (size_t)T * n * sizeof(float));
     if (full)
         mix_same &= !memcmp(o.post, g.post, (size_t)T * n * sizeof(float)) &&
@@ -585,6 +585,35 @@ static void test_hc_pre(int T, int n, int D, int full)
     CHECK(mix_same, "%s: mixes only (h NULL) differ from the full call: %s", what, err.msg);
     printf("  mixes only (h NULL): %s\n", mix_same ? "bitwise equal" : "DIFFERENT");
     hc_free(&o);
+    /* h normed (hw): bitwise what rmsnorm(h, hw) makes of the GPU's own h; within tolerance of
+     * the CPU's (mag: the collapse's terms times the row's 1/rms and |hw|); control: one hw
+     * element skipped (1) */
+    float *hw = falloc(D), *hw2 = falloc(D), *sep = falloc((size_t)T * D);
+    fill(hw, D, 0.5f, 1.5f);
+    memcpy(hw2, hw, D * sizeof(float));
+    hw2[D / 3] = 1.0f;
+    hc_out gn = hc_alloc(T, n, D, full), rn = hc_alloc(T, n, D, full), wn = hc_alloc(T, n, D, full);
+    gpu->hc_pre(X, T, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, gn.pre, gn.post, gn.comb, gn.h, hw);
+    cpu->hc_pre(X, T, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, rn.pre, rn.post, rn.comb, rn.h, hw);
+    gpu->hc_pre(X, T, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, wn.pre, wn.post, wn.comb, wn.h, hw2);
+    poison(sep, (size_t)T * D);
+    gpu->rmsnorm(g.h, T, D, hw, 1e-6f, sep);
+    CHECK(!memcmp(sep, gn.h, (size_t)T * D * sizeof(float)), "%s: normed h differs from rmsnorm of h", what);
+    double *nmag = malloc((size_t)T * D * sizeof(double));
+    for (int t = 0; t < T; t++) {
+        double ss = 0;
+        for (int dd = 0; dd < D; dd++)
+            ss += (double)r.h[(size_t)t * D + dd] * r.h[(size_t)t * D + dd];
+        double ri = 1.0 / sqrt(ss / D + 1e-6);
+        for (int dd = 0; dd < D; dd++)
+            nmag[(size_t)t * D + dd] = mag[hs + (size_t)t * D + dd] * ri * fabs(hw[dd]) + fabs(rn.h[(size_t)t * D + dd]);
+    }
+    char wn_what[160];
+    snprintf(wn_what, sizeof wn_what, "%s, h normed", what);
+    CHECK(agree(wn_what, gn.h, rn.h, nmag, (size_t)T * D, 0), "%s: GPU and CPU differ", wn_what);
+    control("hc_pre norm weight skipped", wn.h, rn.h, nmag, (size_t)T * D);
+    free(hw), free(hw2), free(sep), free(nmag);
+    hc_free(&gn), hc_free(&rn), hc_free(&wn);
     hc_free(&r), hc_free(&g), hc_free(&w);
     free(X), free(fn), free(fn2), free(base), free(rf), free(gf), free(wf), free(mag);
 }
@@ -955,14 +984,14 @@ static void test_device_buffers(void)
     fill(base, nm, -1, 1);
     fill(scale, 3, 0.5f, 2.0f);
     hc_out ho = hc_alloc(T, n, D, 1);
-    gpu->hc_pre(X, T, n, D, fn, base, scale, 20, 1e-6f, 1e-6f, ho.pre, ho.post, ho.comb, ho.h);
+    gpu->hc_pre(X, T, n, D, fn, base, scale, 20, 1e-6f, 1e-6f, ho.pre, ho.post, ho.comb, ho.h, NULL);
     float *dX = to_dev(X, (size_t)T * nd * 4), *dpre = to_dev(NULL, (size_t)T * n * 4);
     float *dpost = to_dev(NULL, (size_t)T * n * 4), *dcomb = to_dev(NULL, (size_t)T * n * n * 4);
     float *dhh = to_dev(NULL, (size_t)T * D * 4);
-    gpu->hc_pre(dX, T, n, D, fn, base, scale, 20, 1e-6f, 1e-6f, dpre, dpost, dcomb, dhh);
+    gpu->hc_pre(dX, T, n, D, fn, base, scale, 20, 1e-6f, 1e-6f, dpre, dpost, dcomb, dhh, NULL);
     same = dev_equal(dpre, ho.pre, (size_t)T * n * 4) && dev_equal(dpost, ho.post, (size_t)T * n * 4) &&
            dev_equal(dcomb, ho.comb, (size_t)T * n * n * 4) && dev_equal(dhh, ho.h, (size_t)T * D * 4);
-    gpu->hc_pre(dX, T, n, D, fn, base, scale, 20, 1e-6f, 1e-6f, dpre, dpost, dcomb, NULL);
+    gpu->hc_pre(dX, T, n, D, fn, base, scale, 20, 1e-6f, 1e-6f, dpre, dpost, dcomb, NULL, NULL);
     same &= dev_equal(dpre, ho.pre, (size_t)T * n * 4);
     float *hc = falloc((size_t)T * D);
     gpu->hc_collapse(X, T, n, D, ho.pre, hc);
@@ -1821,6 +1850,9 @@ int main(void)
     test_rope(3, 8, 128, 64, 0, 1);
     test_hc_pre(3, 4, 512, 1);
     test_hc_pre(2, 4, 700, 0);
+    test_hc_pre(2, 2, 300, 1);
+    test_hc_pre(2, 6, 300, 1);
+    test_hc_pre(2, 4, 5000, 1); /* h normed past NB * RMS_V channels: a separate rmsnorm launch */
     test_hc_post(3, 4, 700);
     test_hc_collapse(5, 4, 700);
     test_attend(4, 96, 37, 50);

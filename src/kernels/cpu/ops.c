@@ -351,7 +351,8 @@ static void cpu_hc_collapse(const float *X, int T, int n, int D, const float *pr
 }
 
 static void cpu_hc_pre(const float *X, int T, int n, int D, const float *fn, const float *base, const float *scale,
-                       int iters, float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h)
+                       int iters, float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h,
+                       const float *hw)
 {
     int nm = post ? (2 + n) * n : n;
     int64_t nd = (int64_t)n * D;
@@ -381,6 +382,8 @@ static void cpu_hc_pre(const float *X, int T, int n, int D, const float *fn, con
         if (h)
             collapse_row(x, n, D, pr, h + (int64_t)t * D);
     }
+    if (h && hw)
+        cpu_rmsnorm(h, T, D, hw, norm_eps, h);
 }
 
 static void cpu_hc_post(float *X, const float *y, int T, int n, int D, const float *post, const float *comb)

@@ -1469,13 +1469,8 @@ static void cu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, c
 /* ---- hyper-connections ------------------------------------------------------------------ */
 
 
-enum { HC_MAXN = 16, HC_MAXM = (2 + HC_MAXN) * HC_MAXN };
-static_assert(HC_MAXN <= 32, "k_hc_pre runs the Sinkhorn projection in one warp");
+enum { HC_MAXN = 6, HC_MAXM = (2 + HC_MAXN) * HC_MAXN };
 
-/* One block per row t: the norm of X_t, the nm mixes (warp j % NW owns mix j), then thread 0
- * runs the whole Sinkhorn projection in shared memory (fused: one launch for all iterations),
- * then the collapse h = sum_i pre_i X_i. X [T, n*D]; outputs pre/post [T, n], comb [T, n, n],
- * h [T, D]; post == NULL: the head collapse (nm = n mixes, no Sinkhorn). */
 /* Elements of X's row a block of k_hc_mix sums: the mixes of one row are spread over
  * (nm + 1) * cdiv(nd, HC_SPAN) blocks (a single block per row left the site latency-bound). */
 enum { HC_SPAN = 2048, HC_U = 8 };
@@ -1497,17 +1492,56 @@ __global__ void __launch_bounds__(NB) k_hc_mix(const float *X, int64_t nd, const
         part[((int64_t)t * (nm + 1) + j) * nsp + sp] = a;
 }
 
+/* The site's mixes from its normalised dot products m, by one thread with the N x N comb in
+ * registers (a warp stepping the Sinkhorn loop through shared memory waited on a barrier and
+ * a shared load at every step): pre, post, the comb rows and the iterations, in the CPU's
+ * order (hc_mix.h). pr/po [N], cm [N, N] out (shared). */
+template <int N>
+__device__ __forceinline__ void hc_mix_thread(const float *m, const float *scale, const float *base, int iters,
+                                              float hc_eps, bool full, float *pr, float *po, float *cm)
+{
+#pragma unroll
+    for (int j = 0; j < N; j++)
+        pr[j] = dsv4_sigmoid(m[j] * scale[0] + base[j]) + hc_eps;
+    if (!full)
+        return;
+    float c[N * N];
+#pragma unroll
+    for (int j = 0; j < N; j++) {
+        po[j] = 2.0f * dsv4_sigmoid(m[N + j] * scale[1] + base[N + j]);
+        dsv4_hc_comb_row(m, scale, base, N, j, hc_eps, c);
+    }
+    for (int it = 0; it < iters; it++) {
+#pragma unroll
+        for (int j = 0; j < N; j++)
+            if (it > 0)
+                dsv4_hc_normalize(c, N, j * N, 1, hc_eps);
+#pragma unroll
+        for (int k = 0; k < N; k++)
+            dsv4_hc_normalize(c, N, k, N, hc_eps);
+    }
+#pragma unroll
+    for (int i = 0; i < N * N; i++)
+        cm[i] = c[i];
+}
+
+/* One block per row t: the nm dot products from k_hc_mix's spans (each summed in span order),
+ * the norm, the mixes (hc_mix_thread), then the collapse h = sum_i pre_i X_i (HC_U channels a
+ * thread at a time so their loads are in flight together; each channel's streams in order).
+ * hw: h then RMS-normed times hw as k_rmsnorm does it (the same channels per thread, the same
+ * order), when D <= NB * RMS_V; the host runs k_rmsnorm after this kernel otherwise.
+ * X [T, n*D]; pre/post [T, n], comb [T, n, n], h [T, D]; post == NULL: the head collapse. */
 __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, const float *part, int nsp, const float *base,
                                                const float *scale, int iters, float hc_eps, float norm_eps, float *pre,
-                                               float *post, float *comb, float *h)
+                                               float *post, float *comb, float *h, const float *hw)
 {
     PDL_WAIT();
-    __shared__ float m[HC_MAXM + 1], c[HC_MAXN * HC_MAXN], pr[HC_MAXN];
+    __shared__ float m[HC_MAXM + 1], c[HC_MAXN * HC_MAXN], pr[HC_MAXN], po[HC_MAXN], sh[NW + 1];
     int t = blockIdx.x;
     int nm = post ? (2 + n) * n : n;
     int64_t nd = (int64_t)n * D;
     const float *x = X + t * nd;
-    for (int j = threadIdx.x; j <= nm; j += NB) { /* each dot's spans added in order */
+    for (int j = threadIdx.x; j <= nm; j += NB) {
         const float *p = part + ((int64_t)t * (nm + 1) + j) * nsp;
         float a = 0.0f;
         for (int sp = 0; sp < nsp; sp++)
@@ -1520,33 +1554,53 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
     for (int j = threadIdx.x; j < nm; j += NB)
         m[j] *= inv;
     __syncthreads();
-    /* pre, post and comb: a thread of warp 0 per stream (n <= HC_MAXN <= 32, so the Sinkhorn
-     * steps need only warp barriers), each row's and column's sums in index order */
-    int j = threadIdx.x;
-    if (j < 32) {
-        if (j < n)
-            pre[t * n + j] = pr[j] = dsv4_sigmoid(m[j] * scale[0] + base[j]) + hc_eps;
-        if (post && j < n) {
-            post[t * n + j] = 2.0f * dsv4_sigmoid(m[n + j] * scale[1] + base[n + j]);
-            dsv4_hc_comb_row(m, scale, base, n, j, hc_eps, c);
+    if (threadIdx.x == 0) {
+        bool full = post != NULL;
+        switch (n) {
+        case 1: hc_mix_thread<1>(m, scale, base, iters, hc_eps, full, pr, po, c); break;
+        case 2: hc_mix_thread<2>(m, scale, base, iters, hc_eps, full, pr, po, c); break;
+        case 3: hc_mix_thread<3>(m, scale, base, iters, hc_eps, full, pr, po, c); break;
+        case 4: hc_mix_thread<4>(m, scale, base, iters, hc_eps, full, pr, po, c); break;
+        case 5: hc_mix_thread<5>(m, scale, base, iters, hc_eps, full, pr, po, c); break;
+        default: hc_mix_thread<6>(m, scale, base, iters, hc_eps, full, pr, po, c); break;
         }
-        for (int it = 0; post && it < iters; it++) {
-            __syncwarp();
-            if (it > 0 && j < n) /* thread j: row j */
-                dsv4_hc_normalize(c, n, j * n, 1, hc_eps);
-            __syncwarp();
-            if (j < n) /* thread j: column j */
-                dsv4_hc_normalize(c, n, j, n, hc_eps);
-        }
-        __syncwarp();
-        if (post)
-            for (int i = j; i < n * n; i += 32)
-                comb[(int64_t)t * n * n + i] = c[i];
     }
     __syncthreads();
-    /* the collapse, HC_U channels a thread at a time so their loads are in flight together;
-     * each channel's streams are summed in order */
-    for (int d0 = threadIdx.x; h && d0 < D; d0 += HC_U * NB) {
+    if (threadIdx.x < n) {
+        pre[t * n + threadIdx.x] = pr[threadIdx.x];
+        if (post)
+            post[t * n + threadIdx.x] = po[threadIdx.x];
+    }
+    for (int i = threadIdx.x; post && i < n * n; i += NB)
+        comb[(int64_t)t * n * n + i] = c[i];
+    if (!h)
+        return;
+    float *hr = h + (int64_t)t * D;
+    if (hw && D <= NB * RMS_V) {
+        float v[RMS_V], ss = 0.0f;
+#pragma unroll
+        for (int u = 0; u < RMS_V; u++) {
+            int dd = threadIdx.x + u * NB;
+            v[u] = 0.0f;
+            if (dd < D)
+                for (int i = 0; i < n; i++)
+                    v[u] = fmaf(pr[i], x[(int64_t)i * D + dd], v[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < RMS_V; u++)
+            if (threadIdx.x + u * NB < D)
+                ss = fmaf(v[u], v[u], ss);
+        ss = block_sum<NW>(ss, sh);
+        float ri = 1.0f / sqrtf(ss / (float)D + norm_eps);
+#pragma unroll
+        for (int u = 0; u < RMS_V; u++) {
+            int dd = threadIdx.x + u * NB;
+            if (dd < D)
+                hr[dd] = v[u] * ri * hw[dd];
+        }
+        return;
+    }
+    for (int d0 = threadIdx.x; d0 < D; d0 += HC_U * NB) {
         float s[HC_U];
 #pragma unroll
         for (int u = 0; u < HC_U; u++)
@@ -1559,7 +1613,7 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
 #pragma unroll
         for (int u = 0; u < HC_U; u++)
             if (d0 + u * NB < D)
-                h[(int64_t)t * D + d0 + u * NB] = s[u];
+                hr[d0 + u * NB] = s[u];
     }
 }
 
@@ -1585,7 +1639,8 @@ static float *hc_parts(size_t n)
 }
 
 static void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, const float *base, const float *scale,
-                      int iters, float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h)
+                      int iters, float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h,
+                      const float *hw)
 {
     if (T <= 0)
         return;
@@ -1599,17 +1654,21 @@ static void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, cons
     const float *dfn = ok ? (const float *)dev_const(fn, (size_t)nm * nd * sizeof(float)) : NULL;
     const float *db = ok ? (const float *)dev_const(base, (size_t)nm * sizeof(float)) : NULL;
     const float *ds = ok ? (const float *)dev_const(scale, (post ? 3 : 1) * sizeof(float)) : NULL;
+    const float *dhw = ok && h && hw ? (const float *)dev_const(hw, (size_t)D * sizeof(float)) : NULL;
     const float *dX = ok ? (const float *)in_buf(X, (size_t)T * nd * sizeof(float)) : NULL;
     float *dpre = ok ? (float *)out_buf(pre, bp, 1) : NULL, *dh = ok && h ? (float *)out_buf(h, bh, 1) : NULL;
     float *dpost = ok && post ? (float *)out_buf(post, bp, 1) : NULL;
     float *dcomb = ok && post ? (float *)out_buf(comb, bc, 1) : NULL;
     int nsp = (int)cdiv(nd, HC_SPAN);
     float *part = ok ? hc_parts((size_t)T * (nm + 1) * nsp) : NULL;
-    if (dfn && db && ds && dX && dpre && part && (dh || !h) && (!post || (dpost && dcomb))) {
+    if (dfn && db && ds && dX && dpre && part && (dh || !h) && (dhw || !h || !hw) && (!post || (dpost && dcomb))) {
         prof_split("hc_pre: host part");
         launch_k(k_hc_mix, dim3((unsigned)T, (unsigned)nm + 1, (unsigned)nsp), NB, 0, stream, dX, nd, dfn, nm, part);
         prof_split("hc_pre: mixes");
-        launch_k(k_hc_pre, T, NB, 0, stream, dX, n, D, part, nsp, db, ds, iters, hc_eps, norm_eps, dpre, dpost, dcomb, dh);
+        launch_k(k_hc_pre, T, NB, 0, stream, dX, n, D, part, nsp, db, ds, iters, hc_eps, norm_eps, dpre, dpost, dcomb, dh,
+                 dhw);
+        if (dhw && D > NB * RMS_V && launched("hc_pre"))
+            launch_k(k_rmsnorm, (unsigned)T, NB, 0, stream, (const float *)dh, D, dhw, norm_eps, dh);
         if (launched("hc_pre")) {
             out_back(pre, dpre, bp);
             out_back(h, dh, bh); /* h NULL: the mixes only (V4.1 collapses with another site's pre) */
