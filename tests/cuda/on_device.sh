@@ -46,7 +46,8 @@ if [ "$mode" = ncu ]; then
     echo "ncu exit $?"; tail -n 3 "$OUT/ncu.err"; grep -c k_ "$OUT/ncu.csv"
     # where the slowest kinds stall: throughput, occupancy and warp states of one of each
     timeout 150 ncu --clock-control none --profile-from-start off --section SpeedOfLight --section Occupancy \
-        --section WarpStateStats --section LaunchStats -k 'regex:k_ex_up|k_attn|k_hc_pre|k_linear_multi' --launch-count 4 \
+        --section WarpStateStats --section SchedulerStats --section MemoryWorkloadAnalysis --section LaunchStats \
+        -k 'regex:k_ex_up|k_attn|k_hc_pre|k_linear<|k_emit' --launch-count 6 \
         $B/dsv4 bench --synthetic v4-flash --device cuda --layers 2 --prefill 64 --decode 2 --graphs off --capture \
         >"$OUT/ncu_detail.txt" 2>&1
     echo "ncu detail exit $?"
