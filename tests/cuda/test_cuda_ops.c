@@ -1851,7 +1851,7 @@ int main(void)
     test_hc_pre(3, 4, 512, 1);
     test_hc_pre(2, 4, 700, 0);
     test_hc_pre(2, 2, 300, 1);
-    test_hc_pre(2, 6, 300, 1);
+    test_hc_pre(2, 5, 300, 1);
     test_hc_pre(2, 4, 5000, 1); /* h normed past NB * RMS_V channels: a separate rmsnorm launch */
     test_hc_post(3, 4, 700);
     test_hc_collapse(5, 4, 700);

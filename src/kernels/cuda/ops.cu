@@ -1469,7 +1469,8 @@ static void cu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, c
 /* ---- hyper-connections ------------------------------------------------------------------ */
 
 
-enum { HC_MAXN = 6, HC_MAXM = (2 + HC_MAXN) * HC_MAXN };
+enum { HC_MAXN = 5, HC_MAXM = (2 + HC_MAXN) * HC_MAXN };
+static_assert(HC_MAXN * HC_MAXN <= 32, "k_hc_pre holds the comb matrix in one warp");
 
 /* Elements of X's row a block of k_hc_mix sums: the mixes of one row are spread over
  * (nm + 1) * cdiv(nd, HC_SPAN) blocks (a single block per row left the site latency-bound). */
@@ -1492,41 +1493,8 @@ __global__ void __launch_bounds__(NB) k_hc_mix(const float *X, int64_t nd, const
         part[((int64_t)t * (nm + 1) + j) * nsp + sp] = a;
 }
 
-/* The site's mixes from its normalised dot products m, by one thread with the N x N comb in
- * registers (a warp stepping the Sinkhorn loop through shared memory waited on a barrier and
- * a shared load at every step): pre, post, the comb rows and the iterations, in the CPU's
- * order (hc_mix.h). pr/po [N], cm [N, N] out (shared). */
-template <int N>
-__device__ __forceinline__ void hc_mix_thread(const float *m, const float *scale, const float *base, int iters,
-                                              float hc_eps, bool full, float *pr, float *po, float *cm)
-{
-#pragma unroll
-    for (int j = 0; j < N; j++)
-        pr[j] = dsv4_sigmoid(m[j] * scale[0] + base[j]) + hc_eps;
-    if (!full)
-        return;
-    float c[N * N];
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-        po[j] = 2.0f * dsv4_sigmoid(m[N + j] * scale[1] + base[N + j]);
-        dsv4_hc_comb_row(m, scale, base, N, j, hc_eps, c);
-    }
-    for (int it = 0; it < iters; it++) {
-#pragma unroll
-        for (int j = 0; j < N; j++)
-            if (it > 0)
-                dsv4_hc_normalize(c, N, j * N, 1, hc_eps);
-#pragma unroll
-        for (int k = 0; k < N; k++)
-            dsv4_hc_normalize(c, N, k, N, hc_eps);
-    }
-#pragma unroll
-    for (int i = 0; i < N * N; i++)
-        cm[i] = c[i];
-}
-
 /* One block per row t: the nm dot products from k_hc_mix's spans (each summed in span order),
- * the norm, the mixes (hc_mix_thread), then the collapse h = sum_i pre_i X_i (HC_U channels a
+ * the norm, the mixes, then the collapse h = sum_i pre_i X_i (HC_U channels a
  * thread at a time so their loads are in flight together; each channel's streams in order).
  * hw: h then RMS-normed times hw as k_rmsnorm does it (the same channels per thread, the same
  * order), when D <= NB * RMS_V; the host runs k_rmsnorm after this kernel otherwise.
@@ -1554,16 +1522,39 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
     for (int j = threadIdx.x; j < nm; j += NB)
         m[j] *= inv;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        bool full = post != NULL;
-        switch (n) {
-        case 1: hc_mix_thread<1>(m, scale, base, iters, hc_eps, full, pr, po, c); break;
-        case 2: hc_mix_thread<2>(m, scale, base, iters, hc_eps, full, pr, po, c); break;
-        case 3: hc_mix_thread<3>(m, scale, base, iters, hc_eps, full, pr, po, c); break;
-        case 4: hc_mix_thread<4>(m, scale, base, iters, hc_eps, full, pr, po, c); break;
-        case 5: hc_mix_thread<5>(m, scale, base, iters, hc_eps, full, pr, po, c); break;
-        default: hc_mix_thread<6>(m, scale, base, iters, hc_eps, full, pr, po, c); break;
+    /* The mixes, by warp 0: lane j < n stream j's pre, post and comb row (hc_mix.h); then lane
+     * l < n n holds comb element (l / n, l % n) through the Sinkhorn steps, gathering its row's
+     * or column's entries by shuffles and summing them in index order, as the CPU does. One
+     * division per lane and half-step: a thread dividing a whole line waited on each division
+     * in turn. */
+    if (threadIdx.x < 32) {
+        int l = threadIdx.x, jr = l / n, kc = l % n;
+        bool own = l < n * n;
+        if (l < n) {
+            pr[l] = dsv4_sigmoid(m[l] * scale[0] + base[l]) + hc_eps;
+            if (post) {
+                po[l] = 2.0f * dsv4_sigmoid(m[n + l] * scale[1] + base[n + l]);
+                dsv4_hc_comb_row(m, scale, base, n, l, hc_eps, c);
+            }
         }
+        __syncwarp();
+        float v = own ? c[l] : 0.0f;
+        for (int it = 0; post && it < iters; it++) {
+            if (it > 0) {
+                float sr = 0.0f;
+                for (int q = 0; q < n; q++)
+                    sr += __shfl_sync(0xffffffffu, v, (jr * n + q) & 31);
+                if (own)
+                    v /= sr + hc_eps;
+            }
+            float sc = 0.0f;
+            for (int q = 0; q < n; q++)
+                sc += __shfl_sync(0xffffffffu, v, (q * n + kc) & 31);
+            if (own)
+                v /= sc + hc_eps;
+        }
+        if (post && own)
+            c[l] = v;
     }
     __syncthreads();
     if (threadIdx.x < n) {
