@@ -124,30 +124,43 @@ __device__ __forceinline__ float block_sum(float v, float *sh)
 
 enum { ATT_MAXD = 512, ATT_C = ATT_MAXD / 32 };
 
-/* One head's attention over nk keys (K = V) by a block of NB threads: scores by warp (key i to
- * warp i % NW), the softmax with the sink, then out_j = sum_i (p_i / den) k_ij: for d <=
- * ATT_MAXD warp w sums its keys i = w, w + NW, ... in order (lane l owns columns l + 32 c) and
- * the NW partial rows are added in warp order, so a lane's loads of one key are independent
- * and each warp waits on nk / NW keys, not nk; wider heads sum every key per column in order.
- * The order depends on nk and d only. key(i) gives key i's row of d floats; p holds nk floats;
- * sh is [NW + 1] shared floats, part [NW, ATT_MAXD]. */
-template <class Key>
+/* One head's attention over nk keys (K = V) by a block of NWARP warps: scores by warp (key i
+ * to warp i % NWARP, q's slice held in registers), the softmax with the sink, then out_j =
+ * sum_i (p_i / den) k_ij: for d <= ATT_MAXD warp w sums its keys i = w, w + NWARP, ... in order
+ * (lane l owns columns l + 32 c) and the NWARP partial rows are added in warp order, so a
+ * lane's loads of one key are independent and each warp waits on nk / NWARP keys, not nk;
+ * wider heads sum every key per column in order. The order depends on nk, d and NWARP only.
+ * key(i) gives key i's row of d floats; p holds nk floats; sh is [NWARP + 1] shared floats,
+ * part [NWARP, ATT_MAXD]. */
+template <int NWARP, class Key>
 __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, int d, float scale, float sink, float *p,
                                             float *sh, float *part, float *out)
 {
+    const int NT = NWARP * 32;
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    for (int i = wid; i < nk; i += NW) {
+    bool narrow = d <= ATT_MAXD;
+    float qv[ATT_C];
+#pragma unroll
+    for (int c = 0; c < ATT_C; c++)
+        qv[c] = narrow && lane + 32 * c < d ? qh[lane + 32 * c] : 0.0f;
+    for (int i = wid; i < nk; i += NWARP) {
         const float *k = key(i);
         float a = 0.0f;
-        for (int j = lane; j < d; j += 32)
-            a = fmaf(qh[j], k[j], a);
+        if (narrow) {
+#pragma unroll
+            for (int c = 0; c < ATT_C; c++)
+                if (lane + 32 * c < d)
+                    a = fmaf(qv[c], k[lane + 32 * c], a);
+        } else
+            for (int j = lane; j < d; j += 32)
+                a = fmaf(qh[j], k[j], a);
         a = warp_sum(a);
         if (lane == 0)
             p[i] = a * scale;
     }
     __syncthreads();
     float mx = sink;
-    for (int i = threadIdx.x; i < nk; i += NB)
+    for (int i = threadIdx.x; i < nk; i += NT)
         mx = fmaxf(mx, p[i]);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
@@ -156,17 +169,17 @@ __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, in
         sh[wid] = mx;
     __syncthreads();
     mx = sh[0];
-    for (int i = 1; i < NW; i++)
+    for (int i = 1; i < NWARP; i++)
         mx = fmaxf(mx, sh[i]);
     float sum = 0.0f;
-    for (int i = threadIdx.x; i < nk; i += NB) {
+    for (int i = threadIdx.x; i < nk; i += NT) {
         float e = expf(p[i] - mx);
         p[i] = e;
         sum += e;
     }
-    float den = expf(sink - mx) + block_sum<NW>(sum, sh);
-    if (d > ATT_MAXD) {
-        for (int j = threadIdx.x; j < d; j += NB) {
+    float den = expf(sink - mx) + block_sum<NWARP>(sum, sh);
+    if (!narrow) {
+        for (int j = threadIdx.x; j < d; j += NT) {
             float acc = 0.0f;
             for (int i = 0; i < nk; i++)
                 acc = fmaf(p[i] / den, key(i)[j], acc);
@@ -178,7 +191,7 @@ __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, in
 #pragma unroll
     for (int c = 0; c < ATT_C; c++)
         acc[c] = 0.0f;
-    for (int i = wid; i < nk; i += NW) {
+    for (int i = wid; i < nk; i += NWARP) {
         const float *k = key(i);
         float w = p[i] / den;
 #pragma unroll
@@ -191,9 +204,9 @@ __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, in
         if (lane + 32 * c < d)
             part[wid * ATT_MAXD + lane + 32 * c] = acc[c];
     __syncthreads();
-    for (int j = threadIdx.x; j < d; j += NB) {
+    for (int j = threadIdx.x; j < d; j += NT) {
         float o = part[j];
-        for (int w = 1; w < NW; w++)
+        for (int w = 1; w < NWARP; w++)
             o += part[w * ATT_MAXD + j];
         out[j] = o;
     }

@@ -1739,7 +1739,7 @@ __global__ void __launch_bounds__(NB) k_attend(const float *q, int d, const floa
     __shared__ float sh[NW + 1], part[NW * ATT_MAXD];
     int h = blockIdx.x;
     auto key = [&](int i) { return keys + (int64_t)i * d; };
-    attend_head(q + (int64_t)h * d, key, nk, d, scale, sink[h], p_all + (int64_t)h * nk, sh, part, out + (int64_t)h * d);
+    attend_head<NW>(q + (int64_t)h * d, key, nk, d, scale, sink[h], p_all + (int64_t)h * nk, sh, part, out + (int64_t)h * d);
 }
 
 static float *g_keys;           /* host staging for the gathered key rows */

@@ -249,18 +249,22 @@ __global__ void __launch_bounds__(TK_NT) k_itopk(rows_dev rd_, int ratio, int to
 
 /* ---- 3. attention over the kept entries and the window --------------------------------- */
 
+/* Warps of a k_attn block: one block per (row, head) leaves most of the device idle at batch
+ * 1 (64 heads), so each block brings 16 warps to hide its key loads' latency. */
+enum { ATT_NW = 16 };
+
 /* Block (row r, head h), as k_attend (attend_head: scores by warp, the softmax with the sink,
  * the weighted sum by warp, partial rows added in warp order). Keys: the kept entries (sel when the
  * indexer chose, else 0..nvis-1), then window positions j0..p (the step's kv row when the
  * step holds it, else the kv ring). p: [nkmax] floats of dynamic shared memory; a row that
  * needs more (its position beyond the caller's vis_cap) gets NaN. */
-__global__ void __launch_bounds__(NB) k_attn(rows_dev rd_, int ratio, int csa, int topk, int64_t vis_cap, int kv_cap,
+__global__ void __launch_bounds__(ATT_NW * 32) k_attn(rows_dev rd_, int ratio, int csa, int topk, int64_t vis_cap, int kv_cap,
                                              int H, int d, int window, int nkmax, float scale, const float *sink,
                                              const float *q, const float *kv, const int *sel, float *o)
 {
     PDL_WAIT();
     extern __shared__ float pr[];
-    __shared__ float sh[NW + 1], part[NW * ATT_MAXD];
+    __shared__ float sh[ATT_NW + 1], part[ATT_NW * ATT_MAXD];
     int r = blockIdx.x, h = blockIdx.y;
     int64_t p = rd_.pos[r];
     int s = rd_.seq[r];
@@ -273,7 +277,7 @@ __global__ void __launch_bounds__(NB) k_attn(rows_dev rd_, int ratio, int csa, i
     int64_t nk64 = nsel + (p - j0 + 1);
     float *orow = o + ((int64_t)r * H + h) * d;
     if (nvis > vis_cap || nk64 > nkmax || p < 0) {
-        for (int j = threadIdx.x; j < d; j += NB)
+        for (int j = threadIdx.x; j < d; j += ATT_NW * 32)
             orow[j] = __int_as_float(0x7fc00000);
         return;
     }
@@ -285,7 +289,7 @@ __global__ void __launch_bounds__(NB) k_attn(rows_dev rd_, int ratio, int csa, i
         int64_t tok = j0 + (i - ns);
         return tok >= start ? kv + (first + (tok - start)) * d : b.kv + (tok % kv_cap) * d;
     };
-    attend_head(q + ((int64_t)r * H + h) * d, key, nk, d, scale, sink[h], pr, sh, part, orow);
+    attend_head<ATT_NW>(q + ((int64_t)r * H + h) * d, key, nk, d, scale, sink[h], pr, sh, part, orow);
 }
 
 /* ---- 4. ring stores -------------------------------------------------------------------- */
@@ -466,7 +470,7 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
         if (CK(cudaGetDevice(&dev)) || CK(cudaDeviceGetAttribute(&g_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)))
             ok = false;
     }
-    size_t static_smem = (NW + 1 + NW * ATT_MAXD) * sizeof(float);
+    size_t static_smem = (ATT_NW + 1 + ATT_NW * ATT_MAXD) * sizeof(float);
     if (ok && asmem + static_smem > (size_t)g_smem_optin) {
         fail(DSV4_E_UNSUPPORTED, "cuda: attn_step: %lld keys a row do not fit shared memory (%d bytes)", (long long)nkmax,
              g_smem_optin);
@@ -505,7 +509,7 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
         }
     }
     if (run) {
-        launch_k(k_attn, dim3((unsigned)R, (unsigned)H), NB, asmem, stream, rdv, ratio, csa, a->topk, vis, a->kv_cap, H, d,
+        launch_k(k_attn, dim3((unsigned)R, (unsigned)H), ATT_NW * 32, asmem, stream, rdv, ratio, csa, a->topk, vis, a->kv_cap, H, d,
                                                                        a->window, (int)nkmax, a->scale, sink, a->q,
                                                                        a->kv, sel, a->o);
         run = launched("attn_step attention");
