@@ -808,6 +808,9 @@ __device__ __forceinline__ void linear_rows(const wdev &w, int64_t r0, int nr, c
             typedef typename ck<F>::T CT;
             const int U = ck<F>::U;
             int64_t nch = k / 8, step = 32 * wpr;
+            /* FP8 scale blocks span bn rows: when the group's R rows lie in one, they share each
+             * chunk's scale, loaded and decoded once (the same value, so the same sums) */
+            const bool one_scale = F == DSV4_WF_FP8 && w.bn % R == 0 && r0 % R == 0;
             const CT *row[R];
             int64_t sbase[R];
 #pragma unroll
@@ -839,7 +842,7 @@ __device__ __forceinline__ void linear_rows(const wdev &w, int64_t r0, int nr, c
                     for (int rr = 0; rr < R; rr++) {
                         if (TT > 1)
                             decode8<F>(raw[u][rr], v[TT == 1 ? 0 : rr]);
-                        s[rr] = scaled ? scale_at(w.s, w.e8m0, sbase[rr] + blk) : 1.0f;
+                        s[rr] = !scaled ? 1.0f : rr > 0 && one_scale ? s[0] : scale_at(w.s, w.e8m0, sbase[rr] + blk);
                     }
 #pragma unroll
                     for (int tt = 0; tt < TT; tt++) {
@@ -1509,6 +1512,17 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
     int nm = post ? (2 + n) * n : n;
     int64_t nd = (int64_t)n * D;
     const float *x = X + t * nd;
+    /* the fused collapse's inputs, loaded before anything waits on them: their latency passes
+     * while the mixes are made */
+    bool fused = h && hw && D <= NB * RMS_V;
+    float xv[RMS_V][HC_MAXN];
+#pragma unroll
+    for (int u = 0; u < RMS_V; u++)
+#pragma unroll
+        for (int i = 0; i < HC_MAXN; i++) {
+            int dd = threadIdx.x + u * NB;
+            xv[u][i] = fused && i < n && dd < D ? x[(int64_t)i * D + dd] : 0.0f;
+        }
     for (int j = threadIdx.x; j <= nm; j += NB) {
         const float *p = part + ((int64_t)t * (nm + 1) + j) * nsp;
         float a = 0.0f;
@@ -1567,15 +1581,15 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
     if (!h)
         return;
     float *hr = h + (int64_t)t * D;
-    if (hw && D <= NB * RMS_V) {
+    if (fused) {
         float v[RMS_V], ss = 0.0f;
 #pragma unroll
         for (int u = 0; u < RMS_V; u++) {
-            int dd = threadIdx.x + u * NB;
             v[u] = 0.0f;
-            if (dd < D)
-                for (int i = 0; i < n; i++)
-                    v[u] = fmaf(pr[i], x[(int64_t)i * D + dd], v[u]);
+#pragma unroll
+            for (int i = 0; i < HC_MAXN; i++)
+                if (i < n)
+                    v[u] = fmaf(pr[i], xv[u][i], v[u]);
         }
 #pragma unroll
         for (int u = 0; u < RMS_V; u++)
