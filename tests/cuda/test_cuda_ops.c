@@ -555,7 +555,7 @@ static void test_hc_pre(int T, int n, int D, int full)
     /* control: the reference with two neighbouring mix rows of fn swapped (one index off) */
     float *fn2 = falloc((size_t)nm * nd);
     memcpy(fn2, fn, (size_t)nm * nd * sizeof(float));
-    int j = full ? 2 * n : 0;
+    int j = full ? nm - 2 : 0; /* two comb mixes (for n = 1, post and the comb) */
     memcpy(fn2 + (size_t)j * nd, fn + (size_t)(j + 1) * nd, nd * sizeof(float));
     memcpy(fn2 + (size_t)(j + 1) * nd, fn + (size_t)j * nd, nd * sizeof(float));
     cpu->hc_pre(X, T, n, D, fn2, base, scale, iters, 1e-6f, 1e-6f, w.pre, w.post, w.comb, w.h, NULL);
@@ -1852,6 +1852,8 @@ int main(void)
     test_hc_pre(2, 4, 700, 0);
     test_hc_pre(2, 2, 300, 1);
     test_hc_pre(2, 5, 300, 1);
+    test_hc_pre(2, 3, 300, 1);
+    test_hc_pre(2, 1, 300, 1);
     test_hc_pre(2, 4, 5000, 1); /* h normed past NB * RMS_V channels: a separate rmsnorm launch */
     test_hc_post(3, 4, 700);
     test_hc_collapse(5, 4, 700);

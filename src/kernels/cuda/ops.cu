@@ -1496,6 +1496,38 @@ __global__ void __launch_bounds__(NB) k_hc_mix(const float *X, int64_t nd, const
         part[((int64_t)t * (nm + 1) + j) * nsp + sp] = a;
 }
 
+/* The Sinkhorn steps on comb element v = (jr, kc) of an N x N matrix held one element a lane
+ * (lanes past N N hold nothing): each line's entries gathered by shuffles (all issued before
+ * the sum needs them) and summed in index order, then divided, as dsv4_hc_normalize does. */
+template <int N>
+__device__ __forceinline__ float hc_sinkhorn(float v, bool own, int jr, int kc, int iters, float hc_eps)
+{
+    for (int it = 0; it < iters; it++) {
+        float e[N];
+        if (it > 0) {
+#pragma unroll
+            for (int q = 0; q < N; q++)
+                e[q] = __shfl_sync(0xffffffffu, v, (jr * N + q) & 31);
+            float sr = 0.0f;
+#pragma unroll
+            for (int q = 0; q < N; q++)
+                sr += e[q];
+            if (own)
+                v /= sr + hc_eps;
+        }
+#pragma unroll
+        for (int q = 0; q < N; q++)
+            e[q] = __shfl_sync(0xffffffffu, v, (q * N + kc) & 31);
+        float sc = 0.0f;
+#pragma unroll
+        for (int q = 0; q < N; q++)
+            sc += e[q];
+        if (own)
+            v /= sc + hc_eps;
+    }
+    return v;
+}
+
 /* One block per row t: the nm dot products from k_hc_mix's spans (each summed in span order),
  * the norm, the mixes, then the collapse h = sum_i pre_i X_i (HC_U channels a
  * thread at a time so their loads are in flight together; each channel's streams in order).
@@ -1553,19 +1585,14 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
         }
         __syncwarp();
         float v = own ? c[l] : 0.0f;
-        for (int it = 0; post && it < iters; it++) {
-            if (it > 0) {
-                float sr = 0.0f;
-                for (int q = 0; q < n; q++)
-                    sr += __shfl_sync(0xffffffffu, v, (jr * n + q) & 31);
-                if (own)
-                    v /= sr + hc_eps;
+        if (post) {
+            switch (n) {
+            case 1: v = hc_sinkhorn<1>(v, own, jr, kc, iters, hc_eps); break;
+            case 2: v = hc_sinkhorn<2>(v, own, jr, kc, iters, hc_eps); break;
+            case 3: v = hc_sinkhorn<3>(v, own, jr, kc, iters, hc_eps); break;
+            case 4: v = hc_sinkhorn<4>(v, own, jr, kc, iters, hc_eps); break;
+            default: v = hc_sinkhorn<5>(v, own, jr, kc, iters, hc_eps); break;
             }
-            float sc = 0.0f;
-            for (int q = 0; q < n; q++)
-                sc += __shfl_sync(0xffffffffu, v, (q * n + kc) & 31);
-            if (own)
-                v /= sc + hc_eps;
         }
         if (post && own)
             c[l] = v;
