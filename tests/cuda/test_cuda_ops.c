@@ -163,6 +163,21 @@ static size_t scale_count(const dsv4_weight *w)
     return w->form == DSV4_WF_FP4 ? (size_t)w->n * (w->k / w->bk) : 0;
 }
 
+/* A copy of w's scales with the block over row `row`, columns 0..bk set to 1 (that block's
+ * scale skipped), for the controls; free it. */
+static void *scale_skipped(const dsv4_weight *w, int64_t row)
+{
+    size_t ns = scale_count(w), es = w->scale_e8m0 ? 1 : 4;
+    size_t at = w->form == DSV4_WF_FP8 ? (size_t)(row / w->bn) * ((w->k + w->bk - 1) / w->bk) : (size_t)row * (w->k / w->bk);
+    void *s = malloc(ns * es);
+    memcpy(s, w->scale, ns * es);
+    if (w->scale_e8m0)
+        ((uint8_t *)s)[at] = 127;
+    else
+        ((float *)s)[at] = 1.0f;
+    return s;
+}
+
 /* Where the weight is read from: copied in per call, resident in device memory, or pinned in
  * host memory mapped into the device (the memory plan's spilled experts). */
 enum { PER_CALL, RESIDENT, PINNED };
@@ -240,14 +255,7 @@ static void test_linear(const lin_case *c, int where)
     /* control 2, one scale skipped: the GPU runs a copy of the weight whose scale block over
      * row r0, columns 0..bk is 1 (that block's scale skipped) */
     if (w.scale) {
-        size_t ns = scale_count(&w), es = w.scale_e8m0 ? 1 : 4, at;
-        at = w.form == DSV4_WF_FP8 ? (size_t)(c->r0 / w.bn) * ((w.k + w.bk - 1) / w.bk) : (size_t)c->r0 * (w.k / w.bk);
-        void *s2 = malloc(ns * es);
-        memcpy(s2, w.scale, ns * es);
-        if (w.scale_e8m0)
-            ((uint8_t *)s2)[at] = 127;
-        else
-            ((float *)s2)[at] = 1.0f;
+        void *s2 = scale_skipped(&w, c->r0);
         dsv4_weight w2 = w;
         w2.scale = s2;
         float *g2 = falloc((size_t)T * ldy), *gp = falloc((size_t)T * nr);
@@ -854,15 +862,7 @@ static void test_embed(const lin_case *c, int T, int n, int where, int dev_bufs)
     ids[T - 1] = (ids[T - 1] + (int32_t)c->n - 1) % (int32_t)c->n;
     /* control 2: the GPU reads a copy whose scale block at row ids[0], columns 0..bk is 1 */
     if (w.scale && where == PER_CALL) {
-        size_t ns = scale_count(&w), es = w.scale_e8m0 ? 1 : 4;
-        size_t at = w.form == DSV4_WF_FP8 ? (size_t)(ids[0] / w.bn) * ((w.k + w.bk - 1) / w.bk)
-                                          : (size_t)ids[0] * (w.k / w.bk);
-        void *s2 = malloc(ns * es);
-        memcpy(s2, w.scale, ns * es);
-        if (w.scale_e8m0)
-            ((uint8_t *)s2)[at] = 127;
-        else
-            ((float *)s2)[at] = 1.0f;
+        void *s2 = scale_skipped(&w, ids[0]);
         dsv4_weight w2 = w;
         w2.scale = s2;
         poison(wr, nx);

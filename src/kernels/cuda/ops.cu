@@ -987,6 +987,14 @@ static int rows_per_block(const wdev &w, bool vec)
     return vec ? LIN_WARPS / w.wpr * (int)ck<F>::R : LIN_WARPS;
 }
 
+/* A linear kernel's build for the call: T = 1 on the chunk path (fewer registers), the chunk
+ * path, or the element path; the three take the same arguments. */
+template <class K, class... A>
+static void launch_build(K k1, K kc, K ke, bool vec, int T, dim3 grid, cudaStream_t st, A... args)
+{
+    launch_k(vec && T == 1 ? k1 : vec ? kc : ke, grid, LIN_WARPS * 32, 0, st, args...);
+}
+
 template <int F>
 static void launch_form(lin_jobs &J, bool vec, int T, cudaStream_t st)
 {
@@ -994,33 +1002,20 @@ static void launch_form(lin_jobs &J, bool vec, int T, cudaStream_t st)
         J.b0[0] = 0;
         for (int j = 0; j < J.n; j++)
             J.b0[j + 1] = J.b0[j] + (int)cdiv(J.nrj[j], rows_per_block<F>(J.w[j], vec));
-        dim3 grid((unsigned)J.b0[J.n]);
-        if (vec && T == 1)
-            launch_k(k_linear_multi<F, true, 1>, grid, LIN_WARPS * 32, 0, st, J, T);
-        else if (vec)
-            launch_k(k_linear_multi<F, true, LIN_TT>, grid, LIN_WARPS * 32, 0, st, J, T);
-        else
-            launch_k(k_linear_multi<F, false, LIN_TT>, grid, LIN_WARPS * 32, 0, st, J, T);
+        launch_build(k_linear_multi<F, true, 1>, k_linear_multi<F, true, LIN_TT>, k_linear_multi<F, false, LIN_TT>, vec,
+                     T, dim3((unsigned)J.b0[J.n]), st, J, T);
         return;
     }
     J.bpj = (int)cdiv(J.nr, rows_per_block<F>(J.w[0], vec));
     dim3 grid((unsigned)(J.bpj * J.n));
     if (J.n > 1) {
-        if (vec && T == 1)
-            launch_k(k_linear_group<F, true, 1>, grid, LIN_WARPS * 32, 0, st, J, T);
-        else if (vec)
-            launch_k(k_linear_group<F, true, LIN_TT>, grid, LIN_WARPS * 32, 0, st, J, T);
-        else
-            launch_k(k_linear_group<F, false, LIN_TT>, grid, LIN_WARPS * 32, 0, st, J, T);
-    } else {
-        dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy};
-        if (vec && T == 1)
-            launch_k(k_linear<F, true, 1>, grid, LIN_WARPS * 32, 0, st, J.w[0], J.r0[0], J.nr, m, T);
-        else if (vec)
-            launch_k(k_linear<F, true, LIN_TT>, grid, LIN_WARPS * 32, 0, st, J.w[0], J.r0[0], J.nr, m, T);
-        else
-            launch_k(k_linear<F, false, LIN_TT>, grid, LIN_WARPS * 32, 0, st, J.w[0], J.r0[0], J.nr, m, T);
+        launch_build(k_linear_group<F, true, 1>, k_linear_group<F, true, LIN_TT>, k_linear_group<F, false, LIN_TT>, vec, T,
+                     grid, st, J, T);
+        return;
     }
+    dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy};
+    launch_build(k_linear<F, true, 1>, k_linear<F, true, LIN_TT>, k_linear<F, false, LIN_TT>, vec, T, grid, st, J.w[0],
+                 J.r0[0], J.nr, m, T);
 }
 
 /* Launches J's jobs, whose weights all have w's form and path (and, but in a multi launch, its
@@ -1368,13 +1363,34 @@ extern "C" int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, co
  * A thread's elements are summed in the same order either way. */
 enum { RMS_V = 16 };
 
+/* The RMS norm of one row held in registers by a block of NB threads (thread t holds channels
+ * t + c NB, c < RMS_V, and their weights wv): the squares summed per thread in c order, then
+ * the block's fixed-order sum; y = v / rms, times wv when weighted. k_rmsnorm and the hc sites'
+ * fused norm both end here, so the two give the same bits. sh: [NW + 1] shared floats. */
+__device__ __forceinline__ void rms_out(const float (&v)[RMS_V], const float (&wv)[RMS_V], bool weighted, int dim,
+                                        float eps, float *sh, float *y)
+{
+    float ss = 0.0f;
+#pragma unroll
+    for (int c = 0; c < RMS_V; c++)
+        if (threadIdx.x + c * NB < dim)
+            ss = fmaf(v[c], v[c], ss);
+    ss = block_sum<NW>(ss, sh);
+    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+    for (int c = 0; c < RMS_V; c++) {
+        int i = threadIdx.x + c * NB;
+        if (i < dim)
+            y[i] = weighted ? v[c] * inv * wv[c] : v[c] * inv;
+    }
+}
+
 __global__ void __launch_bounds__(NB) k_rmsnorm(const float *x, int dim, const float *w, float eps, float *y)
 {
     PDL_WAIT();
     __shared__ float sh[NW + 1];
     const float *xr = x + (int64_t)blockIdx.x * dim;
     float *yr = y + (int64_t)blockIdx.x * dim;
-    float ss = 0.0f;
     if (dim <= NB * RMS_V) {
         float v[RMS_V], wv[RMS_V];
 #pragma unroll
@@ -1383,20 +1399,10 @@ __global__ void __launch_bounds__(NB) k_rmsnorm(const float *x, int dim, const f
             v[c] = i < dim ? xr[i] : 0.0f;
             wv[c] = i < dim && w ? w[i] : 1.0f;
         }
-#pragma unroll
-        for (int c = 0; c < RMS_V; c++)
-            if (threadIdx.x + c * NB < dim)
-                ss = fmaf(v[c], v[c], ss);
-        ss = block_sum<NW>(ss, sh);
-        float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-#pragma unroll
-        for (int c = 0; c < RMS_V; c++) {
-            int i = threadIdx.x + c * NB;
-            if (i < dim)
-                yr[i] = w ? v[c] * inv * wv[c] : v[c] * inv;
-        }
+        rms_out(v, wv, w != NULL, dim, eps, sh, yr);
         return;
     }
+    float ss = 0.0f;
     for (int i = threadIdx.x; i < dim; i += NB)
         ss = fmaf(xr[i], xr[i], ss);
     ss = block_sum<NW>(ss, sh);
@@ -1496,34 +1502,31 @@ __global__ void __launch_bounds__(NB) k_hc_mix(const float *X, int64_t nd, const
         part[((int64_t)t * (nm + 1) + j) * nsp + sp] = a;
 }
 
-/* The Sinkhorn steps on comb element v = (jr, kc) of an N x N matrix held one element a lane
- * (lanes past N N hold nothing): each line's entries gathered by shuffles (all issued before
- * the sum needs them) and summed in index order, then divided, as dsv4_hc_normalize does. */
+/* One Sinkhorn half-step on comb element v of an N x N matrix held one element a lane (lanes
+ * past N N hold nothing): the line's entries, lanes first + q stride, gathered by shuffles
+ * (all issued before the sum needs them), summed in index order, then v divided by the sum +
+ * hc_eps, as dsv4_hc_normalize does. */
+template <int N>
+__device__ __forceinline__ float hc_line(float v, bool own, int first, int stride, float hc_eps)
+{
+    float e[N], sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < N; q++)
+        e[q] = __shfl_sync(0xffffffffu, v, (first + q * stride) & 31);
+#pragma unroll
+    for (int q = 0; q < N; q++)
+        sum += e[q];
+    return own ? v / (sum + hc_eps) : v;
+}
+
+/* The Sinkhorn steps on element (jr, kc): rows (from the second iteration on), then columns. */
 template <int N>
 __device__ __forceinline__ float hc_sinkhorn(float v, bool own, int jr, int kc, int iters, float hc_eps)
 {
     for (int it = 0; it < iters; it++) {
-        float e[N];
-        if (it > 0) {
-#pragma unroll
-            for (int q = 0; q < N; q++)
-                e[q] = __shfl_sync(0xffffffffu, v, (jr * N + q) & 31);
-            float sr = 0.0f;
-#pragma unroll
-            for (int q = 0; q < N; q++)
-                sr += e[q];
-            if (own)
-                v /= sr + hc_eps;
-        }
-#pragma unroll
-        for (int q = 0; q < N; q++)
-            e[q] = __shfl_sync(0xffffffffu, v, (q * N + kc) & 31);
-        float sc = 0.0f;
-#pragma unroll
-        for (int q = 0; q < N; q++)
-            sc += e[q];
-        if (own)
-            v /= sc + hc_eps;
+        if (it > 0)
+            v = hc_line<N>(v, own, jr * N, 1, hc_eps);
+        v = hc_line<N>(v, own, kc, N, hc_eps);
     }
     return v;
 }
@@ -1609,27 +1612,18 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
         return;
     float *hr = h + (int64_t)t * D;
     if (fused) {
-        float v[RMS_V], ss = 0.0f;
+        float v[RMS_V], wv[RMS_V];
 #pragma unroll
         for (int u = 0; u < RMS_V; u++) {
+            int dd = threadIdx.x + u * NB;
+            wv[u] = dd < D ? hw[dd] : 1.0f;
             v[u] = 0.0f;
 #pragma unroll
             for (int i = 0; i < HC_MAXN; i++)
                 if (i < n)
                     v[u] = fmaf(pr[i], xv[u][i], v[u]);
         }
-#pragma unroll
-        for (int u = 0; u < RMS_V; u++)
-            if (threadIdx.x + u * NB < D)
-                ss = fmaf(v[u], v[u], ss);
-        ss = block_sum<NW>(ss, sh);
-        float ri = 1.0f / sqrtf(ss / (float)D + norm_eps);
-#pragma unroll
-        for (int u = 0; u < RMS_V; u++) {
-            int dd = threadIdx.x + u * NB;
-            if (dd < D)
-                hr[dd] = v[u] * ri * hw[dd];
-        }
+        rms_out(v, wv, true, D, norm_eps, sh, hr);
         return;
     }
     for (int d0 = threadIdx.x; d0 < D; d0 += HC_U * NB) {
