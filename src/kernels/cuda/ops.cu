@@ -957,25 +957,20 @@ static bool vec_ok(const dsv4_weight *w)
     return w->form < DSV4_WF_EXL3 && w->k % 8 == 0 && (!scaled || w->bk % 8 == 0);
 }
 
-static int rows_per_warp(int form)
+/* A storage form's chunk path: rows a warp owns (R) and chunks of each in flight (U). */
+struct ck_shape {
+    int R, U;
+};
+template <int F>
+static ck_shape ck_shape_of(void) { return ck_shape{(int)ck<F>::R, (int)ck<F>::U}; }
+static ck_shape chunk_shape(int form)
 {
     switch (form) {
-    case DSV4_WF_F32: return ck<DSV4_WF_F32>::R;
-    case DSV4_WF_BF16: return ck<DSV4_WF_BF16>::R;
-    case DSV4_WF_F16: return ck<DSV4_WF_F16>::R;
-    case DSV4_WF_FP8: return ck<DSV4_WF_FP8>::R;
-    default: return ck<DSV4_WF_FP4>::R;
-    }
-}
-
-static int chunks_in_flight(int form)
-{
-    switch (form) {
-    case DSV4_WF_F32: return ck<DSV4_WF_F32>::U;
-    case DSV4_WF_BF16: return ck<DSV4_WF_BF16>::U;
-    case DSV4_WF_F16: return ck<DSV4_WF_F16>::U;
-    case DSV4_WF_FP8: return ck<DSV4_WF_FP8>::U;
-    default: return ck<DSV4_WF_FP4>::U;
+    case DSV4_WF_F32: return ck_shape_of<DSV4_WF_F32>();
+    case DSV4_WF_BF16: return ck_shape_of<DSV4_WF_BF16>();
+    case DSV4_WF_F16: return ck_shape_of<DSV4_WF_F16>();
+    case DSV4_WF_FP8: return ck_shape_of<DSV4_WF_FP8>();
+    default: return ck_shape_of<DSV4_WF_FP4>();
     }
 }
 
@@ -1072,9 +1067,9 @@ static wdev wdev_of_n(const dsv4_weight *w, const void *q, const void *s, int ma
     d.sk = w->form == DSV4_WF_FP8 ? cdiv(w->k, d.bk) : w->k / d.bk;
     d.cpb = d.bk / 8 > 0 ? d.bk / 8 : 1;
     d.cshift = (d.cpb & (d.cpb - 1)) ? -1 : __builtin_ctz((unsigned)d.cpb);
-    int64_t nch = w->k / 8, groups = cdiv(w->n, rows_per_warp(w->form)) * (mats > 0 ? mats : 1);
+    int64_t nch = w->k / 8, groups = cdiv(w->n, chunk_shape(w->form).R) * (mats > 0 ? mats : 1);
     d.wpr = 1;
-    while (d.wpr < LIN_WARPS && groups * d.wpr < LIN_MIN_WARPS && nch >= (int64_t)32 * chunks_in_flight(w->form) * d.wpr * 2)
+    while (d.wpr < LIN_WARPS && groups * d.wpr < LIN_MIN_WARPS && nch >= (int64_t)32 * chunk_shape(w->form).U * d.wpr * 2)
         d.wpr *= 2;
     return d;
 }
@@ -2165,8 +2160,8 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
 {
     const dsv4_weight *w1 = &a->w1[0], *w2 = &a->w2[0];
     int wpr1 = wdev_of_n(w1, NULL, NULL, a->K).wpr, wpr2 = wdev_of_n(w2, NULL, NULL, a->K).wpr;
-    int rpb1 = vec1 ? LIN_WARPS / wpr1 * rows_per_warp(F) : LIN_WARPS;
-    int rpb2 = vec2 ? LIN_WARPS / wpr2 * rows_per_warp(F) : LIN_WARPS;
+    int rpb1 = vec1 ? LIN_WARPS / wpr1 * chunk_shape(F).R : LIN_WARPS;
+    int rpb2 = vec2 ? LIN_WARPS / wpr2 * chunk_shape(F).R : LIN_WARPS;
     dim3 g1((unsigned)NT, (unsigned)cdiv(a->I, rpb1), 2), g2((unsigned)NT, (unsigned)cdiv(a->D, rpb2));
     int K = a->K, D = a->D, I = a->I;
     if (tile == 1 && vec1)
