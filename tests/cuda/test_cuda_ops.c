@@ -532,17 +532,28 @@ static float *hc_flat(const hc_out *o, int T, int n, int D, int full, size_t *le
     return v;
 }
 
+/* A site's random inputs: X [T, n, D] in [-1, 1], fn [nm, n D] scaled so its dot products
+ * with X stay O(1), base [nm], scale [3] (malloc'd). */
+static void hc_random(int T, int n, int D, int nm, float **X, float **fn, float **base, float scale[3])
+{
+    int64_t nd = (int64_t)n * D;
+    *X = falloc((size_t)T * nd);
+    *fn = falloc((size_t)nm * nd);
+    *base = falloc(nm);
+    fill(*X, (size_t)T * nd, -1, 1);
+    fill(*fn, (size_t)nm * nd, -1.0f / sqrtf(nd), 1.0f / sqrtf(nd));
+    fill(*base, nm, -1, 1);
+    fill(scale, 3, 0.5f, 2.0f);
+}
+
 static void test_hc_pre(int T, int n, int D, int full)
 {
     char what[128];
     snprintf(what, sizeof what, "hc_pre T=%d n=%d D=%d%s", T, n, D, full ? " + sinkhorn" : " (head)");
     int nm = full ? (2 + n) * n : n, iters = 20;
     int64_t nd = (int64_t)n * D;
-    float *X = falloc((size_t)T * nd), *fn = falloc((size_t)nm * nd), *base = falloc(nm), scale[3];
-    fill(X, (size_t)T * nd, -1, 1);
-    fill(fn, (size_t)nm * nd, -1.0f / sqrtf(nd), 1.0f / sqrtf(nd));
-    fill(base, nm, -1, 1);
-    fill(scale, 3, 0.5f, 2.0f);
+    float *X, *fn, *base, scale[3];
+    hc_random(T, n, D, nm, &X, &fn, &base, scale);
     hc_out r = hc_alloc(T, n, D, full), g = hc_alloc(T, n, D, full), w = hc_alloc(T, n, D, full);
     cpu->hc_pre(X, T, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, r.pre, r.post, r.comb, r.h, NULL);
     gpu->hc_pre(X, T, n, D, fn, base, scale, iters, 1e-6f, 1e-6f, g.pre, g.post, g.comb, g.h, NULL);
@@ -978,11 +989,8 @@ static void test_device_buffers(void)
 
     int nm = (2 + n) * n;
     int64_t nd = (int64_t)n * D;
-    float *X = falloc((size_t)T * nd), *fn = falloc((size_t)nm * nd), *base = falloc(nm), scale[3];
-    fill(X, (size_t)T * nd, -1, 1);
-    fill(fn, (size_t)nm * nd, -1.0f / sqrtf(nd), 1.0f / sqrtf(nd));
-    fill(base, nm, -1, 1);
-    fill(scale, 3, 0.5f, 2.0f);
+    float *X, *fn, *base, scale[3];
+    hc_random(T, n, D, nm, &X, &fn, &base, scale);
     hc_out ho = hc_alloc(T, n, D, 1);
     gpu->hc_pre(X, T, n, D, fn, base, scale, 20, 1e-6f, 1e-6f, ho.pre, ho.post, ho.comb, ho.h, NULL);
     float *dX = to_dev(X, (size_t)T * nd * 4), *dpre = to_dev(NULL, (size_t)T * n * 4);

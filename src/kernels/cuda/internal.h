@@ -122,6 +122,20 @@ __device__ __forceinline__ float block_sum(float v, float *sh)
     return sh[NWARP];
 }
 
+/* The RMS norm of one row of dim values by a block of NB threads: the squares summed per
+ * thread over channels t, t + NB, ... in order, then the block's fixed-order sum; y = x / rms,
+ * times w when given. y may be x. sh: [NW + 1] shared floats. */
+__device__ __forceinline__ void rms_block(const float *x, int dim, const float *w, float eps, float *sh, float *y)
+{
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += NB)
+        ss = fmaf(x[i], x[i], ss);
+    ss = block_sum<NW>(ss, sh);
+    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+    for (int i = threadIdx.x; i < dim; i += NB)
+        y[i] = w ? x[i] * inv * w[i] : x[i] * inv;
+}
+
 enum { ATT_MAXD = 512, ATT_C = ATT_MAXD / 32 };
 
 /* One head's attention over nk keys (K = V) by a block of NWARP warps: scores by warp (key i

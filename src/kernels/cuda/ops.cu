@@ -242,7 +242,6 @@ extern "C" void dsv4_cuda_drop(const void *host)
     pthread_mutex_unlock(&dsv4cu::lock);
 }
 
-
 /* Bytes of the data and of the scales of a weight as stored. */
 static size_t data_bytes(const dsv4_weight *w)
 {
@@ -404,6 +403,20 @@ void dsv4cu::op_begin_at(const char *name)
     }
 }
 
+/* Adds one call of `seconds` to name's row of the profile (64 rows at most). */
+static void prof_add(const char *name, double seconds)
+{
+    int i = 0;
+    while (i < g_nprof && strcmp(g_prof_tab[i].name, name))
+        i++;
+    if (i < 64) {
+        if (i == g_nprof)
+            g_prof_tab[g_nprof++].name = name;
+        g_prof_tab[i].s += seconds;
+        g_prof_tab[i].n++;
+    }
+}
+
 /* Inside a profiled op: the time since the op began (or the last split) goes to `name`. */
 void dsv4cu::prof_split(const char *name)
 {
@@ -411,15 +424,7 @@ void dsv4cu::prof_split(const char *name)
         return;
     cudaStreamSynchronize(stream);
     double t = prof_now();
-    int i = 0;
-    while (i < g_nprof && strcmp(g_prof_tab[i].name, name))
-        i++;
-    if (i < 64) {
-        if (i == g_nprof)
-            g_prof_tab[g_nprof++].name = name;
-        g_prof_tab[i].s += t - g_prof_t0;
-        g_prof_tab[i].n++;
-    }
+    prof_add(name, t - g_prof_t0);
     g_prof_t0 = t;
 }
 
@@ -427,16 +432,7 @@ void dsv4cu::op_end(void)
 {
     if (g_prof > 0 && !capturing && --g_depth == 0 && g_prof_name) {
         cudaStreamSynchronize(stream);
-        double t = prof_now() - g_prof_t0;
-        int i = 0;
-        while (i < g_nprof && strcmp(g_prof_tab[i].name, g_prof_name))
-            i++;
-        if (i < 64) {
-            if (i == g_nprof)
-                g_prof_tab[g_nprof++].name = g_prof_name;
-            g_prof_tab[i].s += t;
-            g_prof_tab[i].n++;
-        }
+        prof_add(g_prof_name, prof_now() - g_prof_t0);
         g_prof_name = NULL;
     }
     pthread_mutex_unlock(&dsv4cu::lock);
@@ -571,6 +567,46 @@ static void dev_back(float *host, int64_t ld, const float *d, int64_t rows, int6
 int dsv4cu::launched(const char *what)
 {
     return !failed(cudaGetLastError(), what);
+}
+
+/* Host rows [rows, w] with stride ld set to NaN: what an op leaves when it failed. */
+static void nan_fill(float *host, int64_t rows, int64_t w, int64_t ld)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < w; i++)
+            host[r * ld + i] = NAN;
+}
+
+/* Rows [rows, w] with stride ld set to NaN, host or device: what an op leaves when it failed. */
+static void fail_rows(float *p, int64_t rows, int64_t w, int64_t ld)
+{
+    if (!p || rows <= 0 || w <= 0)
+        return;
+    if (on_dev(p))
+        cudaMemset2DAsync(p, ld * sizeof(float), 0xff, w * sizeof(float), rows, stream);
+    else
+        nan_fill(p, rows, w, ld);
+}
+
+/* How an op with one output ends: the result copied back when p is a host buffer (d its device
+ * copy), or p marked failed (NaN) when its inputs could not be staged (ran false) or the launch
+ * failed. */
+static void finish(bool ran, const char *what, void *p, const void *d, size_t bytes)
+{
+    if (ran && launched(what))
+        out_back(p, d, bytes);
+    else
+        out_fail(p, bytes);
+}
+
+/* The same for rows [rows, w] of y with row stride ld, dy their dense device copy (or y). */
+static void finish_rows(bool ran, const char *what, float *y, const float *dy, int64_t rows, int64_t w, int64_t ld)
+{
+    if (ran && launched(what)) {
+        if (dy != y)
+            dev_back(y, ld, dy, rows, w);
+    } else
+        fail_rows(y, rows, w, ld);
 }
 
 /* ---- shared device helpers ----------------------------------------------------------- */
@@ -1074,25 +1110,6 @@ static wdev wdev_of_n(const dsv4_weight *w, const void *q, const void *s, int ma
     return d;
 }
 
-/* Host rows [rows, w] with stride ld set to NaN: what an op leaves when it failed. */
-static void nan_fill(float *host, int64_t rows, int64_t w, int64_t ld)
-{
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < w; i++)
-            host[r * ld + i] = NAN;
-}
-
-/* Rows [rows, w] with stride ld set to NaN, host or device: what an op leaves when it failed. */
-static void fail_rows(float *p, int64_t rows, int64_t w, int64_t ld)
-{
-    if (!p || rows <= 0 || w <= 0)
-        return;
-    if (on_dev(p))
-        cudaMemset2DAsync(p, ld * sizeof(float), 0xff, w * sizeof(float), rows, stream);
-    else
-        nan_fill(p, rows, w, ld);
-}
-
 /* Device x rows the chunk path cannot read in place (float4 loads need a 16-byte aligned row
  * start) are packed into this buffer first. It only grows, and a buffer it outgrew is kept
  * (never freed), since a recorded graph may still read it. */
@@ -1178,18 +1195,14 @@ static void cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float 
         }
     } else if (ok)
         dy = dev_out((size_t)T * nr);
-    if (q && (s || !w->scale) && dx && dy) {
+    bool ran = q && (s || !w->scale) && dx && dy;
+    if (ran) {
         lin_jobs J = one_job(wdev_of(w, q, s), r0, (int)nr, dx, dy);
         J.ldx = dldx;
         J.ldy = dldy;
         launch_linear(w, J, T, stream);
-        if (launched("linear")) {
-            if (!ydev)
-                dev_back(y, ldy, dy, T, nr);
-        } else
-            fail_rows(y, T, nr, ldy);
-    } else
-        fail_rows(y, T, nr, ldy);
+    }
+    finish_rows(ran, "linear", y, dy, T, nr, ldy);
     op_end();
 }
 
@@ -1352,7 +1365,6 @@ extern "C" int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, co
 
 /* ---- rmsnorm: one block per row -------------------------------------------------------- */
 
-
 /* Rows of up to NB * RMS_V elements are held in registers: every load of a thread is issued
  * before the first use (y may alias x, which otherwise orders each store before the next load).
  * A thread's elements are summed in the same order either way. */
@@ -1397,13 +1409,7 @@ __global__ void __launch_bounds__(NB) k_rmsnorm(const float *x, int dim, const f
         rms_out(v, wv, w != NULL, dim, eps, sh, yr);
         return;
     }
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += NB)
-        ss = fmaf(xr[i], xr[i], ss);
-    ss = block_sum<NW>(ss, sh);
-    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-    for (int i = threadIdx.x; i < dim; i += NB)
-        yr[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+    rms_block(xr, dim, w, eps, sh, yr);
 }
 
 static void cu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, float eps, float *y)
@@ -1415,14 +1421,10 @@ static void cu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, fl
     const float *dw = (const float *)dev_const(w, (size_t)dim * sizeof(float));
     const float *dx = (const float *)in_buf(x, b);
     float *dy = (float *)out_buf(y, b, y != x);
-    if (dx && dy && (dw || !w)) {
+    bool ran = dx && dy && (dw || !w);
+    if (ran)
         launch_k(k_rmsnorm, (unsigned)rows, NB, 0, stream, dx, dim, dw, eps, dy);
-        if (launched("rmsnorm"))
-            out_back(y, dy, b);
-        else
-            out_fail(y, b);
-    } else
-        out_fail(y, b);
+    finish(ran, "rmsnorm", y, dy, b);
     op_end();
 }
 
@@ -1458,20 +1460,14 @@ static void cu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, c
     int xdev = on_dev(x);
     float *dx = xdev ? x : dev_in(x, T, width, stride);
     int64_t ld = xdev ? stride : width;
-    if (df && dp && dx) {
+    bool ran = df && dp && dx;
+    if (ran)
         launch_k(k_rope, (unsigned)cdiv(n, 256), 256, 0, stream, dx, T, ld, heads, d, rd, df, dp, inverse);
-        if (launched("rope")) {
-            if (!xdev)
-                dev_back(x, stride, dx, T, width);
-        } else
-            fail_rows(x, T, width, stride);
-    } else
-        fail_rows(x, T, width, stride);
+    finish_rows(ran, "rope", x, dx, T, width, stride);
     op_end();
 }
 
 /* ---- hyper-connections ------------------------------------------------------------------ */
-
 
 enum { HC_MAXN = 5, HC_MAXM = (2 + HC_MAXN) * HC_MAXN };
 static_assert(HC_MAXN * HC_MAXN <= 32, "k_hc_pre holds the comb matrix in one warp");
@@ -1747,14 +1743,10 @@ static void cu_hc_post(float *X, const float *y, int T, int n, int D, const floa
     const float *dy = ok ? (const float *)in_buf(y, (size_t)T * D * sizeof(float)) : NULL;
     const float *dpo = ok ? (const float *)in_buf(post, (size_t)T * n * sizeof(float)) : NULL;
     const float *dc = ok ? (const float *)in_buf(comb, (size_t)T * n * n * sizeof(float)) : NULL;
-    if (dX && dy && dpo && dc) {
+    bool ran = dX && dy && dpo && dc;
+    if (ran)
         launch_k(k_hc_post, (unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream, dX, dy, T, n, D, dpo, dc);
-        if (launched("hc_post"))
-            out_back(X, dX, bX);
-        else
-            out_fail(X, bX);
-    } else
-        out_fail(X, bX);
+    finish(ran, "hc_post", X, dX, bX);
     op_end();
 }
 
@@ -1800,50 +1792,54 @@ static void cu_attend(const float *q, int H, int d, const float *const *keys, in
     float *dk = ok ? dev_in(g_keys, nk, d, d) : NULL;
     float *dp = ok ? (float *)scratch((size_t)H * (nk > 0 ? nk : 1) * sizeof(float)) : NULL;
     float *dout = ok ? (float *)out_buf(out, bo, 1) : NULL;
-    if (ds && dq && dk && dp && dout) {
+    bool ran = ds && dq && dk && dp && dout;
+    if (ran)
         launch_k(k_attend, H, NB, 0, stream, dq, d, dk, nk, scale, ds, dp, dout);
-        if (launched("attend"))
-            out_back(out, dout, bo);
-        else
-            out_fail(out, bo);
-    } else
-        out_fail(out, bo);
+    finish(ran, "attend", out, dout, bo);
     op_end();
 }
 
 /* ---- swiglu ------------------------------------------------------------------------------- */
 
-__global__ void k_swiglu(const float *g, const float *u, int64_t n, float limit, float *h)
+/* silu(min(a, limit)) * clamp(b, -limit, limit) (limit <= 0: no clamp), as the CPU's swiglu. */
+__device__ __forceinline__ float swiglu1(float a, float b, float limit)
 {
-    PDL_WAIT();
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n)
-        return;
-    float a = g[i], b = u[i];
     if (limit > 0) {
         a = fminf(a, limit);
         b = fminf(fmaxf(b, -limit), limit);
     }
-    h[i] = a / (1.0f + expf(-a)) * b;
+    return a / (1.0f + expf(-a)) * b;
+}
+
+__global__ void k_swiglu(const float *g, const float *u, int64_t n, float limit, float *h)
+{
+    PDL_WAIT();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        h[i] = swiglu1(g[i], u[i], limit);
+}
+
+/* An elementwise op of two [n] inputs a, b into y (which may alias either): k(a, b, n,
+ * extra..., y) over device views of the buffers. */
+template <class K, class... A>
+static void two_inputs(K k, const char *what, const float *a, const float *b, int64_t n, float *y, A... extra)
+{
+    if (n <= 0)
+        return;
+    size_t by = (size_t)n * sizeof(float);
+    op_begin_at(what);
+    const float *da = (const float *)in_buf(a, by), *db = (const float *)in_buf(b, by);
+    float *dy = (float *)out_buf(y, by, y != a && y != b);
+    bool ran = da && db && dy;
+    if (ran)
+        launch_k(k, (unsigned)cdiv(n, 256), 256, 0, stream, da, db, n, extra..., dy);
+    finish(ran, what, y, dy, by);
+    op_end();
 }
 
 static void cu_swiglu(const float *g, const float *u, int64_t n, float limit, float *h)
 {
-    if (n <= 0)
-        return;
-    size_t b = (size_t)n * sizeof(float);
-    op_begin();
-    const float *dg = (const float *)in_buf(g, b), *du = (const float *)in_buf(u, b);
-    float *dh = (float *)out_buf(h, b, h != g && h != u);
-    if (dg && du && dh) {
-        launch_k(k_swiglu, (unsigned)cdiv(n, 256), 256, 0, stream, dg, du, n, limit, dh);
-        if (launched("swiglu"))
-            out_back(h, dh, b);
-        else
-            out_fail(h, b);
-    } else
-        out_fail(h, b);
-    op_end();
+    two_inputs(k_swiglu, "swiglu", g, u, n, h, limit);
 }
 
 /* ---- embedding: one thread per (row, channel), the element decoded as linear's element path
@@ -1880,14 +1876,10 @@ static void cu_embed(const dsv4_weight *w, const int32_t *ids, int T, int n, flo
     const void *s = ok && w->scale ? dev_const(w->scale, scale_bytes(w)) : NULL;
     const int32_t *di = ok ? (const int32_t *)in_buf(ids, (size_t)T * sizeof(int32_t)) : NULL;
     float *dX = ok ? (float *)out_buf(X, b, 1) : NULL;
-    if (q && (s || !w->scale) && di && dX) {
+    bool ran = q && (s || !w->scale) && di && dX;
+    if (ran)
         launch_k(k_embed, dim3((unsigned)cdiv(w->k, NB), (unsigned)T), NB, 0, stream, wdev_of(w, q, s), di, n, dX);
-        if (launched("embed"))
-            out_back(X, dX, b);
-        else
-            out_fail(X, b);
-    } else
-        out_fail(X, b);
+    finish(ran, "embed", X, dX, b);
     op_end();
 }
 
@@ -1918,14 +1910,10 @@ static void cu_hc_collapse(const float *X, int T, int n, int D, const float *pre
     const float *dX = (const float *)in_buf(X, (size_t)T * nd * sizeof(float));
     const float *dp = (const float *)in_buf(pre, (size_t)T * n * sizeof(float));
     float *dh = (float *)out_buf(h, bh, 1);
-    if (dX && dp && dh) {
+    bool ran = dX && dp && dh;
+    if (ran)
         launch_k(k_hc_collapse, (unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream, dX, T, n, D, dp, dh);
-        if (launched("hc_collapse"))
-            out_back(h, dh, bh);
-        else
-            out_fail(h, bh);
-    } else
-        out_fail(h, bh);
+    finish(ran, "hc_collapse", h, dh, bh);
     op_end();
 }
 
@@ -2112,19 +2100,14 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_d
     linear_rows<F, VEC, TT>(w, 0, D, m, n, blockIdx.y);
 }
 
-/* h = swiglu(g, u) (as k_swiglu), times the pair's weight when pre_weight; into G. */
+/* h = swiglu(g, u), times the pair's weight when pre_weight; into G. */
 __global__ void k_ex_act(float *G, const float *U, const float *wts, int64_t n, int I, float limit, int pre_weight)
 {
     PDL_WAIT();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
-    float a = G[i], b = U[i];
-    if (limit > 0) {
-        a = fminf(a, limit);
-        b = fminf(fmaxf(b, -limit), limit);
-    }
-    float h = a / (1.0f + expf(-a)) * b;
+    float h = swiglu1(G[i], U[i], limit);
     if (pre_weight)
         h *= wts[i / I];
     G[i] = h;
@@ -2385,24 +2368,7 @@ __global__ void k_add(const float *a, const float *b, int64_t n, float *y)
         y[i] = a[i] + b[i];
 }
 
-static void cu_add(const float *a, const float *b, int64_t n, float *y)
-{
-    if (n <= 0)
-        return;
-    size_t bb = (size_t)n * sizeof(float);
-    op_begin();
-    const float *da = (const float *)in_buf(a, bb), *db = (const float *)in_buf(b, bb);
-    float *dy = (float *)out_buf(y, bb, y != a && y != b);
-    if (da && db && dy) {
-        launch_k(k_add, (unsigned)cdiv(n, 256), 256, 0, stream, da, db, n, dy);
-        if (launched("add"))
-            out_back(y, dy, bb);
-        else
-            out_fail(y, bb);
-    } else
-        out_fail(y, bb);
-    op_end();
-}
+static void cu_add(const float *a, const float *b, int64_t n, float *y) { two_inputs(k_add, "add", a, b, n, y); }
 
 static void *cu_alloc(size_t bytes)
 {

@@ -93,13 +93,7 @@ __global__ void __launch_bounds__(NB) k_emit(rows_dev rd_, pool_dev pc, pool_dev
         }
         ev[ch] = acc / den;
     }
-    float ss = 0.0f;
-    for (int ch = threadIdx.x; ch < dim; ch += NB)
-        ss = fmaf(ev[ch], ev[ch], ss);
-    ss = block_sum<NW>(ss, red);
-    float inv = 1.0f / sqrtf(ss / (float)dim + eps);
-    for (int ch = threadIdx.x; ch < dim; ch += NB)
-        ev[ch] = cp.norm ? ev[ch] * inv * cp.norm[ch] : ev[ch] * inv;
+    rms_block(ev, dim, cp.norm, eps, red, ev);
     __syncthreads();
     float fp = (float)(w * mr);
     float *v = ev + (dim - rd);
