@@ -49,6 +49,12 @@ typedef struct cli_model_opts {
     const char *dir;
     dsv4_load_opts load;
 } cli_model_opts;
+/* The model used when no -m is given: a small DeepSeek-V4 trained to answer in English
+ * (tools/train/), found beside the program or in the working directory. */
+#define CLI_DEFAULT_MODEL "models/mini"
+/* Sets o->dir when it is unset: $DSV4_MODEL, else the default model. Returns 0, or -1 after
+ * printing why none was found. */
+int cli_model_default(cli_model_opts *o, const char *cmd);
 /* Consumes argv[*i] (and its value) if it is a model option; returns 1 if it was. */
 int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o);
 const char *cli_model_usage(void);

@@ -1,5 +1,5 @@
-/* dsv4 chat: a conversation in the terminal. Each line on stdin is a user turn; the reply
- * streams to stdout as it is generated. The conversation is kept and re-rendered every turn;
+/* dsv4 chat: a conversation in the terminal. Each line on stdin is a user turn (or --once
+ * gives the single turn); the reply streams to stdout as it is generated. The conversation is kept and re-rendered every turn;
  * the prompt cache resumes each turn from the state the previous one left, so only the new
  * tokens are computed. /reset starts over, /quit (or end of input) leaves. */
 #include <stdio.h>
@@ -16,16 +16,18 @@
 
 static void chat_usage(FILE *f)
 {
-    fprintf(f, "usage: dsv4 chat -m DIR [--tokenizer DIR] [--system TEXT] [--thinking] [--temperature T]\n"
-               "                 [--top-p P] [--seed S] [--max-tokens N] [model options]\n"
+    fprintf(f, "usage: dsv4 chat [-m DIR] [--tokenizer DIR] [--system TEXT] [--thinking] [--temperature T]\n"
+               "                 [--top-p P] [--seed S] [--max-tokens N] [--once TEXT] [model options]\n"
                "  Reads user turns from stdin (one per line) and streams the replies. /reset forgets the\n"
                "  conversation, /quit leaves. Each turn's token counts and speed go to stderr.\n"
+               "  --once TEXT: answer TEXT as the only turn, then leave (stdin is not read).\n"
+               "  --temperature 0 is greedy decoding (default 0.7).\n"
                "  The tokenizer is read from DIR unless --tokenizer names another.\n%s",
             cli_model_usage());
 }
 
 typedef struct chat_opts {
-    const char *tokenizer, *system;
+    const char *tokenizer, *system, *once;
     int thinking, max_tokens, have_seed, eos;
     const char *family;        /* the model's: chat format and DSML tags */
     double temperature, top_p;
@@ -150,6 +152,8 @@ int dsv4_cmd_chat(int argc, char **argv)
             o.tokenizer = v;
         else if (!strcmp(a, "--system"))
             o.system = v;
+        else if (!strcmp(a, "--once"))
+            o.once = v;
         else if (!strcmp(a, "--temperature") && (o.temperature = strtod(v, &end), !*end) && o.temperature >= 0)
             ;
         else if (!strcmp(a, "--top-p") && (o.top_p = strtod(v, &end), !*end) && o.top_p > 0 && o.top_p <= 1)
@@ -161,7 +165,9 @@ int dsv4_cmd_chat(int argc, char **argv)
         else
             goto bad;
     }
-    if (!mo.dir)
+    if (cli_model_default(&mo, "chat"))
+        return 2;
+    if (o.once && !*o.once)
         goto bad;
     dsv4_model *m = cli_load(&mo, "chat");
     if (!m)
@@ -181,7 +187,7 @@ int dsv4_cmd_chat(int argc, char **argv)
     dsv4_model_get_info(m, &mi);
     o.eos = mi.eos_id;
     o.family = mi.family;
-    int interactive = isatty(0) && isatty(1);
+    int interactive = !o.once && isatty(0) && isatty(1);
     cJSON *msgs = cJSON_CreateArray();
     if (o.system) {
         cJSON *s = cJSON_CreateObject();
@@ -193,13 +199,22 @@ int dsv4_cmd_chat(int argc, char **argv)
     size_t cap = 0;
     ssize_t n;
     int rc = 0;
-    for (;;) {
-        if (interactive) {
-            fputs("> ", stdout);
-            fflush(stdout);
+    for (int turns = 0; !o.once || turns < 1; turns++) {
+        if (o.once) {
+            line = strdup(o.once);
+            if (!line) {
+                rc = 1;
+                break;
+            }
+            n = (ssize_t)strlen(line);
+        } else {
+            if (interactive) {
+                fputs("> ", stdout);
+                fflush(stdout);
+            }
+            if ((n = getline(&line, &cap, stdin)) < 0)
+                break;
         }
-        if ((n = getline(&line, &cap, stdin)) < 0)
-            break;
         while (n > 0 && (line[n - 1] == '\n' || line[n - 1] == '\r'))
             line[--n] = 0;
         if (!n)

@@ -8,7 +8,7 @@
 
 static void serve_usage(FILE *f)
 {
-    fprintf(f, "usage: dsv4 serve -m DIR [--tokenizer DIR] [--host 127.0.0.1] [--port 8080] [--lanes N] [--api-key K]\n"
+    fprintf(f, "usage: dsv4 serve [-m DIR] [--tokenizer DIR] [--host 127.0.0.1] [--port 8080] [--lanes N] [--api-key K]\n"
                "                  [--name NAME] [--cache-mb MB] [--queue N] [model options]\n"
                "  Serves DIR over an OpenAI-compatible API: /v1/completions, /v1/chat/completions, /v1/models,\n"
                "  /tokenize, /detokenize, /health, /metrics. --port 0 takes any free port (the log names it).\n"
@@ -54,10 +54,10 @@ int dsv4_cmd_serve(int argc, char **argv)
         } else
             goto bad;
     }
+    if (cli_model_default(&mo, "serve"))
+        return 2;
     o.model_dir = mo.dir;
     o.load = mo.load;
-    if (!o.model_dir)
-        goto bad;
     /* the server waits for these with sigwait: block them before any thread starts */
     sigset_t set;
     sigemptyset(&set);

@@ -1,8 +1,11 @@
 /* Options every model-running command shares: -m DIR, --threads N, --device cpu|cuda,
  * --numerics ref|fp32, --engram-tables auto|resident|streamed. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "cli/cli.h"
 
 int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o)
@@ -45,7 +48,8 @@ int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o)
 
 const char *cli_model_usage(void)
 {
-    return "  -m, --model DIR      checkpoint folder (config.json + safetensors)\n"
+    return "  -m, --model DIR      checkpoint folder (config.json + safetensors); default $DSV4_MODEL, else\n"
+           "                       the project's small English model, " CLI_DEFAULT_MODEL "\n"
            "  --threads N          CPU threads (default: all cores)\n"
            "  --device cpu|cuda    backend (default cpu)\n"
            "  --numerics ref|fp32  V4.1 reference rounding or exact fp32 (default: ref for V4.1, fp32 for V4)\n"
@@ -54,12 +58,53 @@ const char *cli_model_usage(void)
            "                       (default auto: streamed when larger than half of RAM and not cached)\n";
 }
 
+static int has_config(const char *dir)
+{
+    char p[2 * PATH_MAX];
+    struct stat st;
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    return stat(p, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* The default is looked for beside the program (build/dsv4 -> models/mini) before the working
+ * directory, so the command works from anywhere in a checkout and from an installed tree. */
+int cli_model_default(cli_model_opts *o, const char *cmd)
+{
+    static char path[PATH_MAX + 32];
+    if (o->dir)
+        return 0;
+    const char *env = getenv("DSV4_MODEL");
+    if (env && *env) {
+        o->dir = env;
+        return 0;
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = 0;
+        char *slash = strrchr(exe, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(path, sizeof path, "%s/../" CLI_DEFAULT_MODEL, exe);
+            if (has_config(path)) {
+                o->dir = path;
+                return 0;
+            }
+        }
+    }
+    if (has_config(CLI_DEFAULT_MODEL)) {
+        o->dir = CLI_DEFAULT_MODEL;
+        return 0;
+    }
+    fprintf(stderr, "dsv4 %s: no -m DIR given, $DSV4_MODEL is unset and the default model (" CLI_DEFAULT_MODEL
+                    ") is not beside the program or in the working directory\n", cmd);
+    return -1;
+}
+
 dsv4_model *cli_load(cli_model_opts *o, const char *cmd)
 {
-    if (!o->dir) {
-        fprintf(stderr, "dsv4 %s: -m DIR is required (see dsv4 %s -h)\n", cmd, cmd);
+    if (cli_model_default(o, cmd))
         return NULL;
-    }
     o->load.progress = 1;
     dsv4_err err = {0};
     dsv4_model *m = dsv4_model_load(o->dir, &o->load, &err);
