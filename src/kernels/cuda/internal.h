@@ -1,6 +1,7 @@
-/* kernels/cuda — what the CUDA backend's translation units (ops.cu, step.cu) share: the op
- * lock, the stream every op queues on, the first-error slot, buffer classification and the
- * block-reduction helpers. C++ only; not part of the C interface (cuda.h). */
+/* kernels/cuda — what the CUDA backend's translation units share: the op lock, the stream every
+ * op queues on, the first-error slot, buffer classification, the resident copies, the
+ * block-reduction helpers and the op table's entries. C++ only; not part of the C interface
+ * (cuda.h). */
 #ifndef DSV4_CUDA_INTERNAL_H
 #define DSV4_CUDA_INTERNAL_H
 
@@ -31,6 +32,8 @@ extern int capturing;           /* inside graph_begin .. graph_end */
 dsv4_err *errp(void);
 /* Records e (when not cudaSuccess) as the op's failure; returns whether it failed. */
 int failed(cudaError_t e, const char *what);
+/* Runs a CUDA call, recording its failure (failed()); true when it failed. */
+#define CK(call) dsv4cu::failed((call), #call)
 /* Records a failure of the op by message (first one kept). */
 void fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Whether the last launch went through (records the error when not). */
@@ -136,6 +139,16 @@ __device__ __forceinline__ void rms_block(const float *x, int dim, const float *
         y[i] = w ? x[i] * inv * w[i] : x[i] * inv;
 }
 
+/* silu(min(a, limit)) * clamp(b, -limit, limit) (limit <= 0: no clamp), as the CPU's swiglu. */
+__device__ __forceinline__ float swiglu1(float a, float b, float limit)
+{
+    if (limit > 0) {
+        a = fminf(a, limit);
+        b = fminf(fmaxf(b, -limit), limit);
+    }
+    return a / (1.0f + expf(-a)) * b;
+}
+
 enum { ATT_MAXD = 512, ATT_C = ATT_MAXD / 32 };
 
 /* One head's attention over nk keys (K = V) by a block of NWARP warps: scores by warp (key i
@@ -225,6 +238,63 @@ __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, in
         out[j] = o;
     }
 }
+
+/* The resident copies of host arrays (runtime.cu), found by host address: NULL when none. drops
+ * is bumped by every drop, so tables built over resident copies know when to rebuild. */
+typedef struct {
+    const void *host;           /* NULL: empty; TOMB: deleted */
+    void *dev;                  /* what kernels read: device memory, or the device view of pinned host memory */
+    void *pinned;               /* the pinned host copy (NULL when dev is device memory) */
+    size_t bytes;
+} resident;
+resident *resident_of(const void *host);
+extern unsigned drops;
+
+/* Bytes of a weight's data and of its scales as stored (runtime.cu). */
+size_t data_bytes(const dsv4_weight *w);
+size_t scale_bytes(const dsv4_weight *w);
+
+/* Host matrices of the older ops (runtime.cu): rows [rows, w] with row stride ld packed densely on
+ * the device (dev_in), a dense device output (dev_out, poisoned when poisoning is on) and its copy
+ * back (dev_back); NaN rows for an output that could not be computed (nan_fill: host, fail_rows:
+ * host or device); how an op with one output ends (finish: copied back when p is a host buffer,
+ * NaN when it did not run; finish_rows: the same for rows with a stride). */
+float *dev_in(const float *host, int64_t rows, int64_t w, int64_t ld);
+float *dev_out(size_t n);
+void dev_back(float *host, int64_t ld, const float *d, int64_t rows, int64_t w);
+void nan_fill(float *host, int64_t rows, int64_t w, int64_t ld);
+void fail_rows(float *p, int64_t rows, int64_t w, int64_t ld);
+void finish(bool ran, const char *what, void *p, const void *d, size_t bytes);
+void finish_rows(bool ran, const char *what, float *y, const float *dy, int64_t rows, int64_t w, int64_t ld);
+
+/* The op table's entries, one file per family (runtime.cu: memory, graphs and the error check;
+ * linear.cu, experts.cu, norm.cu, hc.cu, attend.cu, elementwise.cu, embed.cu); their contracts
+ * are the ops' in kernels/backend.h. */
+int cuda_check(dsv4_err *err);
+void *cu_alloc(size_t bytes);
+void cu_free(void *p);
+void cu_upload(void *dst, const void *host, size_t bytes);
+void cu_download(void *host, const void *src, size_t bytes);
+void cu_copy(void *dst, const void *src, size_t bytes);
+int cu_graph_begin(void);
+void *cu_graph_end(void);
+void cu_graph_run(void *g);
+void cu_graph_free(void *g);
+void cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
+void cu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T, float *y);
+void cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx, float *const *y);
+void cu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, float eps, float *y);
+void cu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq, const int64_t *pos,
+             int inverse);
+void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, const float *base, const float *scale, int iters,
+               float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h, const float *hw);
+void cu_hc_post(float *X, const float *y, int T, int n, int D, const float *post, const float *comb);
+void cu_hc_collapse(const float *X, int T, int n, int D, const float *pre, float *h);
+void cu_attend(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink, float *out);
+void cu_swiglu(const float *g, const float *u, int64_t n, float limit, float *h);
+void cu_add(const float *a, const float *b, int64_t n, float *y);
+void cu_embed(const dsv4_weight *w, const int32_t *ids, int T, int n, float *X);
+void cu_experts(const dsv4_experts_args *a);
 
 /* The step ops in step.cu. */
 void attn_step(const dsv4_attn_args *a);

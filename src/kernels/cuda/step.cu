@@ -19,8 +19,6 @@
 
 using namespace dsv4cu;
 
-#define CK(call) failed((call), #call)
-
 namespace {
 
 struct rows_dev {

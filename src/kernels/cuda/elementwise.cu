@@ -1,0 +1,57 @@
+/* CUDA elementwise ops of two inputs: swiglu (with its clamps) and add. */
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/cuda/internal.h"
+
+using namespace dsv4cu;
+
+/* ---- swiglu ------------------------------------------------------------------------------- */
+
+__global__ void k_swiglu(const float *g, const float *u, int64_t n, float limit, float *h)
+{
+    PDL_WAIT();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        h[i] = swiglu1(g[i], u[i], limit);
+}
+
+/* An elementwise op of two [n] inputs a, b into y (which may alias either): k(a, b, n,
+ * extra..., y) over device views of the buffers. */
+template <class K, class... A>
+static void two_inputs(K k, const char *what, const float *a, const float *b, int64_t n, float *y, A... extra)
+{
+    if (n <= 0)
+        return;
+    size_t by = (size_t)n * sizeof(float);
+    op_begin_at(what);
+    const float *da = (const float *)in_buf(a, by), *db = (const float *)in_buf(b, by);
+    float *dy = (float *)out_buf(y, by, y != a && y != b);
+    bool ran = da && db && dy;
+    if (ran)
+        launch_k(k, (unsigned)cdiv(n, 256), 256, 0, stream, da, db, n, extra..., dy);
+    finish(ran, what, y, dy, by);
+    op_end();
+}
+
+void dsv4cu::cu_swiglu(const float *g, const float *u, int64_t n, float limit, float *h)
+{
+    two_inputs(k_swiglu, "swiglu", g, u, n, h, limit);
+}
+
+
+/* ---- add, memory ------------------------------------------------------------------------ */
+
+__global__ void k_add(const float *a, const float *b, int64_t n, float *y)
+{
+    PDL_WAIT();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = a[i] + b[i];
+}
+
+void dsv4cu::cu_add(const float *a, const float *b, int64_t n, float *y) { two_inputs(k_add, "add", a, b, n, y); }

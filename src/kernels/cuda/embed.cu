@@ -1,0 +1,53 @@
+/* CUDA embedding lookup: each element decoded exactly as the linear kernels' element path does. */
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/cuda/internal.h"
+#include "kernels/cuda/linear.cuh"
+
+using namespace dsv4cu;
+
+/* ---- embedding: one thread per (row, channel), the element decoded as linear's element path
+ * decodes it (exact for every stored form), written to all n streams ---------------------- */
+
+__global__ void k_embed(wdev w, const int32_t *ids, int n, float *X)
+{
+    __shared__ float lut4[16];
+    PDL_WAIT();
+    if (threadIdx.x < 16)
+        lut4[threadIdx.x] = c_e2m1[threadIdx.x];
+    __syncthreads();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (i >= w.k)
+        return;
+    float v = decode1(w, __ldg(ids + t), i, lut4), *x = X + t * n * w.k + i;
+    for (int s = 0; s < n; s++)
+        x[(int64_t)s * w.k] = v;
+}
+
+/* The table is read where the memory plan put it (device memory, or pinned host memory when
+ * it did not fit: a step reads T rows of it, so the host link costs little). */
+void dsv4cu::cu_embed(const dsv4_weight *w, const int32_t *ids, int T, int n, float *X)
+{
+    if (T <= 0 || n <= 0)
+        return;
+    op_begin();
+    size_t b = (size_t)T * n * w->k * sizeof(float);
+    int ok = w->form < DSV4_WF_EXL3 && T <= 65535;
+    if (!ok)
+        fail(DSV4_E_UNSUPPORTED, "cuda: embedding %s: %s table, %d rows: no CUDA lookup for it", w->name ? w->name : "?",
+             dsv4_wform_name(w->form), T);
+    const void *q = ok ? dev_const(w->data, data_bytes(w)) : NULL;
+    const void *s = ok && w->scale ? dev_const(w->scale, scale_bytes(w)) : NULL;
+    const int32_t *di = ok ? (const int32_t *)in_buf(ids, (size_t)T * sizeof(int32_t)) : NULL;
+    float *dX = ok ? (float *)out_buf(X, b, 1) : NULL;
+    bool ran = q && (s || !w->scale) && di && dX;
+    if (ran)
+        launch_k(k_embed, dim3((unsigned)cdiv(w->k, NB), (unsigned)T), NB, 0, stream, wdev_of(w, q, s), di, n, dX);
+    finish(ran, "embed", X, dX, b);
+    op_end();
+}

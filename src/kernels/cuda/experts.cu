@@ -1,0 +1,452 @@
+/* CUDA routed experts: (row, expert) pairs grouped by expert into tiles, each tile's W1/W3 and
+ * W2 through the linear row kernel, the activation and the weighted sum in pair order. */
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/cuda/internal.h"
+#include "kernels/cuda/linear.cuh"
+
+using namespace dsv4cu;
+
+/* ---- routed experts ----------------------------------------------------------------- */
+
+/* The per-expert weight parameters of one weights array (a layer's w1, w2 or w3) in device
+ * memory, built once and found again by the array's host address; rebuilt after any drop
+ * (the device copies may have moved). */
+struct xtab {
+    const dsv4_weight *host;
+    int E;
+    unsigned gen;
+    wdev *dev;
+};
+static xtab *g_xt;
+static int g_nxt, g_capxt;
+static cudaStream_t g_side;     /* non-blocking: table uploads that must not touch the op stream */
+
+static const wdev *expert_table(const dsv4_weight *w, int E, int K)
+{
+    for (int i = 0; i < g_nxt; i++)
+        if (g_xt[i].host == w && g_xt[i].E == E) {
+            if (g_xt[i].gen == drops)
+                return g_xt[i].dev;
+            /* stale: the old table may still be read by queued work, so it is not freed here */
+            g_xt[i] = g_xt[--g_nxt];
+            break;
+        }
+    const dsv4_weight *a = &w[0];
+    wdev *h = (wdev *)malloc((size_t)E * sizeof(wdev));
+    if (!h) {
+        fail(DSV4_E_NOMEM, "cuda: experts: out of host memory for an expert table");
+        return NULL;
+    }
+    for (int e = 0; e < E; e++) {
+        const dsv4_weight *b = &w[e];
+        if (b->form != a->form || b->n != a->n || b->k != a->k || b->bn != a->bn || b->bk != a->bk ||
+            b->scale_e8m0 != a->scale_e8m0 || (b->scale == NULL) != (a->scale == NULL) || b->form >= DSV4_WF_EXL3) {
+            fail(DSV4_E_UNSUPPORTED, "cuda: experts: weight %s differs from %s in form, shape or blocks",
+                 b->name ? b->name : "?", a->name ? a->name : "?");
+            free(h);
+            return NULL;
+        }
+        resident *rq = resident_of(b->data), *rs = b->scale ? resident_of(b->scale) : NULL;
+        if (!rq || (b->scale && !rs)) {
+            fail(DSV4_E_ARG, "cuda: experts: weight %s is not on the device (dsv4_cuda_put_weight or pin_weight first)",
+                 b->name ? b->name : "?");
+            free(h);
+            return NULL;
+        }
+        h[e] = wdev_of_n(b, rq->dev, rs ? rs->dev : NULL, K);
+    }
+    wdev *d = NULL;
+    if (!g_side && CK(cudaStreamCreateWithFlags(&g_side, cudaStreamNonBlocking))) {
+        free(h);
+        return NULL;
+    }
+    if (CK(cudaMalloc((void **)&d, (size_t)E * sizeof(wdev))) ||
+        CK(cudaMemcpyAsync(d, h, (size_t)E * sizeof(wdev), cudaMemcpyHostToDevice, g_side)) ||
+        CK(cudaStreamSynchronize(g_side))) {
+        free(h);
+        return NULL;
+    }
+    free(h);
+    if (g_nxt == g_capxt) {
+        int nc = g_capxt ? 2 * g_capxt : 64;
+        xtab *n = (xtab *)realloc(g_xt, (size_t)nc * sizeof(xtab));
+        if (!n) {
+            fail(DSV4_E_NOMEM, "cuda: experts: out of host memory for the expert tables");
+            return NULL;
+        }
+        g_xt = n;
+        g_capxt = nc;
+    }
+    g_xt[g_nxt++] = xtab{w, E, drops, d};
+    return d;
+}
+
+/* The (row, k) pairs grouped by expert, stable by pair index: cnt/off per expert, ord the
+ * pairs in expert order, tiles of up to `tile` pairs of one expert as (expert, first, rows).
+ * One block of EX_SORT threads, E <= EX_SORT; pairs with an expert outside 0..E-1 are left out. */
+enum { EX_SORT = 1024 };
+
+__global__ void __launch_bounds__(EX_SORT) k_ex_sort(const int32_t *eid, int RK, int E, int tile, int *cnt, int *off,
+                                                     int *ord, int *tiles, int *ntiles)
+{
+    PDL_WAIT();
+    /* counts and offsets in shared memory */
+    extern __shared__ int sm[];
+    int *scnt = sm, *soff = sm + E, *chunk = sm + 2 * E;
+    if (threadIdx.x < E)
+        scnt[threadIdx.x] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < RK; i += EX_SORT) {
+        int e = eid[i];
+        if (e >= 0 && e < E)
+            atomicAdd(&scnt[e], 1);
+    }
+    __syncthreads();
+    { /* thread e: its pairs' and tiles' offsets by a block scan, then its tiles */
+        __shared__ int wsum[2][EX_SORT / 32];
+        int e = threadIdx.x, lane = e & 31, wid = e >> 5;
+        int c = e < E ? scnt[e] : 0, nt = (c + tile - 1) / tile, ic = c, it = nt;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            int a = __shfl_up_sync(0xffffffffu, ic, o), b = __shfl_up_sync(0xffffffffu, it, o);
+            if (lane >= o)
+                ic += a, it += b;
+        }
+        if (lane == 31)
+            wsum[0][wid] = ic, wsum[1][wid] = it;
+        __syncthreads();
+        if (wid == 0) {
+            int a = wsum[0][lane], b = wsum[1][lane];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                int pa = __shfl_up_sync(0xffffffffu, a, o), pb = __shfl_up_sync(0xffffffffu, b, o);
+                if (lane >= o)
+                    a += pa, b += pb;
+            }
+            wsum[0][lane] = a, wsum[1][lane] = b;
+        }
+        __syncthreads();
+        int o = ic - c + (wid ? wsum[0][wid - 1] : 0), t0 = it - nt + (wid ? wsum[1][wid - 1] : 0);
+        if (e < E)
+            soff[e] = o;
+        for (int k = 0; k < nt; k++) {
+            tiles[3 * (t0 + k)] = e;
+            tiles[3 * (t0 + k) + 1] = o + k * tile;
+            tiles[3 * (t0 + k) + 2] = min(tile, c - k * tile);
+        }
+        if (e == EX_SORT - 1)
+            *ntiles = wsum[1][EX_SORT / 32 - 1];
+    }
+    __syncthreads();
+    if (threadIdx.x < E) {
+        cnt[threadIdx.x] = scnt[threadIdx.x];
+        off[threadIdx.x] = soff[threadIdx.x];
+    }
+    /* thread e places expert e's pairs in pair order */
+    int e = threadIdx.x, at = e < E ? soff[e] : 0;
+    for (int c0 = 0; c0 < RK; c0 += EX_SORT) {
+        __syncthreads();
+        if (c0 + threadIdx.x < RK)
+            chunk[threadIdx.x] = eid[c0 + threadIdx.x];
+        __syncthreads();
+        int n = min(EX_SORT, RK - c0);
+        if (e < E)
+            for (int i = 0; i < n; i++)
+                if (chunk[i] == e)
+                    ord[at++] = c0 + i;
+    }
+}
+
+/* W1 (z = 0, into G) and W3 (z = 1, into U) of each tile's expert over the tile's x rows:
+ * block (tile, row block, z). Blocks past the tile count exit. */
+template <int F, bool VEC, int TT>
+__global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_up(const wdev *t1, const wdev *t3, const int *tiles,
+                                                         const int *ntiles, const int *ord, const float *x, float *G,
+                                                         float *U, int K, int D, int I)
+{
+    PDL_WAIT();
+    int tl = blockIdx.x;
+    if (tl >= *ntiles)
+        return;
+    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
+    wdev w = blockIdx.z ? t3[e] : t1[e];
+    pair_map m = {x, blockIdx.z ? U : G, ord + s0, K, D, I};
+    linear_rows<F, VEC, TT>(w, 0, I, m, n, blockIdx.y);
+}
+
+/* W2 of each tile's expert over the tile's h rows (G), into Y. */
+template <int F, bool VEC, int TT>
+__global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_down(const wdev *t2, const int *tiles, const int *ntiles,
+                                                           const int *ord, const float *G, float *Y, int D, int I)
+{
+    PDL_WAIT();
+    int tl = blockIdx.x;
+    if (tl >= *ntiles)
+        return;
+    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
+    wdev w = t2[e];
+    pair_map m = {G, Y, ord + s0, 1, I, D};
+    linear_rows<F, VEC, TT>(w, 0, D, m, n, blockIdx.y);
+}
+
+/* h = swiglu(g, u), times the pair's weight when pre_weight; into G. */
+__global__ void k_ex_act(float *G, const float *U, const float *wts, int64_t n, int I, float limit, int pre_weight)
+{
+    PDL_WAIT();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    float h = swiglu1(G[i], U[i], limit);
+    if (pre_weight)
+        h *= wts[i / I];
+    G[i] = h;
+}
+
+/* y_r = sum over k in order of (pre_weight ? 1 : w_rk) Y_rk; a pair with no valid expert
+ * makes its row NaN. */
+__global__ void k_ex_sum(const float *Y, const float *wts, const int32_t *eid, int E, int K, int D, int64_t n,
+                         int pre_weight, float *y)
+{
+    PDL_WAIT();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n)
+        return;
+    int64_t r = i / D;
+    int dd = (int)(i % D);
+    float s = 0.0f;
+    for (int k = 0; k < K; k++) {
+        int64_t pr = r * K + k;
+        int e = eid[pr];
+        float v = Y[pr * D + dd];
+        if (e < 0 || e >= E)
+            v = __int_as_float(0x7fc00000);
+        s = fmaf(pre_weight ? 1.0f : wts[pr], v, s);
+    }
+    y[i] = s;
+}
+
+template <int F>
+static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wdev *t2, const wdev *t3, bool vec1,
+                           bool vec2, int tile, int NT, const int *tiles, const int *ntiles, const int *ord, float *G,
+                           float *U, float *Y)
+{
+    const dsv4_weight *w1 = &a->w1[0], *w2 = &a->w2[0];
+    int wpr1 = wdev_of_n(w1, NULL, NULL, a->K).wpr, wpr2 = wdev_of_n(w2, NULL, NULL, a->K).wpr;
+    int rpb1 = vec1 ? LIN_WARPS / wpr1 * chunk_shape(F).R : LIN_WARPS;
+    int rpb2 = vec2 ? LIN_WARPS / wpr2 * chunk_shape(F).R : LIN_WARPS;
+    dim3 g1((unsigned)NT, (unsigned)cdiv(a->I, rpb1), 2), g2((unsigned)NT, (unsigned)cdiv(a->D, rpb2));
+    int K = a->K, D = a->D, I = a->I;
+    if (tile == 1 && vec1)
+        launch_k(k_ex_up<F, true, 1>, g1, LIN_WARPS * 32, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
+    else if (vec1)
+        launch_k(k_ex_up<F, true, LIN_TT>, g1, LIN_WARPS * 32, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
+    else
+        launch_k(k_ex_up<F, false, LIN_TT>, g1, LIN_WARPS * 32, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I);
+    if (!launched("experts w1/w3"))
+        return;
+    prof_split("experts: w1, w3");
+    int64_t nh = (int64_t)a->R * K * I;
+    launch_k(k_ex_act, (unsigned)cdiv(nh, 256), 256, 0, stream, G, U, a->wts, nh, I, a->limit, a->pre_weight);
+    if (!launched("experts swiglu"))
+        return;
+    prof_split("experts: swiglu");
+    if (tile == 1 && vec2)
+        launch_k(k_ex_down<F, true, 1>, g2, LIN_WARPS * 32, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I);
+    else if (vec2)
+        launch_k(k_ex_down<F, true, LIN_TT>, g2, LIN_WARPS * 32, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I);
+    else
+        launch_k(k_ex_down<F, false, LIN_TT>, g2, LIN_WARPS * 32, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I);
+    launched("experts w2");
+    prof_split("experts: w2");
+}
+
+/* Up to this many pairs, each pair is its own tile (the T = 1 build, as a decode step's linear
+ * runs); above, tiles of up to LIN_TT rows of one expert share the expert's weight reads. */
+enum { EX_SOLO_PAIRS = 64 };
+
+static void experts_run(const dsv4_experts_args *a);
+
+/* Whether every expert of w has the first one's storage form, shape and blocks, of a form the
+ * grouped kernels take. */
+static bool experts_uniform(const dsv4_weight *w, int E)
+{
+    for (int e = 0; e < E; e++)
+        if (w[e].form != w[0].form || w[e].n != w[0].n || w[e].k != w[0].k || w[e].bn != w[0].bn ||
+            w[e].bk != w[0].bk || w[e].scale_e8m0 != w[0].scale_e8m0 || (w[e].scale == NULL) != (w[0].scale == NULL) ||
+            w[e].form >= DSV4_WF_EXL3)
+            return false;
+    return true;
+}
+
+__global__ void k_scale_rows(float *g, int64_t n, int I, const float *w)
+{
+    PDL_WAIT();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        g[i] *= w[i / I];
+}
+
+/* Experts of mixed storage forms (EXL3 packs, partly quantized checkpoints): the step waits for
+ * the routing, and each used expert's rows go through the linear op together, as the CPU
+ * groups them; then the grouped path's combine. Not recordable (it reads eid on the host). */
+static void experts_by_expert(const dsv4_experts_args *a)
+{
+    int R = a->R, K = a->K, D = a->D, I = a->I, E = a->E, RK = R * K;
+    size_t by = (size_t)R * D * sizeof(float), rkb = (size_t)RK * sizeof(float);
+    if (capturing) {
+        pthread_mutex_lock(&dsv4cu::lock);
+        fail(DSV4_E_UNSUPPORTED, "cuda: experts of mixed storage forms route on the host (not recordable)");
+        pthread_mutex_unlock(&dsv4cu::lock);
+        return;
+    }
+    int32_t *eid = (int32_t *)malloc(RK * sizeof(int32_t));
+    int *rows = (int *)malloc(RK * sizeof(int));
+    float *wsel = (float *)malloc(rkb), *hw = (float *)malloc(rkb);
+    float *xd = NULL, *xb = NULL, *g = NULL, *u = NULL, *yb = NULL, *Y = NULL, *dw = NULL, *yd = NULL;
+    int32_t *de = NULL;
+    bool ok = eid && rows && wsel && hw && !CK(cudaMalloc((void **)&xb, (size_t)RK * D * sizeof(float))) &&
+              !CK(cudaMalloc((void **)&g, (size_t)RK * I * sizeof(float))) &&
+              !CK(cudaMalloc((void **)&u, (size_t)RK * I * sizeof(float))) &&
+              !CK(cudaMalloc((void **)&yb, (size_t)RK * D * sizeof(float))) &&
+              !CK(cudaMalloc((void **)&Y, (size_t)RK * D * sizeof(float))) && !CK(cudaMalloc((void **)&dw, 2 * rkb)) &&
+              !CK(cudaMalloc((void **)&de, (size_t)RK * sizeof(int32_t))) && !CK(cudaMalloc((void **)&xd, by)) &&
+              !CK(cudaMalloc((void **)&yd, by));
+    ok = ok && !CK(cudaMemcpyAsync(eid, a->eid, RK * sizeof(int32_t), cudaMemcpyDefault, stream)) &&
+         !CK(cudaMemcpyAsync(hw, a->wts, rkb, cudaMemcpyDefault, stream)) &&
+         !CK(cudaMemcpyAsync(xd, a->x, by, cudaMemcpyDefault, stream)) && !CK(cudaStreamSynchronize(stream));
+    for (int e = 0; e < E && ok; e++) {
+        int n = 0;
+        for (int i = 0; i < RK; i++)
+            if (eid[i] == e) {
+                rows[n] = i;
+                wsel[n++] = hw[i];
+                ok = ok && !CK(cudaMemcpyAsync(xb + (size_t)(n - 1) * D, xd + (size_t)(i / K) * D, D * sizeof(float),
+                                               cudaMemcpyDeviceToDevice, stream));
+            }
+        if (!n || !ok)
+            continue;
+        cu_linear(&a->w1[e], 0, I, xb, n, D, g, I);
+        cu_linear(&a->w3[e], 0, I, xb, n, D, u, I);
+        cu_swiglu(g, u, (int64_t)n * I, a->limit, g);
+        if (a->pre_weight) {
+            ok = ok && !CK(cudaMemcpyAsync(dw, wsel, n * sizeof(float), cudaMemcpyHostToDevice, stream));
+            launch_k(k_scale_rows, (unsigned)cdiv((int64_t)n * I, 256), 256, 0, stream, g, (int64_t)n * I, I, dw);
+            ok = ok && !CK(cudaStreamSynchronize(stream));
+        }
+        cu_linear(&a->w2[e], 0, D, g, n, I, yb, D);
+        for (int i = 0; i < n && ok; i++)
+            ok = !CK(cudaMemcpyAsync(Y + (size_t)rows[i] * D, yb + (size_t)i * D, D * sizeof(float),
+                                     cudaMemcpyDeviceToDevice, stream));
+    }
+    ok = ok && !CK(cudaMemcpyAsync(de, eid, RK * sizeof(int32_t), cudaMemcpyHostToDevice, stream)) &&
+         !CK(cudaMemcpyAsync(dw + RK, hw, rkb, cudaMemcpyHostToDevice, stream));
+    if (ok) {
+        launch_k(k_ex_sum, (unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream, Y, dw + RK, de, E, K, D, (int64_t)R * D,
+                                                                           a->pre_weight, yd);
+        ok = !CK(cudaMemcpyAsync(a->y, yd, by, cudaMemcpyDefault, stream)) && !CK(cudaStreamSynchronize(stream));
+    }
+    if (!ok) {
+        pthread_mutex_lock(&dsv4cu::lock);
+        fail(DSV4_E_DEVICE, "cuda: experts of mixed storage forms failed");
+        out_fail(a->y, by);
+        pthread_mutex_unlock(&dsv4cu::lock);
+    }
+    cudaStreamSynchronize(stream); /* the temporaries are read by queued copies */
+    cudaFree(xd), cudaFree(xb), cudaFree(g), cudaFree(u), cudaFree(yb), cudaFree(Y), cudaFree(dw), cudaFree(de), cudaFree(yd);
+    free(eid), free(rows), free(wsel), free(hw);
+}
+
+/* Host buffers (the V4.1 forward keeps its activations on the host) are copied in, the op
+ * runs on device copies, and y is copied back. */
+void dsv4cu::cu_experts(const dsv4_experts_args *a)
+{
+    if (a->R <= 0 || a->D <= 0)
+        return;
+    if (!experts_uniform(a->w1, a->E) || !experts_uniform(a->w2, a->E) || !experts_uniform(a->w3, a->E) ||
+        a->w1[0].form != a->w2[0].form || a->w1[0].form != a->w3[0].form) {
+        experts_by_expert(a);
+        return;
+    }
+    op_begin();
+    if (on_dev(a->x) && on_dev(a->y) && on_dev(a->eid) && on_dev(a->wts) && on_dev(a->work)) {
+        experts_run(a);
+        op_end();
+        return;
+    }
+    size_t RK = (size_t)a->R * a->K, by = (size_t)a->R * a->D * sizeof(float);
+    dsv4_experts_args d = *a;
+    d.x = (const float *)in_buf(a->x, by);
+    d.eid = (const int32_t *)in_buf(a->eid, RK * sizeof(int32_t));
+    d.wts = (const float *)in_buf(a->wts, RK * sizeof(float));
+    d.y = (float *)out_buf(a->y, by, 1);
+    d.work = on_dev(a->work) ? a->work : (float *)scratch(DSV4_EXPERTS_WORK(a->R, a->K, a->D, a->I, a->E) * sizeof(float));
+    if (!d.x || !d.eid || !d.wts || !d.y || !d.work) {
+        out_fail(a->y, by);
+        op_end();
+        return;
+    }
+    experts_run(&d);
+    if (!errp()->code)
+        out_back(a->y, d.y, by);
+    op_end();
+}
+
+/* The op on device buffers, inside op_begin/op_end. */
+static void experts_run(const dsv4_experts_args *a)
+{
+    int R = a->R, K = a->K, D = a->D, I = a->I, E = a->E;
+    size_t by = (size_t)R * D * sizeof(float);
+    int64_t RK = (int64_t)R * K;
+    int ok = 1;
+    if (a->ref) {
+        fail(DSV4_E_DEVICE, "cuda: experts: REF numerics run on the CPU");
+        ok = 0;
+    } else if (K <= 0 || I <= 0 || E <= 0 || E > EX_SORT || RK > INT32_MAX / 4) {
+        fail(DSV4_E_ARG, "cuda: experts: bad shape R=%d K=%d D=%d I=%d E=%d (at most %d experts)", R, K, D, I, E,
+             (int)EX_SORT);
+        ok = 0;
+    } else if (a->w1[0].n != I || a->w1[0].k != D || a->w3[0].n != I || a->w3[0].k != D || a->w2[0].n != D ||
+               a->w2[0].k != I || a->w1[0].form != a->w2[0].form || a->w1[0].form != a->w3[0].form) {
+        fail(DSV4_E_ARG, "cuda: experts: weights are not [I, D], [D, I], [I, D] of one form");
+        ok = 0;
+    }
+    const wdev *t1 = ok ? expert_table(a->w1, E, K) : NULL, *t2 = ok ? expert_table(a->w2, E, K) : NULL;
+    const wdev *t3 = ok ? expert_table(a->w3, E, K) : NULL;
+    bool vec1 = ok && vec_ok(&a->w1[0]) && vec_ok(&a->w3[0]), vec2 = ok && vec_ok(&a->w2[0]);
+    if (t1 && t2 && t3 && (vec1 || vec2) &&
+        (((uintptr_t)a->x & 15) || ((uintptr_t)a->work & 15) || (vec1 && D % 4) || (vec2 && I % 4))) {
+        fail(DSV4_E_ARG, "cuda: experts: x and work must be 16-byte aligned");
+        t1 = NULL;
+    }
+    if (t1 && t2 && t3) {
+        int tile = RK <= EX_SOLO_PAIRS ? 1 : LIN_TT;
+        int64_t NT = tile == 1 ? RK : (RK / tile + E < RK ? RK / tile + E : RK);
+        float *G = a->work, *U = G + RK * I, *Y = U + RK * I;
+        int *ord = (int *)(Y + RK * D), *tiles = ord + RK, *cnt = tiles + 3 * NT, *off = cnt + E, *ntiles = off + E;
+        if (dsv4cu::poison)
+            CK(cudaMemsetAsync(a->y, 0xff, by, stream));
+        prof_split("experts: host part");
+        launch_k(k_ex_sort, 1, EX_SORT, (2 * (size_t)E + EX_SORT) * sizeof(int), stream, a->eid, (int)RK, E, tile, cnt, off, ord, tiles, ntiles);
+        prof_split("experts: grouping");
+        if (launched("experts grouping")) {
+            switch (a->w1[0].form) {
+            case DSV4_WF_F32: launch_experts<DSV4_WF_F32>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            case DSV4_WF_BF16: launch_experts<DSV4_WF_BF16>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            case DSV4_WF_F16: launch_experts<DSV4_WF_F16>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            case DSV4_WF_FP8: launch_experts<DSV4_WF_FP8>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            default: launch_experts<DSV4_WF_FP4>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            }
+            launch_k(k_ex_sum, (unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream, Y, a->wts, a->eid, E, K, D,
+                                                                               (int64_t)R * D, a->pre_weight, a->y);
+            if (launched("experts sum") && !errp()->code)
+                return;
+        }
+    }
+    out_fail(a->y, by);
+}

@@ -1,0 +1,421 @@
+/* CUDA linear ops: linear, linear_blocks and linear_multi over every storage form (EXL3 through
+ * exl3.cu), each row summed in an order fixed by the weight's form and shape alone. */
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/cuda/internal.h"
+#include "kernels/cuda/exl3_cuda.h"
+#include "kernels/cuda/linear.cuh"
+
+using namespace dsv4cu;
+
+/* A single linear: the weight's parameters at fixed offsets. */
+template <int F, bool VEC, int TT>
+__global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, int nr, dense_map m, int T)
+{
+    PDL_WAIT();
+    linear_rows<F, VEC, TT>(w, r0, nr, m, T, blockIdx.x);
+}
+
+/* A group: job blockIdx.x / bpj. Kept apart from k_linear because a run-time job index into the
+ * parameters cost the single launches registers and time (measured: FP4 expert 6.6 -> 10.3 us).
+ * The T = 1 build is held to 64 registers (4 blocks a multiprocessor). */
+template <int F, bool VEC, int TT>
+__global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_linear_group(lin_jobs J, int T)
+{
+    PDL_WAIT();
+    int j = blockIdx.x / J.bpj;
+    dense_map m = {J.x[j], J.y[j], J.ldx, J.ldy};
+    linear_rows<F, VEC, TT>(J.w[j], J.r0[j], J.nr, m, T, blockIdx.x % J.bpj);
+}
+
+/* A multi launch: job j owns blocks b0[j] .. b0[j + 1] - 1 (a scan of at most
+ * DSV4_CUDA_GROUP_MAX bounds, uniform in the block). Its own kernel, so the group and single
+ * launches keep their parameters and registers. The T = 1 chunk build is held to 64 registers
+ * (4 blocks a multiprocessor), what k_linear's FP8 build uses unbounded (the job lookup took it
+ * to 74); the others have no minimum (0), as in k_linear. */
+template <int F, bool VEC, int TT>
+__global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 0) k_linear_multi(lin_jobs J, int T)
+{
+    PDL_WAIT();
+    int j = 0, b = (int)blockIdx.x;
+    while (j + 1 < J.n && b >= J.b0[j + 1])
+        j++;
+    dense_map m = {J.x[j], J.y[j], J.ldx, J.nrj[j]};
+    linear_rows<F, VEC, TT>(J.w[j], J.r0[j], J.nrj[j], m, T, b - J.b0[j]);
+}
+
+/* Whether the 8-element chunk path tiles this weight's rows (and its scale blocks). */
+bool dsv4cu::vec_ok(const dsv4_weight *w)
+{
+    bool scaled = w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4;
+    return w->form < DSV4_WF_EXL3 && w->k % 8 == 0 && (!scaled || w->bk % 8 == 0);
+}
+
+template <int F>
+static ck_shape ck_shape_of(void) { return ck_shape{(int)ck<F>::R, (int)ck<F>::U}; }
+ck_shape dsv4cu::chunk_shape(int form)
+{
+    switch (form) {
+    case DSV4_WF_F32: return ck_shape_of<DSV4_WF_F32>();
+    case DSV4_WF_BF16: return ck_shape_of<DSV4_WF_BF16>();
+    case DSV4_WF_F16: return ck_shape_of<DSV4_WF_F16>();
+    case DSV4_WF_FP8: return ck_shape_of<DSV4_WF_FP8>();
+    default: return ck_shape_of<DSV4_WF_FP4>();
+    }
+}
+
+/* Output rows one block of a launch covers: LIN_WARPS / wpr row groups of R (chunk path), or
+ * LIN_WARPS rows (element path). */
+template <int F>
+static int rows_per_block(const wdev &w, bool vec)
+{
+    return vec ? LIN_WARPS / w.wpr * (int)ck<F>::R : LIN_WARPS;
+}
+
+/* A linear kernel's build for the call: T = 1 on the chunk path (fewer registers), the chunk
+ * path, or the element path; the three take the same arguments. */
+template <class K, class... A>
+static void launch_build(K k1, K kc, K ke, bool vec, int T, dim3 grid, cudaStream_t st, A... args)
+{
+    launch_k(vec && T == 1 ? k1 : vec ? kc : ke, grid, LIN_WARPS * 32, 0, st, args...);
+}
+
+template <int F>
+static void launch_form(lin_jobs &J, bool vec, int T, cudaStream_t st)
+{
+    if (J.multi) {
+        J.b0[0] = 0;
+        for (int j = 0; j < J.n; j++)
+            J.b0[j + 1] = J.b0[j] + (int)cdiv(J.nrj[j], rows_per_block<F>(J.w[j], vec));
+        launch_build(k_linear_multi<F, true, 1>, k_linear_multi<F, true, LIN_TT>, k_linear_multi<F, false, LIN_TT>, vec,
+                     T, dim3((unsigned)J.b0[J.n]), st, J, T);
+        return;
+    }
+    J.bpj = (int)cdiv(J.nr, rows_per_block<F>(J.w[0], vec));
+    dim3 grid((unsigned)(J.bpj * J.n));
+    if (J.n > 1) {
+        launch_build(k_linear_group<F, true, 1>, k_linear_group<F, true, LIN_TT>, k_linear_group<F, false, LIN_TT>, vec, T,
+                     grid, st, J, T);
+        return;
+    }
+    dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy};
+    launch_build(k_linear<F, true, 1>, k_linear<F, true, LIN_TT>, k_linear<F, false, LIN_TT>, vec, T, grid, st, J.w[0],
+                 J.r0[0], J.nr, m, T);
+}
+
+/* Launches J's jobs, whose weights all have w's form and path (and, but in a multi launch, its
+ * shape). */
+static void launch_linear(const dsv4_weight *w, lin_jobs &J, int T, cudaStream_t st)
+{
+    bool vec = vec_ok(w);
+    switch (w->form) {
+    case DSV4_WF_F32: launch_form<DSV4_WF_F32>(J, vec, T, st); break;
+    case DSV4_WF_BF16: launch_form<DSV4_WF_BF16>(J, vec, T, st); break;
+    case DSV4_WF_F16: launch_form<DSV4_WF_F16>(J, vec, T, st); break;
+    case DSV4_WF_FP8: launch_form<DSV4_WF_FP8>(J, vec, T, st); break;
+    default: launch_form<DSV4_WF_FP4>(J, vec, T, st); break;
+    }
+}
+
+/* One job: rows [r0, r0 + nr) of a weight. */
+static lin_jobs one_job(const wdev &wd, int64_t r0, int nr, const float *dx, float *dy)
+{
+    lin_jobs J;
+    memset(&J, 0, sizeof J);
+    J.w[0] = wd;
+    J.r0[0] = r0;
+    J.x[0] = dx;
+    J.y[0] = dy;
+    J.n = 1;
+    J.nr = nr;
+    J.ldx = wd.k;
+    J.ldy = nr;
+    return J;
+}
+
+/* Warps per row group: doubled (up to LIN_WARPS) while the weight has too few row groups to
+ * give the device LIN_MIN_WARPS warps and each lane would still get its U chunks (splitting
+ * further only adds blocks, and a second wave). From the weight's form and shape alone, so
+ * every call over that weight sums a row the same way. */
+
+
+/* As wdev_of for a weight that runs beside mats - 1 others of its shape in every launch (the
+ * active experts of a row): the warps per row group count the others' rows too, so a small
+ * matrix is not split finer than the launch needs. From the shape and mats alone. */
+wdev dsv4cu::wdev_of_n(const dsv4_weight *w, const void *q, const void *s, int mats)
+{
+    wdev d;
+    d.q = (const uint8_t *)q;
+    d.s = s;
+    d.form = w->form;
+    d.e8m0 = w->scale_e8m0;
+    d.bn = w->bn > 0 ? w->bn : 1;
+    d.bk = w->bk > 0 ? w->bk : 1;
+    d.k = w->k;
+    d.sk = w->form == DSV4_WF_FP8 ? cdiv(w->k, d.bk) : w->k / d.bk;
+    d.cpb = d.bk / 8 > 0 ? d.bk / 8 : 1;
+    d.cshift = (d.cpb & (d.cpb - 1)) ? -1 : __builtin_ctz((unsigned)d.cpb);
+    int64_t nch = w->k / 8, groups = cdiv(w->n, chunk_shape(w->form).R) * (mats > 0 ? mats : 1);
+    d.wpr = 1;
+    while (d.wpr < LIN_WARPS && groups * d.wpr < LIN_MIN_WARPS && nch >= (int64_t)32 * chunk_shape(w->form).U * d.wpr * 2)
+        d.wpr *= 2;
+    return d;
+}
+
+/* Device x rows the chunk path cannot read in place (float4 loads need a 16-byte aligned row
+ * start) are packed into this buffer first. It only grows, and a buffer it outgrew is kept
+ * (never freed), since a recorded graph may still read it. */
+static float *g_pack;
+static size_t g_pack_cap;
+
+static float *pack_buf(size_t n)
+{
+    if (n > g_pack_cap) {
+        float *p = NULL;
+        if (CK(cudaMalloc((void **)&p, n * sizeof(float))))
+            return NULL;
+        g_pack = p; /* the old one stays allocated: recordings may point at it */
+        g_pack_cap = n;
+    }
+    return g_pack;
+}
+
+/* EXL3 rows (exl3.cu) over device buffers, or host ones copied in and out; its failures are
+ * kept here like every op's. */
+static void exl3_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                        int64_t ldy)
+{
+    int64_t nr = r1 - r0;
+    int ydev = on_dev(y);
+    const float *dx = on_dev(x) ? x : dev_in(x, T, w->k, ldx);
+    int64_t dldx = on_dev(x) ? ldx : w->k, dldy = ydev ? ldy : nr;
+    float *dy = ydev ? y : dev_out((size_t)T * nr);
+    if (ydev && dsv4cu::poison)
+        CK(cudaMemset2DAsync(y, ldy * sizeof(float), 0xff, nr * sizeof(float), T, stream));
+    dsv4_err e;
+    memset(&e, 0, sizeof e);
+    if (!dx || !dy || dsv4_cuda_exl3_linear(w, r0, r1, dx, T, dldx, dy, dldy, stream) || dsv4_cuda_exl3_check(&e)) {
+        if (e.code)
+            fail(e.code, "%s", e.msg);
+        fail_rows(y, T, nr, ldy);
+        return;
+    }
+    if (!ydev)
+        dev_back(y, ldy, dy, T, nr);
+}
+
+void dsv4cu::cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                      int64_t ldy)
+{
+    int64_t nr = r1 - r0;
+    if (T <= 0 || nr <= 0)
+        return;
+    op_begin();
+    if (w->form == DSV4_WF_EXL3) {
+        exl3_linear(w, r0, r1, x, T, ldx, y, ldy);
+        op_end();
+        return;
+    }
+    int ok = w->form < DSV4_WF_EXL3;
+    if (!ok)
+        fail(DSV4_E_UNSUPPORTED, "cuda: weight %s: form %s has no CUDA kernel", w->name ? w->name : "?",
+             dsv4_wform_name(w->form));
+    const void *q = ok ? dev_const(w->data, data_bytes(w)) : NULL;
+    const void *s = ok && w->scale ? dev_const(w->scale, scale_bytes(w)) : NULL;
+    int xdev = on_dev(x), ydev = on_dev(y);
+    const float *dx = NULL;
+    int64_t dldx = w->k;
+    if (ok && xdev) {
+        bool aligned = ((uintptr_t)x & 15) == 0 && (T == 1 || ldx % 4 == 0);
+        if (aligned || !vec_ok(w)) {
+            dx = x;
+            dldx = ldx;
+        } else {
+            float *pk = pack_buf((size_t)T * w->k);
+            if (pk && !CK(cudaMemcpy2DAsync(pk, w->k * sizeof(float), x, ldx * sizeof(float), w->k * sizeof(float), T,
+                                            cudaMemcpyDeviceToDevice, stream)))
+                dx = pk;
+        }
+    } else if (ok)
+        dx = dev_in(x, T, w->k, ldx);
+    float *dy = NULL;
+    int64_t dldy = nr;
+    if (ok && ydev) {
+        if (!dsv4cu::poison || !CK(cudaMemset2DAsync(y, ldy * sizeof(float), 0xff, nr * sizeof(float), T, stream))) {
+            dy = y;
+            dldy = ldy;
+        }
+    } else if (ok)
+        dy = dev_out((size_t)T * nr);
+    bool ran = q && (s || !w->scale) && dx && dy;
+    if (ran) {
+        lin_jobs J = one_job(wdev_of(w, q, s), r0, (int)nr, dx, dy);
+        J.ldx = dldx;
+        J.ldy = dldy;
+        launch_linear(w, J, T, stream);
+    }
+    finish_rows(ran, "linear", y, dy, T, nr, ldy);
+    op_end();
+}
+
+/* The G blocks in one launch (jobs of one weight at row offsets g n/G, strided x and y) when
+ * both buffers are on the device and the shape allows it; else block by block. */
+void dsv4cu::cu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T, float *y)
+{
+    int64_t rk = w->n / G;
+    if (T <= 0 || G < 1)
+        return;
+    bool one = G <= DSV4_CUDA_GROUP_MAX && w->form < DSV4_WF_EXL3 && on_dev(x) && on_dev(y) && vec_ok(w) &&
+               ((uintptr_t)x & 15) == 0 && (w->k * G) % 4 == 0 && w->k % 4 == 0;
+    if (!one) {
+        for (int g = 0; g < G; g++)
+            cu_linear(w, g * rk, (g + 1) * rk, x + g * w->k, T, (int64_t)G * w->k, y + g * rk, w->n);
+        return;
+    }
+    op_begin();
+    const void *q = dev_const(w->data, data_bytes(w));
+    const void *s = w->scale ? dev_const(w->scale, scale_bytes(w)) : NULL;
+    if (q && (s || !w->scale) && (!dsv4cu::poison || !CK(cudaMemsetAsync(y, 0xff, (size_t)T * w->n * sizeof(float), stream)))) {
+        lin_jobs J;
+        memset(&J, 0, sizeof J);
+        J.n = G;
+        J.nr = (int)rk;
+        J.ldx = (int64_t)G * w->k;
+        J.ldy = w->n;
+        for (int g = 0; g < G; g++) {
+            J.w[g] = wdev_of(w, q, s);
+            J.r0[g] = g * rk;
+            J.x[g] = x + g * w->k;
+            J.y[g] = y + g * rk;
+        }
+        launch_linear(w, J, T, stream);
+        if (!launched("linear blocks"))
+            fail_rows(y, T, w->n, w->n);
+    } else
+        fail_rows(y, T, w->n, w->n);
+    op_end();
+}
+
+/* The weights of each storage form in one launch (x shared, y[j] dense [T, W_j.n]; x and every
+ * y on the device), each job summed as cu_linear sums it alone: the same wdev_of, path and
+ * grid within the job. A weight the launches cannot take (EXL3, not resident, the chunk path
+ * over an x it would have to pack) runs alone through cu_linear, as do all when x or a y is
+ * host memory. Past DSV4_CUDA_GROUP_MAX weights, slice by slice. */
+void dsv4cu::cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx, float *const *y)
+{
+    if (nw > DSV4_CUDA_GROUP_MAX) {
+        cu_linear_multi(DSV4_CUDA_GROUP_MAX, w, x, T, ldx, y);
+        cu_linear_multi(nw - DSV4_CUDA_GROUP_MAX, w + DSV4_CUDA_GROUP_MAX, x, T, ldx, y + DSV4_CUDA_GROUP_MAX);
+        return;
+    }
+    if (T <= 0 || nw <= 0)
+        return;
+    bool dev = on_dev(x);
+    for (int j = 0; j < nw; j++)
+        dev = dev && on_dev(y[j]);
+    if (!dev) {
+        for (int j = 0; j < nw; j++)
+            cu_linear(w[j], 0, w[j]->n, x, T, ldx, y[j], w[j]->n);
+        return;
+    }
+    bool aligned = ((uintptr_t)x & 15) == 0 && (T == 1 || ldx % 4 == 0);
+    int state[DSV4_CUDA_GROUP_MAX]; /* 0: for a launch, 1: launched, -1: alone */
+    wdev wd[DSV4_CUDA_GROUP_MAX];
+    op_begin();
+    for (int j = 0; j < nw; j++) {
+        const dsv4_weight *a = w[j];
+        const void *q = a->form < DSV4_WF_EXL3 && a->n > 0 ? dev_known(a->data) : NULL;
+        const void *s = q && a->scale ? dev_known(a->scale) : NULL;
+        state[j] = q && (s || !a->scale) && (aligned || !vec_ok(a)) ? 0 : -1;
+        if (!state[j])
+            wd[j] = wdev_of(a, q, s);
+    }
+    for (int j0 = 0; j0 < nw; j0++) {
+        if (state[j0])
+            continue;
+        bool vec = vec_ok(w[j0]);
+        lin_jobs J;
+        memset(&J, 0, sizeof J);
+        J.multi = 1;
+        J.ldx = ldx;
+        for (int j = j0; j < nw; j++) {
+            if (state[j] || w[j]->form != w[j0]->form || vec_ok(w[j]) != vec)
+                continue;
+            state[j] = 1;
+            if (dsv4cu::poison && CK(cudaMemsetAsync(y[j], 0xff, (size_t)T * w[j]->n * sizeof(float), stream))) {
+                fail_rows(y[j], T, w[j]->n, w[j]->n);
+                continue;
+            }
+            J.w[J.n] = wd[j];
+            J.x[J.n] = x;
+            J.y[J.n] = y[j];
+            J.nrj[J.n++] = (int)w[j]->n;
+        }
+        if (!J.n)
+            continue;
+        launch_linear(w[j0], J, T, stream);
+        if (!launched("linear multi"))
+            for (int i = 0; i < J.n; i++)
+                fail_rows(J.y[i], T, J.nrj[i], J.nrj[i]);
+    }
+    op_end();
+    for (int j = 0; j < nw; j++)
+        if (state[j] < 0)
+            cu_linear(w[j], 0, w[j]->n, x, T, ldx, y[j], w[j]->n);
+}
+
+extern "C" int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy,
+                                    void *stream, dsv4_err *err)
+{
+    pthread_mutex_lock(&dsv4cu::lock);
+    resident *rq = resident_of(w->data), *rs = w->scale ? resident_of(w->scale) : NULL;
+    pthread_mutex_unlock(&dsv4cu::lock);
+    if (w->form >= DSV4_WF_EXL3 || !rq || (w->scale && !rs))
+        return dsv4_fail(err, DSV4_E_ARG, "cuda: weight %s is not resident on the device (dsv4_cuda_put_weight first)",
+                         w->name ? w->name : "?");
+    lin_jobs J = one_job(wdev_of(w, rq->dev, rs ? rs->dev : NULL), r0, (int)(r1 - r0), dx, dy);
+    launch_linear(w, J, T, (cudaStream_t)stream);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return dsv4_fail(err, DSV4_E_DEVICE, "cuda: linear launch: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+extern "C" int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, const float *const *dx, int T,
+                                          float *const *dy, void *stream, dsv4_err *err)
+{
+    if (n < 1 || n > DSV4_CUDA_GROUP_MAX)
+        return dsv4_fail(err, DSV4_E_ARG, "cuda: a linear group holds 1 to %d weights, not %d", DSV4_CUDA_GROUP_MAX, n);
+    lin_jobs J;
+    memset(&J, 0, sizeof J);
+    J.n = n;
+    J.nr = (int)w[0]->n;
+    J.ldx = w[0]->k;
+    J.ldy = w[0]->n;
+    for (int j = 0; j < n; j++) {
+        const dsv4_weight *a = w[j], *b = w[0];
+        if (a->form != b->form || a->n != b->n || a->k != b->k || a->bn != b->bn || a->bk != b->bk ||
+            a->scale_e8m0 != b->scale_e8m0 || (a->scale == NULL) != (b->scale == NULL))
+            return dsv4_fail(err, DSV4_E_ARG, "cuda: linear group: weight %s differs from %s in form, shape or blocks",
+                             a->name ? a->name : "?", b->name ? b->name : "?");
+        pthread_mutex_lock(&dsv4cu::lock);
+        resident *rq = resident_of(a->data), *rs = a->scale ? resident_of(a->scale) : NULL;
+        pthread_mutex_unlock(&dsv4cu::lock);
+        if (a->form >= DSV4_WF_EXL3 || !rq || (a->scale && !rs))
+            return dsv4_fail(err, DSV4_E_ARG, "cuda: weight %s is not resident on the device (dsv4_cuda_put_weight first)",
+                             a->name ? a->name : "?");
+        J.w[j] = wdev_of(a, rq->dev, rs ? rs->dev : NULL);
+        J.x[j] = dx[j];
+        J.y[j] = dy[j];
+    }
+    launch_linear(w[0], J, T, (cudaStream_t)stream);
+    cudaError_t e = cudaGetLastError();
+    if (e != cudaSuccess)
+        return dsv4_fail(err, DSV4_E_DEVICE, "cuda: linear group launch: %s", cudaGetErrorString(e));
+    return 0;
+}

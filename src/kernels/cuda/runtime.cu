@@ -1,0 +1,715 @@
+/* CUDA backend runtime: the device and its stream, the first-error slot and the poison flag,
+ * resident copies of weights and constants (found by host address), the per-op scratch arena,
+ * the op profile, the views of host and device buffers an op reads and writes and how an op
+ * ends, device memory and graphs. The ops themselves are in one file per family. */
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <time.h>
+#include "kernels/cuda/internal.h"
+#include "kernels/cuda/exl3_cuda.h"
+
+using namespace dsv4cu;
+
+/* ---- state: device, stream, first error, poison flag -------------------------------- */
+
+namespace dsv4cu {
+pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+cudaStream_t stream;
+int poison;
+int capturing;
+}
+static int g_ready;
+static char g_name[320];
+static dsv4_err g_err;          /* first failure of an op since the last check */
+static dsv4_err g_cap_err;      /* first failure while recording a graph */
+
+dsv4_err *dsv4cu::errp(void) { return capturing ? &g_cap_err : &g_err; }
+
+int dsv4cu::failed(cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess)
+        return 0;
+    if (!errp()->code)
+        dsv4_fail(errp(), DSV4_E_DEVICE, "cuda: %s: %s", what, cudaGetErrorString(e));
+    return 1;
+}
+
+void dsv4cu::fail(int code, const char *fmt, ...)
+{
+    dsv4_err *e = errp();
+    if (e->code)
+        return;
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    dsv4_fail(e, code, "%s", msg);
+}
+
+extern "C" int dsv4_cuda_init(dsv4_err *err)
+{
+    pthread_mutex_lock(&dsv4cu::lock);
+    int rc = 0;
+    if (!g_ready) {
+        int n = 0;
+        cudaError_t e = cudaGetDeviceCount(&n);
+        if (e != cudaSuccess || n == 0)
+            rc = dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda': no usable GPU on this machine (%s)",
+                           e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device found");
+        else {
+            cudaDeviceProp p;
+            if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaGetDeviceProperties(&p, 0)) != cudaSuccess)
+                rc = dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda': %s", cudaGetErrorString(e));
+            else if (p.major < 9)
+                rc = dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda': %s is sm_%d%d; this build targets sm_90 (Hopper)",
+                               p.name, p.major, p.minor);
+            else {
+                snprintf(g_name, sizeof g_name, "%s, %.1f GiB, sm_%d%d", p.name, p.totalGlobalMem / 1073741824.0,
+                         p.major, p.minor);
+                const char *ps = getenv("DSV4_CUDA_POISON");
+                dsv4cu::poison = ps && *ps == '1';
+                if ((e = cudaStreamCreate(&dsv4cu::stream)) != cudaSuccess)
+                    rc = dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda': creating a stream: %s", cudaGetErrorString(e));
+                else
+                    g_ready = 1;
+            }
+        }
+    }
+    pthread_mutex_unlock(&dsv4cu::lock);
+    return rc;
+}
+
+extern "C" const char *dsv4_cuda_device_name(void) { return g_name; }
+extern "C" void dsv4_cuda_set_poison(int on) { dsv4cu::poison = on; }
+
+int dsv4cu::cuda_check(dsv4_err *err)
+{
+    pthread_mutex_lock(&dsv4cu::lock);
+    int rc = g_err.code;
+    if (rc) {
+        if (err)
+            *err = g_err;
+        dsv4_err_clear(&g_err);
+    }
+    pthread_mutex_unlock(&dsv4cu::lock);
+    return rc;
+}
+
+/* ---- resident copies, found by host address (open addressing, tombstones) ---------- */
+
+
+static resident *g_tab;
+static size_t g_cap, g_used, g_live, g_res_bytes, g_pin_bytes;
+static const void *const TOMB = (const void *)&g_tab;
+
+static size_t slot_of(const void *p, size_t cap)
+{
+    uint64_t h = (uint64_t)(uintptr_t)p;
+    h ^= h >> 29;
+    h *= 0xbf58476d1ce4e5b9ull;
+    h ^= h >> 32;
+    return (size_t)(h & (cap - 1));
+}
+
+resident *dsv4cu::resident_of(const void *host)
+{
+    if (!g_cap || !host)
+        return NULL;
+    for (size_t i = slot_of(host, g_cap);; i = (i + 1) & (g_cap - 1)) {
+        if (g_tab[i].host == host)
+            return &g_tab[i];
+        if (!g_tab[i].host)
+            return NULL;
+    }
+}
+
+static int grow(dsv4_err *err)
+{
+    size_t ncap = g_cap ? g_cap * 2 : 1024;
+    if (g_live * 2 < g_cap)
+        ncap = g_cap; /* only tombstones to sweep */
+    resident *nt = (resident *)calloc(ncap, sizeof *nt);
+    if (!nt)
+        return dsv4_fail(err, DSV4_E_NOMEM, "cuda: out of host memory for the resident table");
+    for (size_t i = 0; i < g_cap; i++)
+        if (g_tab[i].host && g_tab[i].host != TOMB) {
+            size_t j = slot_of(g_tab[i].host, ncap);
+            while (nt[j].host)
+                j = (j + 1) & (ncap - 1);
+            nt[j] = g_tab[i];
+        }
+    free(g_tab);
+    g_tab = nt;
+    g_cap = ncap;
+    g_used = g_live;
+    return 0;
+}
+
+/* A copy of `bytes` bytes at `host`, in device memory, or (pinned) in page-locked host memory
+ * mapped into the device's address space, which kernels read over the bus. */
+static int put_copy(const void *host, size_t bytes, int pinned, dsv4_err *err)
+{
+    if (!host || !bytes)
+        return 0;
+    pthread_mutex_lock(&dsv4cu::lock);
+    int rc = 0;
+    if (resident_of(host))
+        goto out;
+    if ((g_used + 1) * 4 > g_cap * 3 && (rc = grow(err)))
+        goto out;
+    {
+        void *d = NULL, *h = NULL;
+        cudaError_t e;
+        if (pinned) {
+            e = cudaHostAlloc(&h, bytes, cudaHostAllocMapped);
+            if (e == cudaSuccess) {
+                memcpy(h, host, bytes);
+                e = cudaHostGetDevicePointer(&d, h, 0);
+            }
+        } else {
+            e = cudaMalloc(&d, bytes);
+            if (e == cudaSuccess)
+                e = cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice);
+        }
+        if (e != cudaSuccess) {
+            if (pinned)
+                cudaFreeHost(h);
+            else
+                cudaFree(d);
+            rc = dsv4_fail(err, DSV4_E_DEVICE, "cuda: %s %zu bytes: %s (%.2f GiB on the device, %.2f GiB pinned already)",
+                           pinned ? "pinning" : "uploading", bytes, cudaGetErrorString(e), g_res_bytes / 1073741824.0,
+                           g_pin_bytes / 1073741824.0);
+            goto out;
+        }
+        size_t i = slot_of(host, g_cap);
+        while (g_tab[i].host && g_tab[i].host != TOMB)
+            i = (i + 1) & (g_cap - 1);
+        if (!g_tab[i].host)
+            g_used++;
+        g_tab[i] = (resident){host, d, h, bytes};
+        g_live++;
+        *(pinned ? &g_pin_bytes : &g_res_bytes) += bytes;
+    }
+out:
+    pthread_mutex_unlock(&dsv4cu::lock);
+    return rc;
+}
+
+extern "C" int dsv4_cuda_put(const void *host, size_t bytes, dsv4_err *err) { return put_copy(host, bytes, 0, err); }
+
+unsigned dsv4cu::drops;        /* bumped by every drop: cached expert tables are rebuilt */
+
+extern "C" void dsv4_cuda_drop(const void *host)
+{
+    pthread_mutex_lock(&dsv4cu::lock);
+    drops++;
+    resident *r = resident_of(host);
+    if (r) {
+        if (r->pinned) {
+            cudaFreeHost(r->pinned);
+            g_pin_bytes -= r->bytes;
+        } else {
+            cudaFree(r->dev);
+            g_res_bytes -= r->bytes;
+        }
+        r->host = TOMB;
+        r->dev = r->pinned = NULL;
+        g_live--;
+    }
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
+
+/* Bytes of the data and of the scales of a weight as stored. */
+size_t dsv4cu::data_bytes(const dsv4_weight *w)
+{
+    switch (w->form) {
+    case DSV4_WF_F32: return (size_t)w->n * w->k * 4;
+    case DSV4_WF_BF16:
+    case DSV4_WF_F16: return (size_t)w->n * w->k * 2;
+    case DSV4_WF_FP8: return (size_t)w->n * w->k;
+    case DSV4_WF_FP4: return (size_t)w->n * w->k / 2;
+    default: return 0;
+    }
+}
+
+size_t dsv4cu::scale_bytes(const dsv4_weight *w)
+{
+    size_t es = w->scale_e8m0 ? 1 : 4;
+    if (w->form == DSV4_WF_FP8)
+        return (size_t)cdiv(w->n, w->bn) * cdiv(w->k, w->bk) * es;
+    if (w->form == DSV4_WF_FP4)
+        return (size_t)w->n * (w->k / w->bk) * es;
+    return 0;
+}
+
+static int put_weight(const dsv4_weight *w, int pinned, dsv4_err *err)
+{
+    if (w->form == DSV4_WF_EXL3) /* trellis, scales and bias on the device (the plan never spills them) */
+        return dsv4_cuda_exl3_put(w, err);
+    if (w->form > DSV4_WF_EXL3)
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "cuda: weight %s: form %s has no CUDA kernel", w->name ? w->name : "?",
+                         dsv4_wform_name(w->form));
+    int rc = put_copy(w->data, data_bytes(w), pinned, err);
+    if (!rc && w->scale)
+        rc = put_copy(w->scale, scale_bytes(w), pinned, err);
+    if (rc && err)
+        dsv4_err_prefix(err, "weight %s (%s [%lld, %lld])", w->name ? w->name : "?", dsv4_wform_name(w->form),
+                        (long long)w->n, (long long)w->k);
+    return rc;
+}
+
+extern "C" int dsv4_cuda_put_weight(const dsv4_weight *w, dsv4_err *err) { return put_weight(w, 0, err); }
+extern "C" int dsv4_cuda_pin_weight(const dsv4_weight *w, dsv4_err *err) { return put_weight(w, 1, err); }
+
+extern "C" size_t dsv4_cuda_weight_bytes(const dsv4_weight *w)
+{
+    if (w->form == DSV4_WF_EXL3)
+        return dsv4_cuda_exl3_bytes(w);
+    return data_bytes(w) + (w->scale ? scale_bytes(w) : 0);
+}
+
+extern "C" int dsv4_cuda_mem(size_t *free_b, size_t *total_b, dsv4_err *err)
+{
+    cudaError_t e = cudaMemGetInfo(free_b, total_b);
+    if (e != cudaSuccess)
+        return dsv4_fail(err, DSV4_E_DEVICE, "cuda: cudaMemGetInfo: %s", cudaGetErrorString(e));
+    return 0;
+}
+
+extern "C" void dsv4_cuda_usage(size_t *device_b, size_t *pinned_b)
+{
+    pthread_mutex_lock(&dsv4cu::lock);
+    *device_b = g_res_bytes;
+    *pinned_b = g_pin_bytes;
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
+
+extern "C" void dsv4_cuda_drop_weight(const dsv4_weight *w)
+{
+    if (w->form == DSV4_WF_EXL3) {
+        dsv4_cuda_exl3_drop(w);
+        return;
+    }
+    dsv4_cuda_drop(w->data);
+    if (w->scale)
+        dsv4_cuda_drop(w->scale);
+}
+
+/* ---- per-op scratch: one device arena, reset at each op ----------------------------- */
+
+/* Scratch serves the host-buffer path only: an op over device buffers uses none, so a
+ * recorded graph never points into the arena (which a later op may free and regrow). */
+static char *g_arena;
+static size_t g_arena_cap, g_arena_off;
+static char *g_spill[64];       /* chunks taken when an op outgrew the arena; freed at reset */
+static int g_nspill;
+static size_t g_want;           /* largest total an op asked for */
+
+static void scratch_reset(void)
+{
+    for (int i = 0; i < g_nspill; i++)
+        cudaFree(g_spill[i]);
+    g_nspill = 0;
+    if (g_want > g_arena_cap) {
+        cudaFree(g_arena);
+        g_arena = NULL;
+        g_arena_cap = 0;
+        if (cudaMalloc((void **)&g_arena, g_want) == cudaSuccess)
+            g_arena_cap = g_want;
+    }
+    g_arena_off = 0;
+    g_want = 0;
+}
+
+int dsv4cu::pdl_enabled(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DSV4_PDL");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
+/* The op profile (DSV4_CUDA_PROFILE=1): wall time from op_begin to the op's completion. */
+static int g_prof = -1, g_nprof, g_depth;
+static const char *g_prof_name;
+static double g_prof_t0;
+static struct { const char *name; double s; long n; } g_prof_tab[64];
+
+static double prof_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+static void prof_print(void)
+{
+    double all = 0;
+    for (int i = 0; i < g_nprof; i++)
+        all += g_prof_tab[i].s;
+    fprintf(stderr, "cuda op profile (each op waited for; %.3f s in all):\n", all);
+    for (int i = 0; i < g_nprof; i++)
+        for (int j = i + 1; j < g_nprof; j++)
+            if (g_prof_tab[j].s > g_prof_tab[i].s) {
+                auto t = g_prof_tab[i];
+                g_prof_tab[i] = g_prof_tab[j];
+                g_prof_tab[j] = t;
+            }
+    for (int i = 0; i < g_nprof; i++)
+        fprintf(stderr, "  %-22s %8ld calls %10.3f ms %9.1f us/call %5.1f%%\n", g_prof_tab[i].name, g_prof_tab[i].n,
+                g_prof_tab[i].s * 1e3, g_prof_tab[i].s / g_prof_tab[i].n * 1e6, 100 * g_prof_tab[i].s / all);
+}
+
+void dsv4cu::op_begin_at(const char *name)
+{
+    pthread_mutex_lock(&dsv4cu::lock);
+    if (!capturing)
+        scratch_reset();
+    if (g_prof < 0) {
+        const char *e = getenv("DSV4_CUDA_PROFILE");
+        g_prof = e && !strcmp(e, "1");
+        if (g_prof)
+            atexit(prof_print);
+    }
+    if (g_prof && !capturing && g_depth++ == 0) {
+        cudaStreamSynchronize(stream);
+        g_prof_name = name;
+        g_prof_t0 = prof_now();
+    }
+}
+
+/* Adds one call of `seconds` to name's row of the profile (64 rows at most). */
+static void prof_add(const char *name, double seconds)
+{
+    int i = 0;
+    while (i < g_nprof && strcmp(g_prof_tab[i].name, name))
+        i++;
+    if (i < 64) {
+        if (i == g_nprof)
+            g_prof_tab[g_nprof++].name = name;
+        g_prof_tab[i].s += seconds;
+        g_prof_tab[i].n++;
+    }
+}
+
+/* Inside a profiled op: the time since the op began (or the last split) goes to `name`. */
+void dsv4cu::prof_split(const char *name)
+{
+    if (g_prof <= 0 || capturing || !g_prof_name)
+        return;
+    cudaStreamSynchronize(stream);
+    double t = prof_now();
+    prof_add(name, t - g_prof_t0);
+    g_prof_t0 = t;
+}
+
+void dsv4cu::op_end(void)
+{
+    if (g_prof > 0 && !capturing && --g_depth == 0 && g_prof_name) {
+        cudaStreamSynchronize(stream);
+        prof_add(g_prof_name, prof_now() - g_prof_t0);
+        g_prof_name = NULL;
+    }
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
+
+/* A device buffer of `bytes` for this op (256-byte aligned), NULL after recording an error. */
+void *dsv4cu::scratch(size_t bytes)
+{
+    if (capturing) {
+        fail(DSV4_E_ARG, "cuda: a recorded op was given a host buffer or an unregistered host constant "
+                         "(recordings take device buffers only)");
+        return NULL;
+    }
+    bytes = bytes ? (bytes + 255) & ~(size_t)255 : 256; /* never NULL for an empty buffer */
+    g_want += bytes;
+    if (g_arena_off + bytes <= g_arena_cap) {
+        void *p = g_arena + g_arena_off;
+        g_arena_off += bytes;
+        return p;
+    }
+    char *p = NULL;
+    if (g_nspill == 64 || CK(cudaMalloc((void **)&p, bytes)))
+        return NULL;
+    g_spill[g_nspill++] = p;
+    return p;
+}
+
+int dsv4cu::on_dev(const void *p)
+{
+    if (!p)
+        return 0;
+    cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        cudaGetLastError(); /* not a pointer the runtime knows: host memory */
+        return 0;
+    }
+    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+}
+
+/* The device view of a constant array: device memory itself, resident if put, else copied. */
+const void *dsv4cu::dev_const(const void *host, size_t bytes)
+{
+    if (!host)
+        return NULL;
+    resident *r = resident_of(host);
+    if (r)
+        return r->dev;
+    if (on_dev(host))
+        return host;
+    void *d = scratch(bytes);
+    if (d && bytes && CK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice)))
+        return NULL;
+    return d;
+}
+
+const void *dsv4cu::dev_known(const void *p)
+{
+    if (!p)
+        return NULL;
+    resident *r = resident_of(p);
+    if (r)
+        return r->dev;
+    return on_dev(p) ? p : NULL;
+}
+
+const void *dsv4cu::in_buf(const void *p, size_t bytes)
+{
+    if (!p || on_dev(p))
+        return p;
+    void *d = scratch(bytes);
+    if (d && bytes && CK(cudaMemcpy(d, p, bytes, cudaMemcpyHostToDevice)))
+        return NULL;
+    return d;
+}
+
+void *dsv4cu::out_buf(void *p, size_t bytes, int may_poison)
+{
+    if (!p)
+        return NULL;
+    if (on_dev(p)) {
+        if (dsv4cu::poison && may_poison && bytes && CK(cudaMemsetAsync(p, 0xff, bytes, stream)))
+            return NULL;
+        return p;
+    }
+    void *d = scratch(bytes);
+    if (d && dsv4cu::poison && bytes && CK(cudaMemset(d, 0xff, bytes)))
+        return NULL;
+    return d;
+}
+
+void dsv4cu::out_back(void *p, const void *d, size_t bytes)
+{
+    if (p && d && d != p && bytes)
+        CK(cudaMemcpy(p, d, bytes, cudaMemcpyDeviceToHost));
+}
+
+void dsv4cu::out_fail(void *p, size_t bytes)
+{
+    if (!p || !bytes)
+        return;
+    if (on_dev(p))
+        cudaMemsetAsync(p, 0xff, bytes, stream); /* NaN bytes; the op's failure is already kept */
+    else
+        memset(p, 0xff, bytes);
+}
+
+/* Rows [T, w] of a host matrix with row stride ld, packed densely on the device. */
+float *dsv4cu::dev_in(const float *host, int64_t rows, int64_t w, int64_t ld)
+{
+    float *d = (float *)scratch((size_t)rows * w * sizeof(float));
+    if (d && rows && CK(cudaMemcpy2D(d, w * sizeof(float), host, ld * sizeof(float), w * sizeof(float), rows,
+                                     cudaMemcpyHostToDevice)))
+        return NULL;
+    return d;
+}
+
+/* An output buffer, poisoned (NaN bytes) when poisoning is on. */
+float *dsv4cu::dev_out(size_t n)
+{
+    float *d = (float *)scratch(n * sizeof(float));
+    if (d && dsv4cu::poison && CK(cudaMemset(d, 0xff, n * sizeof(float))))
+        return NULL;
+    return d;
+}
+
+void dsv4cu::dev_back(float *host, int64_t ld, const float *d, int64_t rows, int64_t w)
+{
+    if (rows)
+        CK(cudaMemcpy2D(host, ld * sizeof(float), d, w * sizeof(float), w * sizeof(float), rows, cudaMemcpyDeviceToHost));
+}
+
+int dsv4cu::launched(const char *what)
+{
+    return !failed(cudaGetLastError(), what);
+}
+
+/* Host rows [rows, w] with stride ld set to NaN: what an op leaves when it failed. */
+void dsv4cu::nan_fill(float *host, int64_t rows, int64_t w, int64_t ld)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < w; i++)
+            host[r * ld + i] = NAN;
+}
+
+/* Rows [rows, w] with stride ld set to NaN, host or device: what an op leaves when it failed. */
+void dsv4cu::fail_rows(float *p, int64_t rows, int64_t w, int64_t ld)
+{
+    if (!p || rows <= 0 || w <= 0)
+        return;
+    if (on_dev(p))
+        cudaMemset2DAsync(p, ld * sizeof(float), 0xff, w * sizeof(float), rows, stream);
+    else
+        nan_fill(p, rows, w, ld);
+}
+
+/* How an op with one output ends: the result copied back when p is a host buffer (d its device
+ * copy), or p marked failed (NaN) when its inputs could not be staged (ran false) or the launch
+ * failed. */
+void dsv4cu::finish(bool ran, const char *what, void *p, const void *d, size_t bytes)
+{
+    if (ran && launched(what))
+        out_back(p, d, bytes);
+    else
+        out_fail(p, bytes);
+}
+
+/* The same for rows [rows, w] of y with row stride ld, dy their dense device copy (or y). */
+void dsv4cu::finish_rows(bool ran, const char *what, float *y, const float *dy, int64_t rows, int64_t w, int64_t ld)
+{
+    if (ran && launched(what)) {
+        if (dy != y)
+            dev_back(y, ld, dy, rows, w);
+    } else
+        fail_rows(y, rows, w, ld);
+}
+
+
+void *dsv4cu::cu_alloc(size_t bytes)
+{
+    void *p = NULL;
+    pthread_mutex_lock(&dsv4cu::lock);
+    if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) {
+        cudaGetLastError(); /* out of memory is the caller's to handle (NULL) */
+        p = NULL;
+    } else if (CK(cudaMemsetAsync(p, 0, bytes, stream))) {
+        cudaFree(p);
+        p = NULL;
+    }
+    pthread_mutex_unlock(&dsv4cu::lock);
+    return p;
+}
+
+void dsv4cu::cu_free(void *p)
+{
+    if (p)
+        cudaFree(p);
+}
+
+void dsv4cu::cu_upload(void *dst, const void *host, size_t bytes)
+{
+    if (!bytes)
+        return;
+    pthread_mutex_lock(&dsv4cu::lock);
+    /* pageable memory is staged before the call returns; pinned memory is read later, so wait
+     * for it (the caller may reuse its buffer at once) */
+    if (!CK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyDefault, stream)) && !capturing) {
+        cudaPointerAttributes at;
+        if (cudaPointerGetAttributes(&at, host) == cudaSuccess && at.type == cudaMemoryTypeHost)
+            CK(cudaStreamSynchronize(stream));
+        cudaGetLastError();
+    }
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
+
+void dsv4cu::cu_download(void *host, const void *src, size_t bytes)
+{
+    if (!bytes)
+        return;
+    pthread_mutex_lock(&dsv4cu::lock);
+    if (CK(cudaMemcpyAsync(host, src, bytes, cudaMemcpyDefault, stream)) || CK(cudaStreamSynchronize(stream)))
+        memset(host, 0xff, bytes);
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
+
+void dsv4cu::cu_copy(void *dst, const void *src, size_t bytes)
+{
+    if (!bytes || dst == src)
+        return;
+    pthread_mutex_lock(&dsv4cu::lock);
+    CK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
+
+/* ---- graphs: the op stream captured between graph_begin and graph_end ------------------- */
+
+int dsv4cu::cu_graph_begin(void)
+{
+    pthread_mutex_lock(&dsv4cu::lock);
+    int rc = 0;
+    dsv4_err_clear(&g_cap_err);
+    if (capturing)
+        rc = dsv4_fail(&g_cap_err, DSV4_E_ARG, "cuda: graph_begin while recording");
+    else {
+        cudaError_t e = cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed);
+        if (e != cudaSuccess)
+            rc = dsv4_fail(&g_cap_err, DSV4_E_DEVICE, "cuda: cudaStreamBeginCapture: %s", cudaGetErrorString(e));
+        else
+            capturing = 1;
+    }
+    cudaGetLastError();
+    pthread_mutex_unlock(&dsv4cu::lock);
+    return rc;
+}
+
+void *dsv4cu::cu_graph_end(void)
+{
+    pthread_mutex_lock(&dsv4cu::lock);
+    void *ret = NULL;
+    if (capturing) {
+        cudaGraph_t g = NULL;
+        cudaError_t e = cudaStreamEndCapture(stream, &g);
+        capturing = 0;
+        if (e == cudaSuccess && !g_cap_err.code) {
+            cudaGraphExec_t ex = NULL;
+            e = cudaGraphInstantiate(&ex, g, 0);
+            if (e == cudaSuccess)
+                ret = (void *)ex;
+        }
+        if (e != cudaSuccess && !g_cap_err.code)
+            dsv4_fail(&g_cap_err, DSV4_E_DEVICE, "cuda: recording a graph: %s", cudaGetErrorString(e));
+        if (g)
+            cudaGraphDestroy(g);
+        cudaGetLastError(); /* a failed recording leaves nothing behind: the ops run again */
+    } else if (!g_cap_err.code)
+        dsv4_fail(&g_cap_err, DSV4_E_ARG, "cuda: graph_end without graph_begin");
+    pthread_mutex_unlock(&dsv4cu::lock);
+    return ret;
+}
+
+void dsv4cu::cu_graph_run(void *g)
+{
+    if (!g)
+        return;
+    pthread_mutex_lock(&dsv4cu::lock);
+    CK(cudaGraphLaunch((cudaGraphExec_t)g, stream));
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
+
+void dsv4cu::cu_graph_free(void *g)
+{
+    if (g)
+        cudaGraphExecDestroy((cudaGraphExec_t)g);
+}
+
+extern "C" const char *dsv4_cuda_graph_why(void) { return g_cap_err.code ? g_cap_err.msg : ""; }
