@@ -923,13 +923,12 @@ static void stream_events(gen *g)
     size_t safe = gen_safe_len(g);
     if (g->chat)
         chat_parse(g, safe);
-    /* tokens whose piece starts before `safe` go out with this chunk */
+    /* tokens whose piece starts before `safe` go out with this chunk; at the end, all of them,
+     * as the whole reply lists them: the one that completed a stop string too, though its piece
+     * lies past the cut */
     int to = g->n_streamed;
-    while (to < g->n_tok && (g->off[to] < safe || (g->finish && !g->stop_string)))
+    while (to < g->n_tok && (g->off[to] < safe || g->finish))
         to++;
-    if (g->finish && g->stop_string)
-        while (to < g->n_tok && g->off[to] < g->text.n)
-            to++;
     /* the first chunk: a chat's role, or an echoed prompt once its scores exist (after the
      * first token or the end: both come after the prompt was read) */
     int fresh_role = !g->role_sent && (g->chat || (g->echo && (g->n_tok > 0 || g->finish)));
