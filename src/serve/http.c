@@ -1678,6 +1678,16 @@ static enum MHD_Result metrics(server *s, struct MHD_Connection *c)
     M("dsv4_queue_length", "gauge", "Requests waiting for a lane.", "%d", st.queued);
     M("dsv4_cache_entries", "gauge", "Saved states in the prompt cache.", "%zu", st.cache_entries);
     M("dsv4_cache_bytes", "gauge", "Bytes held by the prompt cache.", "%zu", st.cache_bytes);
+    int open = 0;
+    pthread_mutex_lock(&s->smu);
+    for (const sock *x = s->socks; x; x = x->next)
+        open += !x->leaving;
+    pthread_mutex_unlock(&s->smu);
+    M("dsv4_http_connections", "gauge", "Open HTTP connections.", "%d", open);
+    M("dsv4_http_connections_closed_idle_total", "counter", "Idle connections closed to make room for new ones.", "%" PRIu64,
+      (uint64_t)atomic_load(&s->conns_closed_idle));
+    M("dsv4_http_connections_refused_total", "counter", "Connections over the limits with none idle to close (told 503).",
+      "%" PRIu64, (uint64_t)atomic_load(&s->conns_refused));
 #undef M
     histo_write(f, "dsv4_time_to_first_token_seconds", "Submission to first generated token, successful requests.", &s->ttft);
     histo_write(f, "dsv4_request_duration_seconds", "Whole generation requests, successful ones.", &s->duration);
@@ -1699,7 +1709,7 @@ static cJSON *model_json(const server *s)
 }
 
 /* The body as a JSON object: valid UTF-8 (RFC 8259; also, nothing echoed from it can make a
- * reply invalid), well-formed, an object. NULL with b->msg set otherwise. */
+ * reply invalid), well-formed, one object and nothing after it but white space. NULL with b->msg set otherwise. */
 static cJSON *parse_body(const char *p, size_t n, bad *b)
 {
     int incomplete = 0;
@@ -1708,10 +1718,13 @@ static cJSON *parse_body(const char *p, size_t n, bad *b)
         fail_bad(b, NULL, "the body is not valid UTF-8 (at byte %zu)", ok);
         return NULL;
     }
-    cJSON *j = n ? cJSON_ParseWithLength(p, n) : NULL;
-    if (!j || !cJSON_IsObject(j)) {
+    const char *end = NULL;
+    cJSON *j = n ? cJSON_ParseWithLengthOpts(p, n, &end, 0) : NULL;
+    while (j && end && end < p + n && strchr(" \t\r\n", *end) && *end)
+        end++;
+    if (!j || !cJSON_IsObject(j) || (end && end < p + n)) {
         cJSON_Delete(j);
-        fail_bad(b, NULL, "the body must be a JSON object");
+        fail_bad(b, NULL, "the body must be one JSON object");
         return NULL;
     }
     return j;
