@@ -112,8 +112,8 @@ clean:
 # fuzz: request — libFuzzer on the server's request parser (tests/fuzz/fuzz_request.c over
 # dsv4_serve_parse), the library rebuilt by clang with AddressSanitizer and UBSan in a folder of
 # its own. `make fuzz-request` runs FUZZ_SECONDS (60) from the committed corpus
-# tests/fuzz/corpus/request (new finds go to $(FUZZ_REQ_BUILD)/corpus, not the repository);
-# longer: make fuzz-request FUZZ_SECONDS=3600.
+# tests/fuzz/corpus/request (new finds go to $(FUZZ_REQ_BUILD)/corpus, not the repository; a
+# crashing input to $(FUZZ_REQ_BUILD)/crash-*); longer: make fuzz-request FUZZ_SECONDS=3600.
 FUZZ_REQ_BUILD ?= build-fuzz-request
 FUZZ_CC        ?= clang
 FUZZ_SECONDS   ?= 60
@@ -131,7 +131,7 @@ $(FUZZ_REQ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c $(FUZZ_REQ_OBJ)
 fuzz-request: $(FUZZ_REQ_BUILD)/fuzz_request
 	@mkdir -p $(FUZZ_REQ_BUILD)/corpus
 	ASAN_OPTIONS=detect_leaks=1 $(FUZZ_REQ_BUILD)/fuzz_request -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -timeout=10 \
-	    -rss_limit_mb=2048 -print_final_stats=1 $(FUZZ_REQ_BUILD)/corpus tests/fuzz/corpus/request
+	    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=$(FUZZ_REQ_BUILD)/ $(FUZZ_REQ_BUILD)/corpus tests/fuzz/corpus/request
 
 .PHONY: fuzz-request
 -include $(FUZZ_REQ_OBJ:.o=.d)
