@@ -131,7 +131,8 @@ $(FUZZ_REQ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c $(FUZZ_REQ_OBJ)
 fuzz-request: $(FUZZ_REQ_BUILD)/fuzz_request
 	@mkdir -p $(FUZZ_REQ_BUILD)/corpus
 	ASAN_OPTIONS=detect_leaks=1 $(FUZZ_REQ_BUILD)/fuzz_request -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -timeout=10 \
-	    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=$(FUZZ_REQ_BUILD)/ $(FUZZ_REQ_BUILD)/corpus tests/fuzz/corpus/request
+	    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=$(FUZZ_REQ_BUILD)/ \
+	    -dict=tests/fuzz/request.dict $(FUZZ_REQ_BUILD)/corpus tests/fuzz/corpus/request
 
 .PHONY: fuzz-request
 -include $(FUZZ_REQ_OBJ:.o=.d)
