@@ -122,8 +122,9 @@ run_node tests/serve/soak.mjs --port "$port" --key "$key" --pid "$pid" --streams
 kill -TERM "$pid"
 wait "$pid" && ok "the soak server stops cleanly" || bad "the soak server's exit status"
 
-# ---- a context of 2^32 tokens: a chat's default max_tokens must not wrap (it once overran a
-# lane's id buffer); the long chat is served, then cancelled by the client
+# ---- a context of 2^32 tokens: a chat's default max_tokens must not wrap to a negative int
+# (which would size a lane's id buffer under its prompt); the long chat is served, then
+# cancelled by the client
 big=$tmp/ctx32
 mkdir -p "$big"
 for f in "$model"/*; do ln -s "$f" "$big/"; done
