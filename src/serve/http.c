@@ -1060,9 +1060,9 @@ static int waiter_due(server *s, waiter *w, double now)
 {
     if (s->final || w->want_room || (w->wake_at > 0 && now >= w->wake_at))
         return 1;
-    for (int i = 0; i < w->n; i++) {
+    for (int i = 0; i < w->n; i++) { /* one that has ended has no news (its list waits for the others) */
         gen *g = w->gs[i];
-        if (g->finish || dsv4_request_ready(g->r, g->n_tok))
+        if (!g->finish && dsv4_request_ready(g->r, g->n_tok))
             return 1;
     }
     if (now >= w->next_check) {
@@ -1079,6 +1079,7 @@ static int waiter_due(server *s, waiter *w, double now)
 static void *waker_main(void *arg)
 {
     server *s = arg;
+    pthread_setname_np(pthread_self(), "dsv4-waker");
     struct pollfd pf = {.fd = s->efd, .events = POLLIN};
     while (!atomic_load(&s->waker_stop)) {
         poll(&pf, 1, TICK_MS);

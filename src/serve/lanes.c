@@ -709,6 +709,7 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
 static void *run_thread(void *arg)
 {
     dsv4_lanes *l = arg;
+    pthread_setname_np(pthread_self(), "dsv4-lanes"); /* for per-thread CPU in tests and top */
     /* OpenMP's thread count is per calling thread: the loader's setting does not reach this one */
     if (l->o.n_threads > 0)
         omp_set_num_threads(l->o.n_threads);

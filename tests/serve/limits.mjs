@@ -4,8 +4,9 @@
 // and malformed requests (4xx, JSON bodies from the server's own checks, the server keeps
 // serving), authentication, UTF-8 in replies, exact seeds and the scoring cap. The server runs
 // with --lanes 1 --queue 2 --idle-timeout 2 --max-score-tokens 100 and its key in DSV4_API_KEY.
-//   node limits.mjs --port P --key K
+//   node limits.mjs --port P --key K --pid PID
 // Prints one line per check ("ok ..." / "FAIL ...") and ends with "N passed, M failed".
+import fs from 'node:fs';
 import net from 'node:net';
 
 const args = Object.fromEntries(process.argv.slice(2).reduce((a, x, i, v) => (i % 2 ? a : [...a, [x.replace(/^--/, ''), v[i + 1]]]), []));
@@ -46,8 +47,8 @@ function raw(bytes, ms = 4000) {
     s.on('connect', () => s.write(bytes));
   });
 }
-const post = (path, body, extra = '') => raw(`POST ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\n` +
-  `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n${extra}\r\n${body}`);
+const post = (path, body, extra = '', ms = 4000) => raw(`POST ${path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ${key}\r\nContent-Type: application/json\r\n` +
+  `Content-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n${extra}\r\n${body}`, ms);
 async function health(ms = 5000) {
   try { const r = await fetch(`${base}/health`, { signal: AbortSignal.timeout(ms) }); return r.status; } catch (e) { return String(e.cause?.code ?? e.name); }
 }
@@ -143,6 +144,28 @@ async function openIdle(n) {
   const d = await pd;
   check(taken && d.status === 200, 'a new request takes a freed slot (queued, then answered; not 503)', { taken, status: d.status });
   check(await waitFor(idle, 3000), 'a client that leaves mid-stream frees its lane');
+}
+
+// ---- a list of prompts whose first has ended while the second runs waits without spinning:
+// the threads other than the lanes' (HTTP, waker) use a small part of a core meanwhile
+{
+  const cpu = () => {
+    let t = 0;
+    for (const id of fs.readdirSync(`/proc/${args.pid}/task`)) {
+      const p = `/proc/${args.pid}/task/${id}`;
+      try {
+        if (fs.readFileSync(`${p}/comm`, 'utf8').trim() === 'dsv4-lanes') continue;
+        const f = fs.readFileSync(`${p}/stat`, 'utf8').split(') ')[1].split(' ');
+        t += (Number(f[11]) + Number(f[12])) / 100;
+      } catch { /* a thread that ended */ }
+    }
+    return t;
+  };
+  const c0 = cpu(), t0 = Date.now();
+  const r = await post('/v1/completions', JSON.stringify({ prompt: ['first', 'second'], max_tokens: 600, ignore_eos: true, cache_prompt: false }), '', 30000);
+  const wall = (Date.now() - t0) / 1000, used = cpu() - c0;
+  check(r.status === 200 && r.json.choices.length === 2 && used < 0.15 * wall,
+    `a list of prompts waits without spinning (${used.toFixed(2)} s of CPU outside the lanes in ${wall.toFixed(2)} s)`, r.status);
 }
 
 // ---- framing: requests a proxy could read differently are refused with a JSON 400
