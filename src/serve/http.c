@@ -1992,19 +1992,29 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     *socket_context = k;
 }
 
-/* Raises the open-file limit to what the connection limits need (up to the hard limit). */
-static int raise_fd_limit(int need, dsv4_err *err)
+enum { FD_SPARE = 256 }; /* open files besides connections: model shards, epoll, eventfds */
+
+/* Raises the open-file limit to what *max_conns connections need, up to the hard limit. Past
+ * it, a --max-connections given is refused and the default lowered to fit. */
+static int raise_fd_limit(int *max_conns, int given, dsv4_err *err)
 {
     struct rlimit rl;
-    if (getrlimit(RLIMIT_NOFILE, &rl))
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY)
         return 0;
-    if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < (rlim_t)need) {
-        if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < (rlim_t)need)
-            return dsv4_fail(err, DSV4_E_ARG, "--max-connections needs %d open files; the hard limit is %llu (ulimit -Hn)", need,
-                             (unsigned long long)rl.rlim_max);
-        rl.rlim_cur = (rlim_t)need;
+    rlim_t need = (rlim_t)*max_conns + REFUSED_SLACK + FD_SPARE;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
+        if (given || rl.rlim_max < REFUSED_SLACK + FD_SPARE + 64)
+            return dsv4_fail(err, DSV4_E_ARG, "%d connections need %llu open files; the hard limit is %llu (ulimit -Hn)", *max_conns,
+                             (unsigned long long)need, (unsigned long long)rl.rlim_max);
+        *max_conns = (int)(rl.rlim_max - REFUSED_SLACK - FD_SPARE);
+        need = rl.rlim_max;
+        dsv4_log("dsv4 serve: the open-file hard limit %llu allows %d connections (--max-connections)",
+                 (unsigned long long)rl.rlim_max, *max_conns);
+    }
+    if (rl.rlim_cur < need) {
+        rl.rlim_cur = need;
         if (setrlimit(RLIMIT_NOFILE, &rl))
-            return dsv4_fail(err, DSV4_E_ARG, "cannot raise the open-file limit to %d", need);
+            return dsv4_fail(err, DSV4_E_ARG, "cannot raise the open-file limit to %llu", (unsigned long long)need);
     }
     return 0;
 }
@@ -2020,8 +2030,10 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     unsigned idle = o->idle_timeout_s > 0 ? (unsigned)o->idle_timeout_s : DSV4_DEFAULT_IDLE_TIMEOUT;
     if (s.max_conns > 1 << 20)
         return dsv4_fail(err, DSV4_E_ARG, "--max-connections %d is over 1048576", s.max_conns);
-    if (raise_fd_limit(s.max_conns + REFUSED_SLACK + 256, err))
+    if (raise_fd_limit(&s.max_conns, o->max_connections > 0, err))
         return err->code;
+    if (s.client_conns > s.max_conns)
+        s.client_conns = s.max_conns;
     s.m = dsv4_model_load(o->model_dir, &o->load, err);
     if (!s.m)
         return err->code;
