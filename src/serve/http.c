@@ -44,6 +44,7 @@ enum { MAX_BODY = 16 << 20, MAX_STOPS = 16, TAKE = 64, MAX_BATCH = 1024, N_BUCKE
        HTTP_THREADS = 4,     /* libmicrohttpd's polling threads */
        REFUSED_SLACK = 128,  /* connections past max_connections that can still be told 503 */
        TICK_MS = 50 };       /* the waker's longest sleep: batch retries, disconnect checks */
+static const double ROOM_RETRY_S = 0.02; /* a list of prompts waiting for queue room tries again */
 
 /* Upper bounds (seconds) of the latency histograms' buckets; the last is +Inf. */
 static const double bucket_le[N_BUCKETS - 1] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
@@ -74,8 +75,8 @@ typedef struct waiter {
     int fd;
     gen **gs;                 /* the generations it waits on */
     int n;
-    int want_room;            /* a list of prompts with some not yet queued: retried each tick */
-    double wake_at;           /* resume by then in any case (a stream's keep-alive); 0: none */
+    double wake_at;           /* resume by then in any case (a stream's keep-alive, a list of prompts
+                               * retrying for queue room); 0: none */
     double next_check;        /* when to look for a closed client end next */
     int gone;                 /* the client closed its end while suspended */
 } waiter;
@@ -1032,7 +1033,7 @@ static void lanes_notify(void *ctx)
 /* Suspends c until one of gs[0..n) has news (or the other reasons in waiter). Called from the
  * connection's handler or content callback. Returns -1 when the server is stopping (then it is
  * not suspended and the caller ends the request). */
-static int suspend_on(server *s, struct MHD_Connection *c, waiter *w, gen **gs, int n, int want_room, double wake_at)
+static int suspend_on(server *s, struct MHD_Connection *c, waiter *w, gen **gs, int n, double wake_at)
 {
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     pthread_mutex_lock(&s->wmu);
@@ -1044,7 +1045,6 @@ static int suspend_on(server *s, struct MHD_Connection *c, waiter *w, gen **gs, 
     w->fd = ci ? ci->connect_fd : -1;
     w->gs = gs;
     w->n = n;
-    w->want_room = want_room;
     w->wake_at = wake_at;
     w->gone = 0;
     MHD_suspend_connection(c);
@@ -1058,7 +1058,7 @@ static int suspend_on(server *s, struct MHD_Connection *c, waiter *w, gen **gs, 
 /* 1 when w should be resumed now. */
 static int waiter_due(server *s, waiter *w, double now)
 {
-    if (s->final || w->want_room || (w->wake_at > 0 && now >= w->wake_at))
+    if (s->final || (w->wake_at > 0 && now >= w->wake_at))
         return 1;
     for (int i = 0; i < w->n; i++) { /* one that has ended has no news (its list waits for the others) */
         gen *g = w->gs[i];
@@ -1142,7 +1142,7 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
             dsv4_buf_puts(&g->sse, ": keep-alive\n\n");
             break;
         }
-        if (suspend_on(g->s, g->c, &g->w, &g->self, 1, 0, g->last_sent + 1.0))
+        if (suspend_on(g->s, g->c, &g->w, &g->self, 1, g->last_sent + 1.0))
             return MHD_CONTENT_READER_END_WITH_ERROR;
         return 0;
     }
@@ -1526,7 +1526,8 @@ static enum MHD_Result gen_continue(server *s, struct MHD_Connection *c, conn *k
     for (int i = 0; i < k->n_sub; i++)
         done &= gen_drain(k->gs[i]);
     if (!done) {
-        if (suspend_on(s, c, &k->w, k->gs, k->n_sub, k->n_sub < k->n, 0) == 0)
+        double retry = k->n_sub < k->n ? dsv4_now() + ROOM_RETRY_S : 0; /* submit the rest then */
+        if (suspend_on(s, c, &k->w, k->gs, k->n_sub, retry) == 0)
             return MHD_YES;
         gens_free(k->gs, k->n, 503); /* stopping */
         k->gs = NULL;
