@@ -49,7 +49,7 @@ static const double ROOM_RETRY_S = 0.02; /* a list of prompts waiting for queue 
 /* Upper bounds (seconds) of the latency histograms' buckets; the last is +Inf. */
 static const double bucket_le[N_BUCKETS - 1] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 
-/* A Prometheus histogram of seconds, filled from connection threads. */
+/* A Prometheus histogram of seconds, filled from the HTTP threads. */
 typedef struct histo {
     atomic_uint_fast64_t count[N_BUCKETS]; /* per bucket, not cumulative */
     _Atomic double sum;

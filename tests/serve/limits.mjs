@@ -22,11 +22,11 @@ const auth = { Authorization: `Bearer ${key}` };
 const utf8 = new TextDecoder('utf-8', { fatal: true });
 
 // Sends bytes on a fresh socket and reads until the server closes it (or ms pass).
-function raw(bytes, ms = 4000) {
+function raw(bytes, ms = 4000, localAddress = undefined) {
   return new Promise((resolve) => {
     const chunks = [];
     let done = false;
-    const s = net.connect(port, host);
+    const s = net.connect({ port, host, localAddress });
     const end = (why) => {
       if (done) return;
       done = true;
@@ -116,6 +116,8 @@ async function openIdle(n) {
   const t0 = Date.now();
   const r = await raw('GET /health HTTP/1.1\r\nHost: x\r\n\r\n', 4000);
   check(r.status === 503 && r.json?.error && Date.now() - t0 < 2000, 'with every connection of a client busy, its next one gets 503 with a JSON body', r.head);
+  const other = await raw('GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n', 4000, '127.0.0.2');
+  check(other.status === 200, 'meanwhile another client (from 127.0.0.2) is served', other.head || other.why);
   for (const s of socks) s.destroy();
   check(await waitFor(async () => (await health(1000)) === 200, 5000), '/health answered again once they leave');
 }
