@@ -116,6 +116,22 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
   }
   check(n >= 16 && bad.length === 0, `stop strings across token boundaries: stream == non-stream (${n} seeds)`, bad[0] ?? n);
 }
+{
+  let bad = [], n = 0;
+  for (let seed = 1; seed <= 8; seed++) {
+    const base = { messages: [{ role: 'user', content: `Tell me something, ${seed}.` }], max_tokens: 20, temperature: 1, seed, logprobs: true, cache_prompt: false };
+    const g = await chat(base, false);
+    const t = g.toks.map((x) => Array.from(x));
+    const i = t.findIndex((x, k) => k >= 2 && k + 1 < t.length && x.length > 0 && t[k + 1].length > 0);
+    if (i < 0) continue;
+    const stop = t[i][t[i].length - 1] + t[i + 1][0];
+    const a = await chat({ ...base, stop }, false), b = await chat({ ...base, stop }, true);
+    n++;
+    if (!(a.text === b.text && same(a.lp, b.lp) && a.finish === 'stop' && b.finish === 'stop' && a.lp.length === a.usage.completion_tokens &&
+      b.lp.length === b.usage.completion_tokens)) bad.push({ seed, stop, a, b });
+  }
+  check(n >= 6 && bad.length === 0, `chat: stop strings across token boundaries, stream == non-stream (${n} seeds)`, bad[0] ?? n);
+}
 
 // ---- thinking mode: reasoning_content, stream == non-stream; tools render and are accepted
 {
