@@ -199,7 +199,9 @@ static enum MHD_Result send_error(server *s, struct MHD_Connection *c, int statu
 static enum MHD_Result send_error_close(server *s, struct MHD_Connection *c, int status, const char *code, const char *msg)
 {
     atomic_fetch_add(&s->http_errors, 1);
-    char *b = cJSON_PrintUnformatted(error_json(status, NULL, code, msg));
+    cJSON *e = error_json(status, NULL, code, msg);
+    char *b = cJSON_PrintUnformatted(e);
+    cJSON_Delete(e);
     if (!b)
         return MHD_NO;
     struct MHD_Response *rs = MHD_create_response_from_buffer(strlen(b), b, MHD_RESPMEM_MUST_FREE);
