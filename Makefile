@@ -107,6 +107,34 @@ endif
 
 .PHONY: all test demo test-cuda bench-cuda clean
 clean:
-	rm -rf $(BUILD)
+	rm -rf $(BUILD) $(FUZZ_REQ_BUILD)
+
+# fuzz: request — libFuzzer on the server's request parser (tests/fuzz/fuzz_request.c over
+# dsv4_serve_parse), the library rebuilt by clang with AddressSanitizer and UBSan in a folder of
+# its own. `make fuzz-request` runs FUZZ_SECONDS (60) from the committed corpus
+# tests/fuzz/corpus/request (new finds go to $(FUZZ_REQ_BUILD)/corpus, not the repository; a
+# crashing input to $(FUZZ_REQ_BUILD)/crash-*); longer: make fuzz-request FUZZ_SECONDS=3600.
+FUZZ_REQ_BUILD ?= build-fuzz-request
+FUZZ_CC        ?= clang
+FUZZ_SECONDS   ?= 60
+FUZZ_REQ_CFLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined \
+                   -std=c11 -D_GNU_SOURCE -fopenmp $(ARCH) -Iinclude -Isrc -MMD -MP
+FUZZ_REQ_OBJ := $(LIB_SRC:%.c=$(FUZZ_REQ_BUILD)/%.o)
+
+$(FUZZ_REQ_BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_REQ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+
+$(FUZZ_REQ_BUILD)/fuzz_request: tests/fuzz/fuzz_request.c $(FUZZ_REQ_OBJ)
+	$(FUZZ_CC) $(FUZZ_REQ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_REQ_OBJ) $(LDLIBS)
+
+fuzz-request: $(FUZZ_REQ_BUILD)/fuzz_request
+	@mkdir -p $(FUZZ_REQ_BUILD)/corpus
+	ASAN_OPTIONS=detect_leaks=1 $(FUZZ_REQ_BUILD)/fuzz_request -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -timeout=10 \
+	    -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=$(FUZZ_REQ_BUILD)/ \
+	    -dict=tests/fuzz/request.dict $(FUZZ_REQ_BUILD)/corpus tests/fuzz/corpus/request
+
+.PHONY: fuzz-request
+-include $(FUZZ_REQ_OBJ:.o=.d)
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)

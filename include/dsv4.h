@@ -26,6 +26,7 @@ enum {
     DSV4_E_STATE = 6,     /* a sequence cannot do what was asked (rollback too far, ...) */
     DSV4_E_UNSUPPORTED = 7,
     DSV4_E_DEVICE = 8,    /* the chosen backend is not available */
+    DSV4_E_CLOSED = 9,    /* the scheduler is shutting down and takes no more work */
 };
 
 typedef struct dsv4_err {

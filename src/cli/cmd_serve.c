@@ -8,18 +8,48 @@
 
 static void serve_usage(FILE *f)
 {
-    fprintf(f, "usage: dsv4 serve [-m DIR] [--tokenizer DIR] [--host 127.0.0.1] [--port 8080] [--lanes N] [--api-key K]\n"
-               "                  [--name NAME] [--cache-mb MB] [--queue N] [model options]\n"
+    fprintf(f, "usage: dsv4 serve [-m DIR] [--tokenizer DIR] [--host 127.0.0.1] [--port 8080] [--lanes N]\n"
+               "                  [--api-key-file FILE | --api-key K] [--name NAME] [--cache-mb MB] [--queue N]\n"
+               "                  [--max-connections N] [--client-connections N] [--idle-timeout S]\n"
+               "                  [--max-score-tokens N] [model options]\n"
                "  Serves DIR over an OpenAI-compatible API: /v1/completions, /v1/chat/completions, /v1/models,\n"
                "  /tokenize, /detokenize, /health, /metrics. --port 0 takes any free port (the log names it).\n"
                "  The tokenizer is read from DIR unless --tokenizer names another folder or tokenizer.json.\n"
-               "  SIGTERM or SIGINT cancels what is in flight and exits.\n%s", cli_model_usage());
+               "  The API key: --api-key-file (its first line), else --api-key (which other users can read\n"
+               "  in the process list), else $DSV4_API_KEY; none: no authentication.\n"
+               "  Connections: at most --max-connections (%d) open, --client-connections (%d) from one\n"
+               "  address (past either, the idlest idle one is closed); idle ones close after\n"
+               "  --idle-timeout (%d) seconds. --max-score-tokens (%d): given tokens one request may score.\n"
+               "  SIGTERM or SIGINT cancels what is in flight and exits.\n%s",
+            DSV4_DEFAULT_MAX_CONNECTIONS, DSV4_DEFAULT_CLIENT_CONNECTIONS, DSV4_DEFAULT_IDLE_TIMEOUT,
+            DSV4_DEFAULT_MAX_SCORE_TOKENS, cli_model_usage());
+}
+
+/* The first line of path (without its line end), malloc'd; NULL with a message when unreadable
+ * or empty. */
+static char *read_key_file(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        fprintf(stderr, "dsv4 serve: cannot read --api-key-file %s\n", path);
+        return NULL;
+    }
+    char buf[4096];
+    char *line = fgets(buf, sizeof buf, f);
+    fclose(f);
+    size_t n = line ? strcspn(buf, "\r\n") : 0;
+    if (!n) {
+        fprintf(stderr, "dsv4 serve: --api-key-file %s: the first line is empty\n", path);
+        return NULL;
+    }
+    return strndup(buf, n);
 }
 
 int dsv4_cmd_serve(int argc, char **argv)
 {
     dsv4_server_opts o = {.port = 8080};
     cli_model_opts mo = {0};
+    const char *key_file = NULL, *key_arg = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (cli_is_help(a)) {
@@ -37,7 +67,9 @@ int dsv4_cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--host"))
             o.host = v;
         else if (!strcmp(a, "--api-key"))
-            o.api_key = v;
+            key_arg = v;
+        else if (!strcmp(a, "--api-key-file"))
+            key_file = v;
         else if (!strcmp(a, "--name"))
             o.model_name = v;
         else if (!strcmp(a, "--port") && (o.port = (int)strtol(v, &end, 10), !*end) && o.port >= 0 && o.port < 65536)
@@ -45,6 +77,18 @@ int dsv4_cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--lanes") && (o.n_lanes = (int)strtol(v, &end, 10), !*end) && o.n_lanes > 0 && o.n_lanes <= 256)
             ;
         else if (!strcmp(a, "--queue") && (o.queue_max = (int)strtol(v, &end, 10), !*end) && o.queue_max > 0)
+            ;
+        else if (!strcmp(a, "--max-connections") && (o.max_connections = (int)strtol(v, &end, 10), !*end) &&
+                 o.max_connections > 0 && o.max_connections <= 1 << 20)
+            ;
+        else if (!strcmp(a, "--client-connections") && (o.client_connections = (int)strtol(v, &end, 10), !*end) &&
+                 o.client_connections > 0)
+            ;
+        else if (!strcmp(a, "--idle-timeout") && (o.idle_timeout_s = (int)strtol(v, &end, 10), !*end) && o.idle_timeout_s > 0 &&
+                 o.idle_timeout_s <= 86400)
+            ;
+        else if (!strcmp(a, "--max-score-tokens") && (o.max_score_tokens = (int)strtol(v, &end, 10), !*end) &&
+                 o.max_score_tokens > 0)
             ;
         else if (!strcmp(a, "--cache-mb")) {
             long mb = strtol(v, &end, 10);
@@ -58,6 +102,20 @@ int dsv4_cmd_serve(int argc, char **argv)
         return 2;
     o.model_dir = mo.dir;
     o.load = mo.load;
+    char *file_key = NULL;
+    const char *env_key = getenv("DSV4_API_KEY");
+    if (key_file) {
+        if (!(file_key = read_key_file(key_file)))
+            return 1;
+        o.api_key = file_key;
+    } else {
+        o.api_key = key_arg ? key_arg : env_key;
+    }
+    if (o.api_key && !*o.api_key) {
+        fprintf(stderr, "dsv4 serve: the API key is empty (%s); an empty Bearer token would be valid\n",
+                key_arg ? "--api-key" : "DSV4_API_KEY");
+        return 2;
+    }
     /* the server waits for these with sigwait: block them before any thread starts */
     sigset_t set;
     sigemptyset(&set);
@@ -66,7 +124,9 @@ int dsv4_cmd_serve(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
     dsv4_err err = {0};
-    if (dsv4_serve(&o, &err)) {
+    int rc = dsv4_serve(&o, &err);
+    free(file_key);
+    if (rc) {
         fprintf(stderr, "dsv4 serve: %s\n", err.msg);
         return 1;
     }

@@ -1,15 +1,23 @@
 /* http — the OpenAI-compatible server. See http.h.
  *
- * Each connection has its own thread (libmicrohttpd's thread-per-connection mode), so a
- * handler may block: a non-streaming request waits for its result, polling the socket so a
- * client that goes away cancels its request; a streaming request answers through a content
- * callback that waits for tokens and writes SSE events (with a keep-alive comment every
- * second, which is also how a vanished client is noticed while queued). The lanes thread does
- * all model work. */
+ * libmicrohttpd runs a small pool of polling threads over epoll, so no handler may block: a
+ * generation request, once queued, suspends its connection. The lanes call back on every new
+ * token and every finish; a waker thread then resumes the connections whose requests have news
+ * (and every idle second a stream's, for its keep-alive comment; and any whose client closed
+ * its end, so a client that left frees its lane or queue slot at once). A resumed handler or
+ * stream callback takes what is there without waiting and suspends again. The lanes thread
+ * does all model work.
+ *
+ * Every connection is counted by client address: one past the per-client or the total limit
+ * closes the idlest idle connection (of that client, or of all) to make room, and when every
+ * connection is busy the newcomer's requests get 503. */
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <inttypes.h>
+#include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -18,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -30,16 +40,46 @@
 #include "text/dsml.h"
 #include "text/tokenizer.h"
 
-enum { MAX_BODY = 16 << 20, MAX_STOPS = 16, TAKE = 64, MAX_BATCH = 1024, N_BUCKETS = 12 };
+enum { MAX_BODY = 16 << 20, MAX_STOPS = 16, TAKE = 64, MAX_BATCH = 1024, N_BUCKETS = 12,
+       HTTP_THREADS = 4,     /* libmicrohttpd's polling threads */
+       REFUSED_SLACK = 128,  /* connections past max_connections that can still be told 503 */
+       TICK_MS = 50 };       /* the waker's longest sleep: batch retries, disconnect checks */
+static const double ROOM_RETRY_S = 0.02; /* a list of prompts waiting for queue room tries again */
 
 /* Upper bounds (seconds) of the latency histograms' buckets; the last is +Inf. */
 static const double bucket_le[N_BUCKETS - 1] = {0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
 
-/* A Prometheus histogram of seconds, filled from connection threads. */
+/* A Prometheus histogram of seconds, filled from the HTTP threads. */
 typedef struct histo {
     atomic_uint_fast64_t count[N_BUCKETS]; /* per bucket, not cumulative */
     _Atomic double sum;
 } histo;
+
+typedef struct gen gen;
+
+/* One open connection (libmicrohttpd's socket context). */
+typedef struct sock {
+    struct sock *prev, *next;
+    int fd;
+    uint32_t ip;              /* the client's IPv4 address, network order */
+    double t_last;            /* end of its last request, or its opening */
+    int busy;                 /* a request is in progress */
+    int leaving;              /* shut down to make room; no longer counted */
+    int refused;              /* over the limits with none to close: its requests get 503 */
+} sock;
+
+/* A suspended connection and what resumes it. */
+typedef struct waiter {
+    struct waiter *next;
+    struct MHD_Connection *c;
+    int fd;
+    gen **gs;                 /* the generations it waits on */
+    int n;
+    double wake_at;           /* resume by then in any case (a stream's keep-alive, a list of prompts
+                               * retrying for queue room); 0: none */
+    double next_check;        /* when to look for a closed client end next */
+    int gone;                 /* the client closed its end while suspended */
+} waiter;
 
 typedef struct server {
     dsv4_model *m;
@@ -53,16 +93,34 @@ typedef struct server {
     atomic_int active;        /* generations not yet freed (shutdown waits for them) */
     histo ttft, duration;     /* time to first token and whole request, of successful generations */
     uint64_t seed_base;
+    int max_score_tokens;
+    /* open connections */
+    pthread_mutex_t smu;
+    sock *socks;
+    int max_conns, client_conns;
+    atomic_uint_fast64_t conns_closed_idle, conns_refused;
+    /* suspended connections */
+    pthread_mutex_t wmu;
+    waiter *waiting;
+    int efd;                  /* eventfd: the lanes' progress calls */
+    int final;                /* stopping: resume everything, suspend nothing more */
+    atomic_int waker_stop;
 } server;
 
-/* One HTTP request: its body as it arrives. */
+/* One HTTP request: its body as it arrives, then the generations it waits on. */
 typedef struct conn {
     dsv4_buf body;
     int too_big;
+    int deny_status;          /* answered with this error once the body is in (auth), body discarded */
+    const char *deny_code, *deny_msg;
+    gen **gs;                 /* a non-streamed generation request: its prompts, n_sub of them queued */
+    int n, n_sub;
+    int chat;
+    waiter w;
 } conn;
 
 /* One generation (completion or chat), from parse to the last byte sent. */
-typedef struct gen {
+struct gen {
     server *s;
     dsv4_request *r;
     int chat, stream, include_usage, want_ids, echo;
@@ -89,7 +147,11 @@ typedef struct gen {
     size_t sse_pos;
     double t0;
     const char *path;
-} gen;
+    struct MHD_Connection *c; /* a stream's connection */
+    waiter w;                 /* a stream's suspension */
+    gen *self;
+    double last_sent;         /* when the stream last handed out bytes */
+};
 
 /* ---- responses ------------------------------------------------------------------- */
 
@@ -115,7 +177,9 @@ static enum MHD_Result send_json(struct MHD_Connection *c, int status, cJSON *j)
     return send_text(c, status, "application/json", s, strlen(s));
 }
 
-/* OpenAI's error body: {"error": {"message", "type", "param", "code"}}. */
+static cJSON *error_json(int status, const char *param, const char *code, const char *msg);
+
+/* OpenAI's error body (error_json) as the reply. */
 static enum MHD_Result send_error(server *s, struct MHD_Connection *c, int status, const char *param, const char *code,
                                   const char *fmt, ...) __attribute__((format(printf, 6, 7)));
 static enum MHD_Result send_error(server *s, struct MHD_Connection *c, int status, const char *param, const char *code,
@@ -127,11 +191,39 @@ static enum MHD_Result send_error(server *s, struct MHD_Connection *c, int statu
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     atomic_fetch_add(&s->http_errors, 1);
+    return send_json(c, status, error_json(status, param, code, msg));
+}
+
+/* As send_error, and the connection is closed after the reply (its framing cannot be trusted,
+ * or it is over the connection limits). */
+static enum MHD_Result send_error_close(server *s, struct MHD_Connection *c, int status, const char *code, const char *msg)
+{
+    atomic_fetch_add(&s->http_errors, 1);
+    cJSON *e = error_json(status, NULL, code, msg);
+    char *b = cJSON_PrintUnformatted(e);
+    cJSON_Delete(e);
+    if (!b)
+        return MHD_NO;
+    struct MHD_Response *rs = MHD_create_response_from_buffer(strlen(b), b, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(rs, "Content-Type", "application/json");
+    MHD_add_response_header(rs, "Connection", "close");
+    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, rs);
+    MHD_destroy_response(rs);
+    return ok;
+}
+
+/* OpenAI's error body: {"error": {"message", "type", "param", "code"}}. The message may quote
+ * the request (a model name, a URL), so it is made valid UTF-8 first. Returns it, not consumed. */
+static cJSON *error_json(int status, const char *param, const char *code, const char *msg)
+{
     /* OpenAI's types: client errors (401 and 404 included) are invalid_request_error; `code`
      * says more (invalid_api_key, model_not_found, context_length_exceeded) */
     const char *type = status >= 500 ? "server_error" : "invalid_request_error";
     cJSON *e = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(e, "error");
-    cJSON_AddStringToObject(o, "message", msg);
+    size_t ml;
+    char *clean = dsv4_utf8_sanitize(msg, strlen(msg), &ml);
+    cJSON_AddStringToObject(o, "message", clean ? clean : "?");
+    free(clean);
     cJSON_AddStringToObject(o, "type", type);
     if (param)
         cJSON_AddStringToObject(o, "param", param);
@@ -141,7 +233,7 @@ static enum MHD_Result send_error(server *s, struct MHD_Connection *c, int statu
         cJSON_AddStringToObject(o, "code", code);
     else
         cJSON_AddNullToObject(o, "code");
-    return send_json(c, status, e);
+    return e;
 }
 
 /* ---- request parsing ------------------------------------------------------------- */
@@ -238,18 +330,112 @@ static int parse_prompt(server *s, const cJSON *p, dsv4_ids *ids, char **text, b
     return 0;
 }
 
-/* Sampling and stopping fields shared by both endpoints. */
-static int parse_sampling(server *s, gen *g, const cJSON *j, dsv4_request *r, bad *b)
+/* Skips one JSON value at p (valid JSON: cJSON has parsed it); returns the byte after it. */
+static const char *skip_value(const char *p, const char *end)
+{
+    int depth = 0;
+    do {
+        if (p >= end)
+            return end;
+        if (*p == '"') {
+            for (p++; p < end && *p != '"'; p++)
+                if (*p == '\\')
+                    p++;
+            p++;
+        } else if (*p == '{' || *p == '[') {
+            depth++;
+            p++;
+        } else if (*p == '}' || *p == ']') {
+            depth--;
+            p++;
+        } else if (depth == 0) {
+            while (p < end && !strchr(",}] \t\r\n", *p))
+                p++;
+        } else {
+            p++;
+        }
+    } while (depth > 0);
+    return p < end ? p : end;
+}
+
+/* The raw text of the first member named key (written without escapes) of the object that is
+ * the JSON text p[0..n), or NULL. */
+static const char *raw_member(const char *p, size_t n, const char *key, size_t *len)
+{
+    const char *end = p + n, *ws = " \t\r\n";
+    size_t kl = strlen(key);
+    while (p < end && strchr(ws, *p))
+        p++;
+    if (p >= end || *p++ != '{')
+        return NULL;
+    for (;;) {
+        while (p < end && (strchr(ws, *p) || *p == ','))
+            p++;
+        if (p >= end || *p != '"')
+            return NULL;
+        const char *k = p + 1, *ke = skip_value(p, end) - 1;
+        p = ke + 1;
+        while (p < end && (strchr(ws, *p) || *p == ':'))
+            p++;
+        const char *v = p;
+        p = skip_value(p, end);
+        if ((size_t)(ke - k) == kl && !memcmp(k, key, kl)) {
+            *len = (size_t)(p - v);
+            return v;
+        }
+    }
+}
+
+/* The seed, exactly: an integer in [-2^63, 2^64), negative ones taken modulo 2^64 (so -1 is
+ * 2^64 - 1). cJSON keeps numbers as doubles, which hold integers exactly only to 2^53, so an
+ * integer literal is read from the body's text; other spellings (1e3, 7.0) must be integers
+ * within 2^53. */
+static int parse_seed(const cJSON *j, const char *raw, size_t raw_n, int *have, uint64_t *seed, bad *b)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(j, "seed");
+    if (!x || cJSON_IsNull(x))
+        return 0;
+    if (!cJSON_IsNumber(x))
+        return fail_bad(b, "seed", "'seed' must be an integer");
+    size_t n = 0;
+    const char *t = raw ? raw_member(raw, raw_n, "seed", &n) : NULL;
+    size_t neg = t && n && *t == '-', digits = 0;
+    while (t && neg + digits < n && t[neg + digits] >= '0' && t[neg + digits] <= '9')
+        digits++;
+    if (t && digits && neg + digits == n) {
+        uint64_t v = 0;
+        for (size_t i = 0; i < digits; i++) {
+            unsigned d = (unsigned)(t[neg + i] - '0');
+            if (v > (UINT64_MAX - d) / 10)
+                return fail_bad(b, "seed", "'seed' must be an integer in [-2^63, 2^64)");
+            v = v * 10 + d;
+        }
+        if (neg && v > (uint64_t)1 << 63)
+            return fail_bad(b, "seed", "'seed' must be an integer in [-2^63, 2^64)");
+        *seed = neg ? (uint64_t)0 - v : v;
+    } else {
+        double d = x->valuedouble;
+        if (d != floor(d) || fabs(d) > 9007199254740992.0)
+            return fail_bad(b, "seed", "'seed' must be an integer: written with a fraction or exponent it must be within 2^53");
+        *seed = (uint64_t)(int64_t)d;
+    }
+    *have = 1;
+    return 0;
+}
+
+/* Sampling and stopping fields shared by both endpoints. raw[0..raw_n): the body's text. */
+static int parse_sampling(server *s, gen *g, const cJSON *j, const char *raw, size_t raw_n, dsv4_request *r, bad *b)
 {
     dsv4_sample_params *sp = &r->sp;
     double t = 1.0, top_p = 1.0, min_p = 0, pp = 0, fp = 0, rp = 1.0;
-    int64_t top_k = 0, n = 1, seed = -1, max_tokens = -1;
-    int have_seed = cJSON_GetObjectItemCaseSensitive(j, "seed") && !cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "seed"));
+    int64_t top_k = 0, n = 1, max_tokens = -1;
+    uint64_t seed = 0;
+    int have_seed = 0;
     if (get_num(j, "temperature", 0, 2, &t, b) || get_num(j, "top_p", 0, 1, &top_p, b) ||
         get_num(j, "min_p", 0, 1, &min_p, b) || get_num(j, "presence_penalty", -2, 2, &pp, b) ||
         get_num(j, "frequency_penalty", -2, 2, &fp, b) || get_num(j, "repetition_penalty", 0.01, 10, &rp, b) ||
         get_int(j, "top_k", -1, 1e9, &top_k, b) || get_int(j, "n", 1, 1, &n, b) ||
-        get_int(j, "seed", -9.3e18, 1.85e19, &seed, b) || get_int(j, "max_tokens", 0, 1e9, &max_tokens, b) ||
+        parse_seed(j, raw, raw_n, &have_seed, &seed, b) || get_int(j, "max_tokens", 0, 1e9, &max_tokens, b) ||
         get_int(j, "max_completion_tokens", 0, 1e9, &max_tokens, b))
         return -1;
     if (top_p == 0)
@@ -261,7 +447,7 @@ static int parse_sampling(server *s, gen *g, const cJSON *j, dsv4_request *r, ba
     sp->frequency_penalty = fp;
     sp->repetition_penalty = rp;
     sp->top_k = top_k < 0 ? 0 : (int)top_k;
-    sp->seed = have_seed ? (uint64_t)seed
+    sp->seed = have_seed ? seed
                          : s->seed_base ^ (atomic_fetch_add(&s->id_counter, 1) * 0xD1B54A32D192ED03ull);
     int64_t room = s->ctx - r->n_prompt;
     if (room <= 0) {
@@ -287,8 +473,8 @@ static int parse_sampling(server *s, gen *g, const cJSON *j, dsv4_request *r, ba
         r->n_forced = (int)f.n;
         max_tokens = r->n_forced;
     }
-    if (max_tokens < 0)
-        max_tokens = g->chat ? room : 16;
+    if (max_tokens < 0) /* a chat may fill the context; the request counts tokens in an int */
+        max_tokens = g->chat ? (room < INT_MAX - r->n_prompt ? room : INT_MAX - r->n_prompt) : 16;
     if (max_tokens > room) {
         b->code = "context_length_exceeded";
         return fail_bad(b, "max_tokens", "the prompt (%d tokens) plus max_tokens (%lld) exceeds the context of %lld tokens",
@@ -740,13 +926,12 @@ static void stream_events(gen *g)
     size_t safe = gen_safe_len(g);
     if (g->chat)
         chat_parse(g, safe);
-    /* tokens whose piece starts before `safe` go out with this chunk */
+    /* tokens whose piece starts before `safe` go out with this chunk; at the end, all of them,
+     * as the whole reply lists them: the one that completed a stop string too, though its piece
+     * lies past the cut */
     int to = g->n_streamed;
-    while (to < g->n_tok && (g->off[to] < safe || (g->finish && !g->stop_string)))
+    while (to < g->n_tok && (g->off[to] < safe || g->finish))
         to++;
-    if (g->finish && g->stop_string)
-        while (to < g->n_tok && g->off[to] < g->text.n)
-            to++;
     /* the first chunk: a chat's role, or an echoed prompt once its scores exist (after the
      * first token or the end: both come after the prompt was read) */
     int fresh_role = !g->role_sent && (g->chat || (g->echo && (g->n_tok > 0 || g->finish)));
@@ -828,8 +1013,115 @@ static void stream_events(gen *g)
     }
 }
 
-/* libmicrohttpd's content callback for a stream: hands out pending SSE bytes, waiting up to a
- * second for tokens when none are pending (then a keep-alive comment, so a gone client shows). */
+/* ---- suspension ------------------------------------------------------------------ */
+
+/* 1 when the peer of fd closed its end or reset it (a read would not wait for more). */
+static int fd_gone(int fd)
+{
+    char b;
+    ssize_t r = recv(fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* The lanes' progress call (lanes lock held): wakes the waker. */
+static void lanes_notify(void *ctx)
+{
+    server *s = ctx;
+    uint64_t one = 1;
+    ssize_t w = write(s->efd, &one, sizeof one);
+    (void)w; /* a full counter still wakes the waker */
+}
+
+/* Suspends c until one of gs[0..n) has news (or the other reasons in waiter). Called from the
+ * connection's handler or content callback. Returns -1 when the server is stopping (then it is
+ * not suspended and the caller ends the request). */
+static int suspend_on(server *s, struct MHD_Connection *c, waiter *w, gen **gs, int n, double wake_at)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    pthread_mutex_lock(&s->wmu);
+    if (s->final) {
+        pthread_mutex_unlock(&s->wmu);
+        return -1;
+    }
+    w->c = c;
+    w->fd = ci ? ci->connect_fd : -1;
+    w->gs = gs;
+    w->n = n;
+    w->wake_at = wake_at;
+    w->gone = 0;
+    MHD_suspend_connection(c);
+    w->next = s->waiting;
+    s->waiting = w;
+    pthread_mutex_unlock(&s->wmu);
+    lanes_notify(s); /* news may have come before the waiter was listed */
+    return 0;
+}
+
+/* 1 when w should be resumed now. */
+static int waiter_due(server *s, waiter *w, double now)
+{
+    if (s->final || (w->wake_at > 0 && now >= w->wake_at))
+        return 1;
+    for (int i = 0; i < w->n; i++) { /* one that has ended has no news (its list waits for the others) */
+        gen *g = w->gs[i];
+        if (!g->finish && dsv4_request_ready(g->r, g->n_tok))
+            return 1;
+    }
+    if (now >= w->next_check) {
+        w->next_check = now + 0.1;
+        if (w->fd >= 0 && fd_gone(w->fd)) {
+            w->gone = 1;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Resumes the suspended connections that are due, on every progress call and every tick. */
+static void *waker_main(void *arg)
+{
+    server *s = arg;
+    pthread_setname_np(pthread_self(), "dsv4-waker");
+    struct pollfd pf = {.fd = s->efd, .events = POLLIN};
+    while (!atomic_load(&s->waker_stop)) {
+        poll(&pf, 1, TICK_MS);
+        uint64_t v;
+        ssize_t r = read(s->efd, &v, sizeof v);
+        (void)r;
+        double now = dsv4_now();
+        pthread_mutex_lock(&s->wmu);
+        for (waiter **pp = &s->waiting; *pp;) {
+            waiter *w = *pp;
+            if (waiter_due(s, w, now)) {
+                *pp = w->next;
+                w->next = NULL;
+                MHD_resume_connection(w->c);
+            } else {
+                pp = &w->next;
+            }
+        }
+        pthread_mutex_unlock(&s->wmu);
+    }
+    return NULL;
+}
+
+/* Takes every token there is without waiting. Returns 1 when the generation has ended. */
+static int gen_drain(gen *g)
+{
+    for (;;) {
+        int before = g->n_tok;
+        if (gen_pull(g, 0))
+            return 1;
+        if (g->n_tok == before)
+            return 0;
+    }
+}
+
+/* ---- streaming, continued ---------------------------------------------------------- */
+
+/* libmicrohttpd's content callback for a stream: hands out pending SSE bytes; with none, takes
+ * what tokens there are, and with nothing new either suspends until there is (or a second has
+ * passed: then a keep-alive comment, which also shows a client that left). */
 static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
 {
     (void)pos;
@@ -837,20 +1129,30 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *out, size_t max)
     while (g->sse_pos == g->sse.n) {
         if (g->final_sent)
             return MHD_CONTENT_READER_END_OF_STREAM;
+        if (g->w.gone)
+            return MHD_CONTENT_READER_END_WITH_ERROR;
         g->sse.n = 0;
         g->sse_pos = 0;
-        int before = g->n_tok;
-        gen_pull(g, 1.0);
+        gen_drain(g);
         stream_events(g);
         if (g->sse.oom)
             return MHD_CONTENT_READER_END_WITH_ERROR;
-        if (g->sse.n == 0 && g->n_tok == before)
+        if (g->sse.n)
+            break;
+        double now = dsv4_now();
+        if (now - g->last_sent >= 1.0) {
             dsv4_buf_puts(&g->sse, ": keep-alive\n\n");
+            break;
+        }
+        if (suspend_on(g->s, g->c, &g->w, &g->self, 1, g->last_sent + 1.0))
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        return 0;
     }
     size_t n = g->sse.n - g->sse_pos;
     n = n < max ? n : max;
     memcpy(out, g->sse.p + g->sse_pos, n);
     g->sse_pos += n;
+    g->last_sent = dsv4_now();
     return (ssize_t)n;
 }
 
@@ -931,12 +1233,11 @@ static int check_tools(const cJSON *tools, const cJSON *choice, bad *b)
     return fail_bad(b, "tool_choice", "'tool_choice' names '%s', which is not among the tools", name->valuestring);
 }
 
-/* Parses a generation request (prompt: the completions prompt to use, NULL for chat), renders
- * and tokenizes it, and submits it. wait_for_room: when the queue is full, wait for room
- * instead of failing (later prompts of a batch). Returns the running generation, or NULL with
- * *b set (the failure logged). */
-static gen *gen_start(server *s, struct MHD_Connection *c, const cJSON *j, int chat, const cJSON *prompt, int wait_for_room,
-                      const char *path, bad *b)
+/* Parses a generation request (prompt: the completions prompt to use, NULL for chat; raw: the
+ * body's text), renders and tokenizes it. Returns the generation, not yet queued, or NULL with
+ * *b set. */
+static gen *gen_parse(server *s, const cJSON *j, const char *raw, size_t raw_n, int chat, const cJSON *prompt, const char *path,
+                      bad *b)
 {
     gen *g = calloc(1, sizeof *g);
     if (!g) {
@@ -945,6 +1246,7 @@ static gen *gen_start(server *s, struct MHD_Connection *c, const cJSON *j, int c
         return NULL;
     }
     g->s = s;
+    g->self = g;
     atomic_fetch_add(&s->active, 1);
     g->chat = chat;
     g->path = path;
@@ -1048,7 +1350,7 @@ static gen *gen_start(server *s, struct MHD_Connection *c, const cJSON *j, int c
         fail_bad(b, NULL, "out of memory");
         goto out;
     }
-    if (parse_sampling(s, g, j, g->r, b))
+    if (parse_sampling(s, g, j, raw, raw_n, g->r, b))
         goto out;
     g->r->sp.n_top_logprobs = g->n_logprobs > 0 ? g->n_logprobs : 0;
     if (g->echo) {
@@ -1060,45 +1362,97 @@ static gen *gen_start(server *s, struct MHD_Connection *c, const cJSON *j, int c
         }
         g->r->prompt_logprobs = g->n_logprobs >= 0;
     }
-    /* later prompts of a batch wait for room in the queue; a first one is refused (503) */
-    int rc_submit;
-    while ((rc_submit = dsv4_lanes_submit(s->lanes, g->r, &err)) == DSV4_E_STATE && wait_for_room && !client_gone(c)) {
-        struct timespec ts = {0, 10 * 1000 * 1000};
-        nanosleep(&ts, NULL);
-        dsv4_err_clear(&err);
-    }
-    if (rc_submit) {
-        if (err.code == DSV4_E_STATE) {
-            b->status = 503;
-            snprintf(b->msg, sizeof b->msg, "%.400s; retry later", err.msg);
-        } else {
-            fail_bad(b, chat ? "messages" : "prompt", "%s", err.msg);
-        }
-        goto out;
-    }
     rc = 0;
 out:
     dsv4_ids_free(&ids);
     if (rc) {
         if (!b->status)
             b->status = 400;
-        log_line(g, b->status);
         gen_free(g);
         return NULL;
     }
     return g;
 }
 
-/* Waits for g to end, cancelling it if the client leaves. Returns 0 when it ended. */
-static int gen_wait(gen *g, struct MHD_Connection *c)
+/* Queues g. Returns 0 when queued, 1 when the queue is full (room may come), -1 with *b set
+ * otherwise (503 while shutting down). */
+static int gen_submit(gen *g, bad *b)
 {
-    while (!gen_pull(g, 0.2))
-        if (client_gone(c)) {
-            dsv4_request_cancel(g->r);
-            g->finish = DSV4_FINISH_CANCELLED;
-            return -1;
+    dsv4_err err = {0};
+    int rc = dsv4_lanes_submit(g->s->lanes, g->r, &err);
+    if (rc == 0)
+        return 0;
+    if (rc == DSV4_E_STATE) {
+        b->status = 503;
+        snprintf(b->msg, sizeof b->msg, "%.400s; retry later", err.msg);
+        return 1;
+    }
+    if (rc == DSV4_E_CLOSED) {
+        b->status = 503;
+        snprintf(b->msg, sizeof b->msg, "%.400s", err.msg);
+    } else {
+        fail_bad(b, g->chat ? "messages" : "prompt", "%s", err.msg);
+    }
+    return -1;
+}
+
+/* Frees gs[0..n) (the list too), logging each with status. */
+static void gens_free(gen **gs, int n, int status)
+{
+    for (int i = 0; gs && i < n; i++) {
+        if (status)
+            log_line(gs[i], status);
+        gen_free(gs[i]);
+    }
+    free(gs);
+}
+
+/* Parses a generation request into its prompts' generations: one, or one per prompt of a
+ * completions list. Returns their number with *out set, or 0 with *b set. */
+static int gen_parse_all(server *s, const cJSON *j, const char *raw, size_t raw_n, int chat, const char *path, gen ***out, bad *b)
+{
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+    if (!chat && !p) {
+        fail_bad(b, "prompt", "'prompt' is required");
+        return 0;
+    }
+    int n = !chat && cJSON_IsArray(p) && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)) ? cJSON_GetArraySize(p) : 1;
+    if (n > 1) {
+        int stream = 0;
+        if (get_bool(j, "stream", &stream, b))
+            return 0;
+        if (stream)
+            fail_bad(b, "stream", "a list of prompts is answered whole: 'stream' takes one prompt");
+        else if (n > MAX_BATCH)
+            fail_bad(b, "prompt", "at most %d prompts per request", MAX_BATCH);
+        if (stream || n > MAX_BATCH)
+            return 0;
+    }
+    gen **gs = calloc((size_t)n, sizeof *gs);
+    if (!gs) {
+        fail_bad(b, NULL, "out of memory");
+        b->status = 500;
+        return 0;
+    }
+    const cJSON *pi = n > 1 ? p->child : p;
+    int64_t scored = 0;
+    for (int i = 0; i < n; i++, pi = pi ? pi->next : NULL) {
+        if (!(gs[i] = gen_parse(s, j, raw, raw_n, chat, pi, path, b))) {
+            gens_free(gs, i, 0);
+            return 0;
         }
-    return 0;
+        scored += (gs[i]->r->prompt_logprobs ? gs[i]->r->n_prompt : 0) + gs[i]->r->n_forced;
+    }
+    /* scoring replies grow with the tokens scored times the alternatives each lists */
+    if (scored > s->max_score_tokens) {
+        gens_free(gs, n, 0);
+        b->code = "max_score_tokens_exceeded";
+        fail_bad(b, "prompt", "the request scores %lld given tokens (echoed prompt with logprobs, forced_tokens); "
+                 "this server scores at most %d per request (--max-score-tokens)", (long long)scored, s->max_score_tokens);
+        return 0;
+    }
+    *out = gs;
+    return n;
 }
 
 /* One choice of a finished non-streaming reply. */
@@ -1146,59 +1500,51 @@ static cJSON *choice_json(gen *g, int index)
     return c0;
 }
 
-/* /v1/completions (chat 0) and /v1/chat/completions (chat 1): start the generation, then answer
- * with a stream or wait for the whole reply. A completions prompt may be a list of prompts
- * (strings or id lists): one choice each, not streamed. */
-static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON *j, int chat, const char *path)
+/* A non-streamed generation request, each time its handler runs: queues the prompts that wait
+ * for room, takes the tokens there are, answers when every prompt has ended, else suspends. */
+static enum MHD_Result gen_continue(server *s, struct MHD_Connection *c, conn *k)
 {
     bad b = {0};
-    const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
-    if (!chat && !p)
-        return send_error(s, c, 400, "prompt", NULL, "'prompt' is required");
-    int n = !chat && cJSON_IsArray(p) && (cJSON_IsString(p->child) || cJSON_IsArray(p->child)) ? cJSON_GetArraySize(p) : 1;
-    if (n > 1) {
-        int stream = 0;
-        if (get_bool(j, "stream", &stream, &b) || stream)
-            return send_error(s, c, 400, "stream", NULL, "a list of prompts is answered whole: 'stream' takes one prompt");
-        if (n > MAX_BATCH)
-            return send_error(s, c, 400, "prompt", NULL, "at most %d prompts per request", MAX_BATCH);
+    if (k->w.gone || client_gone(c)) {
+        for (int i = 0; i < k->n; i++)
+            if (!k->gs[i]->finish)
+                k->gs[i]->finish = DSV4_FINISH_CANCELLED;
+        gens_free(k->gs, k->n, 499);
+        k->gs = NULL;
+        return MHD_NO;
     }
-    gen *gs[n > 1 ? n : 1];
-    gs[0] = NULL;
-    int started = 0;
-    const cJSON *pi = n > 1 ? p->child : p;
-    for (; started < n; started++, pi = pi ? pi->next : NULL)
-        if (!(gs[started] = gen_start(s, c, j, chat, pi, started > 0, path, &b)))
+    while (k->n_sub < k->n) {
+        int rc = gen_submit(k->gs[k->n_sub], &b);
+        if (rc > 0)
             break;
-    if (started < n) {
-        for (int i = 0; i < started; i++)
-            gen_free(gs[i]);
-        return send_error(s, c, b.status ? b.status : 400, b.param, b.code, "%s", b.msg);
+        if (rc < 0) {
+            gens_free(k->gs, k->n, b.status);
+            k->gs = NULL;
+            return send_error(s, c, b.status, b.param, b.code, "%s", b.msg);
+        }
+        k->n_sub++;
     }
-    gen *g = gs[0];
-    if (g->stream) {
-        struct MHD_Response *rs = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, stream_done);
-        MHD_add_response_header(rs, "Content-Type", "text/event-stream");
-        MHD_add_response_header(rs, "Cache-Control", "no-cache");
-        enum MHD_Result ok = MHD_queue_response(c, 200, rs);
-        MHD_destroy_response(rs);
-        return ok;
+    int done = k->n_sub == k->n;
+    for (int i = 0; i < k->n_sub; i++)
+        done &= gen_drain(k->gs[i]);
+    if (!done) {
+        double retry = k->n_sub < k->n ? dsv4_now() + ROOM_RETRY_S : 0; /* submit the rest then */
+        if (suspend_on(s, c, &k->w, k->gs, k->n_sub, retry) == 0)
+            return MHD_YES;
+        gens_free(k->gs, k->n, 503); /* stopping */
+        k->gs = NULL;
+        return send_error(s, c, 503, NULL, NULL, "the server is shutting down");
     }
-    int gone = 0, failed = -1;
-    for (int i = 0; i < n; i++) {
-        gone = gone || gen_wait(gs[i], c);
-        if (gone)
-            dsv4_request_cancel(gs[i]->r);
-        else if (gs[i]->finish == DSV4_FINISH_ERROR && failed < 0)
+    gen **gs = k->gs;
+    int n = k->n, failed = -1;
+    for (int i = 0; i < n && failed < 0; i++)
+        if (gs[i]->finish == DSV4_FINISH_ERROR)
             failed = i;
-    }
     enum MHD_Result res;
-    if (gone) {
-        res = MHD_NO;
-    } else if (failed >= 0) {
+    if (failed >= 0) {
         res = send_error(s, c, 500, NULL, NULL, "generation failed: %s", gs[failed]->r->errmsg);
     } else {
-        cJSON *resp = envelope(g, chat ? "chat.completion" : "text_completion");
+        cJSON *resp = envelope(gs[0], k->chat ? "chat.completion" : "text_completion");
         cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
         int prompt = 0, cached = 0, completion = 0;
         for (int i = 0; i < n; i++) {
@@ -1214,11 +1560,47 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, const cJSON
         cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", cached);
         res = send_json(c, 200, resp);
     }
-    for (int i = 0; i < n; i++) {
-        log_line(gs[i], gone ? 499 : failed >= 0 ? 500 : 200);
-        gen_free(gs[i]);
-    }
+    gens_free(gs, n, failed >= 0 ? 500 : 200);
+    k->gs = NULL;
     return res;
+}
+
+/* /v1/completions (chat 0) and /v1/chat/completions (chat 1): parse and queue the generation,
+ * then answer with a stream, or wait (suspended) for the whole reply. A completions prompt may
+ * be a list of prompts (strings or id lists): one choice each, not streamed; when the queue
+ * fills, the later ones wait for room (a first one is refused with 503). */
+static enum MHD_Result generate(server *s, struct MHD_Connection *c, conn *k, const cJSON *j, int chat, const char *path)
+{
+    bad b = {0};
+    gen **gs = NULL;
+    int n = gen_parse_all(s, j, k->body.p, k->body.n, chat, path, &gs, &b);
+    if (n > 0 && gen_submit(gs[0], &b) != 0) {
+        gens_free(gs, n, b.status);
+        n = 0;
+        gs = NULL;
+    } else if (n == 0) {
+        gen tmp = {.s = s, .path = path, .id = "-", .t0 = dsv4_now()};
+        log_line(&tmp, b.status ? b.status : 400);
+    }
+    if (n == 0)
+        return send_error(s, c, b.status ? b.status : 400, b.param, b.code, "%s", b.msg);
+    gen *g = gs[0];
+    if (g->stream) {
+        free(gs);
+        g->c = c;
+        g->last_sent = dsv4_now();
+        struct MHD_Response *rs = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, stream_done);
+        MHD_add_response_header(rs, "Content-Type", "text/event-stream");
+        MHD_add_response_header(rs, "Cache-Control", "no-cache");
+        enum MHD_Result ok = MHD_queue_response(c, 200, rs);
+        MHD_destroy_response(rs);
+        return ok;
+    }
+    k->gs = gs;
+    k->n = n;
+    k->n_sub = 1;
+    k->chat = chat;
+    return gen_continue(s, c, k);
 }
 
 /* POST /tokenize {"prompt": str}: the ids, no BOS added. */
@@ -1300,6 +1682,16 @@ static enum MHD_Result metrics(server *s, struct MHD_Connection *c)
     M("dsv4_queue_length", "gauge", "Requests waiting for a lane.", "%d", st.queued);
     M("dsv4_cache_entries", "gauge", "Saved states in the prompt cache.", "%zu", st.cache_entries);
     M("dsv4_cache_bytes", "gauge", "Bytes held by the prompt cache.", "%zu", st.cache_bytes);
+    int open = 0;
+    pthread_mutex_lock(&s->smu);
+    for (const sock *x = s->socks; x; x = x->next)
+        open += !x->leaving;
+    pthread_mutex_unlock(&s->smu);
+    M("dsv4_http_connections", "gauge", "Open HTTP connections.", "%d", open);
+    M("dsv4_http_connections_closed_idle_total", "counter", "Idle connections closed to make room for new ones.", "%" PRIu64,
+      (uint64_t)atomic_load(&s->conns_closed_idle));
+    M("dsv4_http_connections_refused_total", "counter", "Connections over the limits with none idle to close (told 503).",
+      "%" PRIu64, (uint64_t)atomic_load(&s->conns_refused));
 #undef M
     histo_write(f, "dsv4_time_to_first_token_seconds", "Submission to first generated token, successful requests.", &s->ttft);
     histo_write(f, "dsv4_request_duration_seconds", "Whole generation requests, successful ones.", &s->duration);
@@ -1320,7 +1712,117 @@ static cJSON *model_json(const server *s)
     return m;
 }
 
-/* libmicrohttpd's request handler: collects the body over calls, then routes. */
+/* The body as a JSON object: valid UTF-8 (RFC 8259; also, nothing echoed from it can make a
+ * reply invalid), well-formed, one object and nothing after it but white space. NULL with b->msg set otherwise. */
+static cJSON *parse_body(const char *p, size_t n, bad *b)
+{
+    int incomplete = 0;
+    size_t ok = dsv4_utf8_valid_prefix((const unsigned char *)(p ? p : ""), n, &incomplete);
+    if (ok < n) {
+        fail_bad(b, NULL, "the body is not valid UTF-8 (at byte %zu)", ok);
+        return NULL;
+    }
+    const char *end = NULL;
+    cJSON *j = n ? cJSON_ParseWithLengthOpts(p, n, &end, 0) : NULL;
+    while (j && end && end < p + n && strchr(" \t\r\n", *end) && *end)
+        end++;
+    if (!j || !cJSON_IsObject(j) || (end && end < p + n)) {
+        cJSON_Delete(j);
+        fail_bad(b, NULL, "the body must be one JSON object");
+        return NULL;
+    }
+    return j;
+}
+
+/* The request's framing and credentials, counted over every header of the request. */
+typedef struct head_scan {
+    int n_auth, n_length, n_te;
+    const char *auth, *length;
+    int lengths_differ;
+} head_scan;
+
+static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value)
+{
+    (void)kind;
+    head_scan *h = cls;
+    if (!key)
+        return MHD_YES;
+    if (!strcasecmp(key, "Authorization")) {
+        h->n_auth++;
+        h->auth = value;
+    } else if (!strcasecmp(key, "Content-Length")) {
+        if (h->n_length++ && strcmp(h->length, value ? value : ""))
+            h->lengths_differ = 1;
+        h->length = value ? value : "";
+    } else if (!strcasecmp(key, "Transfer-Encoding")) {
+        h->n_te++;
+    }
+    return MHD_YES;
+}
+
+/* 1 when a and b are equal, in time that depends only on their lengths. */
+static int same_secret(const char *a, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    unsigned char d = na != nb;
+    for (size_t i = 0; i < na && i < nb; i++)
+        d |= (unsigned char)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+/* "Bearer <key>" with the scheme in any case (RFC 9110 11.1), from exactly one header. */
+static int auth_ok(const server *s, const head_scan *h)
+{
+    if (h->n_auth != 1 || !h->auth || strncasecmp(h->auth, "Bearer ", 7))
+        return 0;
+    const char *t = h->auth + 7;
+    while (*t == ' ')
+        t++;
+    return same_secret(t, s->api_key);
+}
+
+/* The socket record of c (NULL only when out of memory at its opening). */
+static sock *sock_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* A request's first call (its headers are in): marks its connection busy, and refuses a
+ * connection over the limits and a request whose framing is ambiguous (two lengths, or a
+ * length beside Transfer-Encoding: a proxy in front may read it otherwise) at once; a bad
+ * credential is answered once the body is read (and dropped). */
+static enum MHD_Result request_start(server *s, struct MHD_Connection *c, const char *url, conn *k)
+{
+    sock *sk = sock_of(c);
+    int refused = 0;
+    if (sk) {
+        pthread_mutex_lock(&s->smu);
+        sk->busy = 1;
+        refused = sk->refused;
+        pthread_mutex_unlock(&s->smu);
+    }
+    if (refused)
+        return send_error_close(s, c, 503, NULL, "the server is at its connection limit; retry later");
+    head_scan h = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_header, &h);
+    if (h.n_length > 1 && h.lengths_differ)
+        return send_error_close(s, c, 400, "bad_framing", "the request has Content-Length headers that differ");
+    if (h.n_length && h.n_te)
+        return send_error_close(s, c, 400, "bad_framing", "the request has both Content-Length and Transfer-Encoding");
+    if (h.n_te > 1)
+        return send_error_close(s, c, 400, "bad_framing", "the request has more than one Transfer-Encoding header");
+    if (s->api_key && strcmp(url, "/health") && strcmp(url, "/") && !auth_ok(s, &h)) {
+        k->deny_status = 401;
+        k->deny_code = "invalid_api_key";
+        k->deny_msg = h.n_auth > 1 ? "send one Authorization header, not several"
+                                   : "a valid API key is required (Authorization: Bearer ...)";
+    }
+    return MHD_YES;
+}
+
+/* libmicrohttpd's request handler: collects the body over calls, then routes; a suspended
+ * generation's handler runs again on each resume. */
 static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                const char *version, const char *upload, size_t *upload_size, void **con_cls)
 {
@@ -1333,24 +1835,25 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             return MHD_NO;
         *con_cls = k;
         atomic_fetch_add(&s->http_requests, 1);
-        return MHD_YES;
+        return request_start(s, c, url, k);
     }
+    if (k->gs)
+        return gen_continue(s, c, k);
     if (*upload_size) {
-        if (k->body.n + *upload_size > MAX_BODY)
+        if (k->deny_status)
+            ; /* not kept */
+        else if (k->body.n + *upload_size > MAX_BODY)
             k->too_big = 1;
         else
             dsv4_buf_put(&k->body, upload, *upload_size);
         *upload_size = 0;
         return MHD_YES;
     }
+    if (k->deny_status)
+        return send_error(s, c, k->deny_status, NULL, k->deny_code, "%s", k->deny_msg);
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/") && get) /* the page is public; its API calls carry the key */
         return send_text(c, 200, "text/html; charset=utf-8", strdup(dsv4_webui_html), strlen(dsv4_webui_html));
-    if (s->api_key && strcmp(url, "/health")) {
-        const char *auth = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
-        if (!auth || strncmp(auth, "Bearer ", 7) || strcmp(auth + 7, s->api_key))
-            return send_error(s, c, 401, NULL, "invalid_api_key", "a valid API key is required (Authorization: Bearer ...)");
-    }
     if (!strcmp(url, "/health") && get) {
         cJSON *r = cJSON_CreateObject();
         cJSON_AddStringToObject(r, "status", "ok");
@@ -1383,36 +1886,157 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return send_error(s, c, 405, NULL, NULL, "%s needs POST", url);
     if (k->too_big || k->body.oom)
         return send_error(s, c, 413, NULL, NULL, "the request body exceeds %d bytes", MAX_BODY);
-    cJSON *j = k->body.n ? cJSON_ParseWithLength(k->body.p, k->body.n) : NULL;
-    if (!j || !cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return send_error(s, c, 400, NULL, "invalid_json", "the body must be a JSON object");
-    }
-    enum MHD_Result res = which == 0   ? generate(s, c, j, 0, posts[0])
-                          : which == 1 ? generate(s, c, j, 1, posts[1])
+    bad b = {0};
+    cJSON *j = parse_body(k->body.p, k->body.n, &b);
+    if (!j)
+        return send_error(s, c, 400, NULL, "invalid_json", "%s", b.msg);
+    enum MHD_Result res = which == 0   ? generate(s, c, k, j, 0, posts[0])
+                          : which == 1 ? generate(s, c, k, j, 1, posts[1])
                           : which == 2 ? tokenize(s, c, j)
                                        : detokenize(s, c, j);
     cJSON_Delete(j);
     return res;
 }
 
-/* Frees a request's body buffer once libmicrohttpd is done with it. */
+/* Frees a request's state once libmicrohttpd is done with it; its connection is idle again. */
 static void completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why)
 {
-    (void)cls;
-    (void)c;
     (void)why;
+    server *s = cls;
     conn *k = *con_cls;
     if (k) {
+        gens_free(k->gs, k->n, 499);
         dsv4_buf_free(&k->body);
         free(k);
     }
     *con_cls = NULL;
+    sock *sk = sock_of(c);
+    if (sk) {
+        pthread_mutex_lock(&s->smu);
+        sk->busy = 0;
+        sk->t_last = dsv4_now();
+        pthread_mutex_unlock(&s->smu);
+    }
+}
+
+/* Closes x to make room (the polling thread that owns it sees end of file and frees it).
+ * Connections lock held. */
+static void sock_close_locked(server *s, sock *x)
+{
+    x->leaving = 1;
+    shutdown(x->fd, SHUT_RDWR);
+    atomic_fetch_add(&s->conns_closed_idle, 1);
+}
+
+/* libmicrohttpd's connection callback: counts connections by client address, making room for
+ * a new one past a limit by closing the idlest idle connection (that client's, or anyone's). */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context, enum MHD_ConnectionNotificationCode toe)
+{
+    server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_CLOSED) {
+        sock *k = *socket_context;
+        if (!k)
+            return;
+        pthread_mutex_lock(&s->smu);
+        if (k->prev)
+            k->prev->next = k->next;
+        else
+            s->socks = k->next;
+        if (k->next)
+            k->next->prev = k->prev;
+        pthread_mutex_unlock(&s->smu);
+        free(k);
+        *socket_context = NULL;
+        return;
+    }
+    sock *k = calloc(1, sizeof *k);
+    if (!k)
+        return;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    k->fd = ci ? ci->connect_fd : -1;
+    ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
+        k->ip = ((const struct sockaddr_in *)ci->client_addr)->sin_addr.s_addr;
+    k->t_last = dsv4_now();
+    pthread_mutex_lock(&s->smu);
+    int total = 0, mine = 0;
+    sock *idlest = NULL, *idlest_mine = NULL;
+    for (sock *x = s->socks; x; x = x->next) {
+        if (x->leaving)
+            continue;
+        int same = x->ip == k->ip;
+        total++;
+        mine += same;
+        if (x->busy || x->fd < 0)
+            continue;
+        if (!idlest || x->t_last < idlest->t_last)
+            idlest = x;
+        if (same && (!idlest_mine || x->t_last < idlest_mine->t_last))
+            idlest_mine = x;
+    }
+    if (mine >= s->client_conns) {
+        if (idlest_mine)
+            sock_close_locked(s, idlest_mine);
+        else
+            k->refused = 1;
+    } else if (total >= s->max_conns) {
+        if (idlest)
+            sock_close_locked(s, idlest);
+        else
+            k->refused = 1;
+    }
+    if (k->refused)
+        atomic_fetch_add(&s->conns_refused, 1);
+    k->next = s->socks;
+    if (s->socks)
+        s->socks->prev = k;
+    s->socks = k;
+    pthread_mutex_unlock(&s->smu);
+    *socket_context = k;
+}
+
+enum { FD_SPARE = 256 }; /* open files besides connections: model shards, epoll, eventfds */
+
+/* Raises the open-file limit to what *max_conns connections need, up to the hard limit. Past
+ * it, a --max-connections given is refused and the default lowered to fit. */
+static int raise_fd_limit(int *max_conns, int given, dsv4_err *err)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) || rl.rlim_cur == RLIM_INFINITY)
+        return 0;
+    rlim_t need = (rlim_t)*max_conns + REFUSED_SLACK + FD_SPARE;
+    if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < need) {
+        if (given || rl.rlim_max < REFUSED_SLACK + FD_SPARE + 64)
+            return dsv4_fail(err, DSV4_E_ARG, "%d connections need %llu open files; the hard limit is %llu (ulimit -Hn)", *max_conns,
+                             (unsigned long long)need, (unsigned long long)rl.rlim_max);
+        *max_conns = (int)(rl.rlim_max - REFUSED_SLACK - FD_SPARE);
+        need = rl.rlim_max;
+        dsv4_log("dsv4 serve: the open-file hard limit %llu allows %d connections (--max-connections)",
+                 (unsigned long long)rl.rlim_max, *max_conns);
+    }
+    if (rl.rlim_cur < need) {
+        rl.rlim_cur = need;
+        if (setrlimit(RLIMIT_NOFILE, &rl))
+            return dsv4_fail(err, DSV4_E_ARG, "cannot raise the open-file limit to %llu", (unsigned long long)need);
+    }
+    return 0;
 }
 
 int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
 {
-    server s = {0};
+    if (o->api_key && !*o->api_key)
+        return dsv4_fail(err, DSV4_E_ARG, "the API key is empty (an empty Bearer token would be valid)");
+    server s = {.efd = -1};
+    s.max_conns = o->max_connections > 0 ? o->max_connections : DSV4_DEFAULT_MAX_CONNECTIONS;
+    s.client_conns = o->client_connections > 0 ? o->client_connections : DSV4_DEFAULT_CLIENT_CONNECTIONS;
+    s.max_score_tokens = o->max_score_tokens > 0 ? o->max_score_tokens : DSV4_DEFAULT_MAX_SCORE_TOKENS;
+    unsigned idle = o->idle_timeout_s > 0 ? (unsigned)o->idle_timeout_s : DSV4_DEFAULT_IDLE_TIMEOUT;
+    if (s.max_conns > 1 << 20)
+        return dsv4_fail(err, DSV4_E_ARG, "--max-connections %d is over 1048576", s.max_conns);
+    if (raise_fd_limit(&s.max_conns, o->max_connections > 0, err))
+        return err->code;
+    if (s.client_conns > s.max_conns)
+        s.client_conns = s.max_conns;
     s.m = dsv4_model_load(o->model_dir, &o->load, err);
     if (!s.m)
         return err->code;
@@ -1435,28 +2059,44 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     size_t nl = strlen(name);
     while (nl > 1 && name[nl - 1] == '/')
         name[--nl] = 0;
-    s.name = name;
+    char *clean_name = dsv4_utf8_sanitize(name, nl, &nl); /* it appears in JSON replies */
+    s.name = clean_name ? clean_name : name;
     s.seed_base = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(dsv4_now() * 1e9);
+    pthread_mutex_init(&s.smu, NULL);
+    pthread_mutex_init(&s.wmu, NULL);
+    s.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    pthread_t waker;
+    int waker_started = 0;
+    struct MHD_Daemon *d = NULL;
+    if (s.efd < 0) {
+        dsv4_fail(err, DSV4_E_IO, "eventfd: %s", strerror(errno));
+        goto fail;
+    }
     dsv4_lanes_opts lop = {.n_lanes = o->n_lanes, .queue_max = o->queue_max, .max_rollback = o->load.max_rollback,
                            .n_threads = o->load.n_threads,
-                           .cache_bytes = o->cache_bytes ? o->cache_bytes : (size_t)1 << 30};
+                           .cache_bytes = o->cache_bytes ? o->cache_bytes : (size_t)1 << 30,
+                           .notify = lanes_notify, .notify_ctx = &s};
     s.lanes = dsv4_lanes_new(s.m, &lop, err);
-    if (!s.lanes || dsv4_lanes_start(s.lanes, err)) {
-        dsv4_lanes_free(s.lanes);
-        dsv4_tokenizer_free(s.tok);
-        dsv4_model_free(s.m);
-        return err->code;
+    if (!s.lanes || dsv4_lanes_start(s.lanes, err))
+        goto fail;
+    if (pthread_create(&waker, NULL, waker_main, &s)) {
+        dsv4_fail(err, DSV4_E_STATE, "cannot start the waker thread");
+        goto fail;
     }
+    waker_started = 1;
 
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)o->port)};
     if (inet_pton(AF_INET, o->host ? o->host : "127.0.0.1", &addr.sin_addr) != 1) {
         dsv4_fail(err, DSV4_E_ARG, "--host %s is not an IPv4 address", o->host);
         goto fail;
     }
-    struct MHD_Daemon *d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL | MHD_USE_ITC,
-                                            0, NULL, NULL, handler, &s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                                            MHD_OPTION_NOTIFY_COMPLETED, completed, &s,
-                                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+    d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ITC,
+                         0, NULL, NULL, handler, &s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                         MHD_OPTION_THREAD_POOL_SIZE, (unsigned)HTTP_THREADS,
+                         MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s.max_conns + REFUSED_SLACK),
+                         MHD_OPTION_CONNECTION_TIMEOUT, idle,
+                         MHD_OPTION_NOTIFY_COMPLETED, completed, &s,
+                         MHD_OPTION_NOTIFY_CONNECTION, on_connection, &s, MHD_OPTION_END);
     if (!d) {
         dsv4_fail(err, DSV4_E_IO, "cannot listen on %s:%d", o->host ? o->host : "127.0.0.1", o->port);
         goto fail;
@@ -1472,25 +2112,89 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     int sig = 0;
     sigwait(&set, &sig);
     dsv4_log("dsv4 serve: signal %d, shutting down", sig);
-    /* refuse new work and cancel what runs, so every connection thread can answer and end */
+    /* refuse new work and cancel what runs: every suspended request is resumed with its end
+     * (a list of prompts waiting for room is told 503) */
     dsv4_lanes_shutdown(s.lanes);
     MHD_socket lfd = MHD_quiesce_daemon(d); /* stop accepting; the socket is ours to close */
     if (lfd != MHD_INVALID_SOCKET)
         close(lfd);
     /* let cancelled streams send their last events before connections are closed */
     for (double t0 = dsv4_now(); atomic_load(&s.active) > 0 && dsv4_now() - t0 < 10;) {
-        struct timespec ts = {0, 20 * 1000 * 1000};
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    /* libmicrohttpd must not be stopped with a connection suspended: resume them all for good */
+    pthread_mutex_lock(&s.wmu);
+    s.final = 1;
+    pthread_mutex_unlock(&s.wmu);
+    lanes_notify(&s);
+    for (double t0 = dsv4_now(); dsv4_now() - t0 < 5;) {
+        pthread_mutex_lock(&s.wmu);
+        int left = s.waiting != NULL;
+        pthread_mutex_unlock(&s.wmu);
+        if (!left)
+            break;
+        struct timespec ts = {0, 5 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
     MHD_stop_daemon(d);
+    d = NULL;
+    atomic_store(&s.waker_stop, 1);
+    pthread_join(waker, NULL);
+    waker_started = 0;
     dsv4_lanes_free(s.lanes);
-    dsv4_tokenizer_free(s.tok);
-    dsv4_model_free(s.m);
+    s.lanes = NULL;
     dsv4_log("dsv4 serve: stopped");
-    return 0;
+    dsv4_err_clear(err);
 fail:
+    if (d) {
+        MHD_stop_daemon(d);
+    }
+    if (waker_started) {
+        atomic_store(&s.waker_stop, 1);
+        pthread_join(waker, NULL);
+    }
     dsv4_lanes_free(s.lanes);
+    if (s.efd >= 0)
+        close(s.efd);
+    pthread_mutex_destroy(&s.smu);
+    pthread_mutex_destroy(&s.wmu);
+    free(clean_name);
     dsv4_tokenizer_free(s.tok);
     dsv4_model_free(s.m);
     return err->code;
+}
+
+int dsv4_serve_parse(const dsv4_parse_model *pm, const char *path, const char *body, size_t n, dsv4_request **first, char *msg,
+                     size_t cap)
+{
+    server s = {.tok = pm->tok, .name = pm->name ? pm->name : "model", .family = pm->family ? pm->family : "deepseek_v4",
+                .vocab = pm->vocab, .eos = pm->eos, .ctx = pm->ctx,
+                .max_score_tokens = pm->max_score_tokens > 0 ? pm->max_score_tokens : DSV4_DEFAULT_MAX_SCORE_TOKENS};
+    if (first)
+        *first = NULL;
+    int chat = !strcmp(path, "/v1/chat/completions");
+    bad b = {0};
+    if (!chat && strcmp(path, "/v1/completions")) {
+        b.status = 404;
+        snprintf(b.msg, sizeof b.msg, "no route for POST %s", path);
+    } else {
+        cJSON *j = parse_body(body, n, &b);
+        gen **gs = NULL;
+        int ng = j ? gen_parse_all(&s, j, body, n, chat, path, &gs, &b) : 0;
+        cJSON_Delete(j);
+        if (ng > 0) {
+            if (first) {
+                *first = gs[0]->r;
+                gs[0]->r = NULL;
+            }
+            gens_free(gs, ng, 0);
+            b.status = 200;
+        }
+    }
+    if (!b.status)
+        b.status = 400;
+    if (msg && cap)
+        snprintf(msg, cap, "%s", b.status == 200 ? "" : b.msg);
+    return b.status;
 }

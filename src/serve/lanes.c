@@ -1,5 +1,6 @@
 /* lanes — continuous batching over one model, and the prompt cache. See lanes.h. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <stdio.h>
@@ -95,6 +96,9 @@ static void request_free(dsv4_request *r)
     free(r);
 }
 
+static void finish_locked(dsv4_lanes *l, dsv4_request *r, int why);
+static void unqueue_locked(dsv4_lanes *l, dsv4_request *r);
+
 /* Drops one reference; with the lanes lock held when r has an owner. */
 static void unref_locked(dsv4_request *r)
 {
@@ -114,10 +118,27 @@ void dsv4_request_release(dsv4_request *r)
     pthread_mutex_lock(&l->mu);
     if (!r->finish) {
         r->cancel = 1;
+        unqueue_locked(l, r);
         pthread_cond_signal(&l->work);
     }
     unref_locked(r);
     pthread_mutex_unlock(&l->mu);
+}
+
+/* Takes r out of the queue when it waits there, so a client that left gives its slot back
+ * before a lane frees. Lock held. */
+static void unqueue_locked(dsv4_lanes *l, dsv4_request *r)
+{
+    int Q = l->o.queue_max;
+    for (int k = 0; k < l->q_n; k++) {
+        if (l->queue[(l->q_head + k) % Q] != r)
+            continue;
+        for (int m = k; m + 1 < l->q_n; m++)
+            l->queue[(l->q_head + m) % Q] = l->queue[(l->q_head + m + 1) % Q];
+        l->q_n--;
+        finish_locked(l, r, DSV4_FINISH_CANCELLED);
+        return;
+    }
 }
 
 void dsv4_request_cancel(dsv4_request *r)
@@ -127,8 +148,21 @@ void dsv4_request_cancel(dsv4_request *r)
         return;
     pthread_mutex_lock(&l->mu);
     r->cancel = 1;
+    if (!r->finish)
+        unqueue_locked(l, r);
     pthread_cond_signal(&l->work);
     pthread_mutex_unlock(&l->mu);
+}
+
+int dsv4_request_ready(dsv4_request *r, int n_seen)
+{
+    dsv4_lanes *l = r->owner;
+    if (!l)
+        return 1;
+    pthread_mutex_lock(&l->mu);
+    int ready = r->n_out > n_seen || r->finish;
+    pthread_mutex_unlock(&l->mu);
+    return ready;
 }
 
 int dsv4_request_take(dsv4_request *r, int n_seen, int max, dsv4_sample_out *dst, double timeout_s, int *finish)
@@ -302,7 +336,8 @@ static void finish_locked(dsv4_lanes *l, dsv4_request *r, int why)
     }
     pthread_cond_broadcast(&r->cv);
     unref_locked(r);
-    (void)l;
+    if (l->o.notify)
+        l->o.notify(l->o.notify_ctx);
 }
 
 /* Ends lane's request, saving its state for later turns. */
@@ -369,6 +404,8 @@ int dsv4_lanes_submit(dsv4_lanes *l, dsv4_request *r, dsv4_err *err)
 {
     if (r->n_prompt <= 0)
         return dsv4_fail(err, DSV4_E_ARG, "the prompt is empty");
+    if (r->max_tokens < 0)
+        return dsv4_fail(err, DSV4_E_ARG, "max_tokens is negative (%d)", r->max_tokens);
     if ((int64_t)r->n_prompt + r->max_tokens > l->max_pos)
         return dsv4_fail(err, DSV4_E_ARG, "the prompt (%d tokens) plus max_tokens (%d) exceeds the context of %lld tokens",
                          r->n_prompt, r->max_tokens, (long long)l->max_pos);
@@ -382,7 +419,7 @@ int dsv4_lanes_submit(dsv4_lanes *l, dsv4_request *r, dsv4_err *err)
             if (r->forced[i] < 0 || r->forced[i] >= l->vocab)
                 return dsv4_fail(err, DSV4_E_ARG, "forced token %d (id %d) is outside the vocabulary of %d", i, r->forced[i], l->vocab);
     }
-    if (r->prompt_logprobs) {
+    if (r->prompt_logprobs && !r->prompt_lp) { /* kept over resubmissions after a full queue */
         r->prompt_lp = dsv4_xmalloc((size_t)r->n_prompt * sizeof *r->prompt_lp, err);
         if (!r->prompt_lp)
             return err->code;
@@ -390,10 +427,13 @@ int dsv4_lanes_submit(dsv4_lanes *l, dsv4_request *r, dsv4_err *err)
         r->n_prompt_lp = 1;
     }
     pthread_mutex_lock(&l->mu);
-    if (l->closing || l->q_n == l->o.queue_max) {
-        int closing = l->closing;
+    if (l->closing) {
         pthread_mutex_unlock(&l->mu);
-        return dsv4_fail(err, DSV4_E_STATE, closing ? "the server is shutting down" : "the request queue is full (%d waiting)", l->o.queue_max);
+        return dsv4_fail(err, DSV4_E_CLOSED, "the server is shutting down");
+    }
+    if (l->q_n == l->o.queue_max) {
+        pthread_mutex_unlock(&l->mu);
+        return dsv4_fail(err, DSV4_E_STATE, "the request queue is full (%d waiting)", l->o.queue_max);
     }
     r->owner = l;
     r->refs++;
@@ -405,19 +445,23 @@ int dsv4_lanes_submit(dsv4_lanes *l, dsv4_request *r, dsv4_err *err)
     return 0;
 }
 
-/* Grows the lane's id list to hold n tokens. */
-static int ensure_ids(lane *ln, int n)
+/* Grows the lane's id list to hold n tokens (sized in 64 bits: n comes from request fields). */
+static int ensure_ids(lane *ln, int64_t n)
 {
     if (n <= ln->cap_ids)
         return 0;
-    int cap = ln->cap_ids ? ln->cap_ids : 256;
+    if (n > INT_MAX)
+        return -1;
+    int64_t cap = ln->cap_ids ? ln->cap_ids : 256;
     while (cap < n)
         cap *= 2;
+    if (cap > INT_MAX)
+        cap = INT_MAX;
     int32_t *p = realloc(ln->ids, (size_t)cap * sizeof *p);
     if (!p)
         return -1;
     ln->ids = p;
-    ln->cap_ids = cap;
+    ln->cap_ids = (int)cap;
     return 0;
 }
 
@@ -442,7 +486,7 @@ static void admit_locked(dsv4_lanes *l)
             i--;
             continue;
         }
-        if (ensure_ids(ln, r->n_prompt + r->max_tokens + 1) ||
+        if (ensure_ids(ln, (int64_t)r->n_prompt + 1) ||
             dsv4_sampler_init(&ln->smp, l->vocab, r->prompt, r->n_prompt, &err)) {
             snprintf(r->errmsg, sizeof r->errmsg, "out of memory starting the request");
             finish_locked(l, r, DSV4_FINISH_ERROR);
@@ -478,6 +522,8 @@ static int take_token_locked(dsv4_lanes *l, lane *ln, const dsv4_sample_out *o)
     r->out[r->n_out++] = *o;
     l->st.generated_tokens++;
     pthread_cond_broadcast(&r->cv);
+    if (l->o.notify)
+        l->o.notify(l->o.notify_ctx);
     int stop = 0;
     for (int i = 0; i < r->n_stop_ids; i++)
         stop |= o->id == r->stop_ids[i];
@@ -620,6 +666,11 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
             retire_locked(l, ln, DSV4_FINISH_ERROR);
             continue;
         }
+        if (ensure_ids(ln, (int64_t)ln->n_ids + ln->n_feed)) {
+            snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+            retire_locked(l, ln, DSV4_FINISH_ERROR);
+            continue;
+        }
         memcpy(ln->ids + ln->n_ids, ln->feed, (size_t)ln->n_feed * sizeof *ln->ids);
         ln->n_ids += ln->n_feed;
         if (!ln->decoding) {
@@ -658,6 +709,7 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
 static void *run_thread(void *arg)
 {
     dsv4_lanes *l = arg;
+    pthread_setname_np(pthread_self(), "dsv4-lanes"); /* for per-thread CPU in tests and top */
     /* OpenMP's thread count is per calling thread: the loader's setting does not reach this one */
     if (l->o.n_threads > 0)
         omp_set_num_threads(l->o.n_threads);

@@ -36,6 +36,10 @@ typedef struct dsv4_lanes_opts {
     int max_rollback;     /* as loaded (dsv4_load_opts.max_rollback); 0: 256 */
     int snapshot_every;   /* prompt tokens between cached states while prefilling; 0: 1024 */
     int n_threads;        /* OpenMP threads of the scheduler thread (forward, sampling); 0: default */
+    /* called whenever a request gains tokens or finishes, with the lanes lock held: it may only
+     * signal (write an eventfd, set a flag), never call back into the lanes */
+    void (*notify)(void *ctx);
+    void *notify_ctx;
 } dsv4_lanes_opts;
 
 enum {
@@ -88,15 +92,18 @@ dsv4_request *dsv4_request_new(const int32_t *prompt, int n_prompt, dsv4_err *er
 /* Drops the caller's reference (cancelling first when still running). */
 void dsv4_request_release(dsv4_request *r);
 
-/* Queues r (the lanes take a reference). DSV4_E_STATE when the queue is full or the lanes are
- * shutting down; DSV4_E_ARG for a prompt that is empty or does not fit the context. */
+/* Queues r (the lanes take a reference). DSV4_E_STATE when the queue is full (a later submit of
+ * the same request may succeed), DSV4_E_CLOSED when the lanes are shutting down; DSV4_E_ARG for
+ * a prompt that is empty or does not fit the context, or a negative max_tokens. */
 int dsv4_lanes_submit(dsv4_lanes *l, dsv4_request *r, dsv4_err *err);
-/* Asks the lanes to stop r; its lane is freed at the next step. */
+/* Asks the lanes to stop r; its lane is freed at the next step, its queue slot at once. */
 void dsv4_request_cancel(dsv4_request *r);
 /* Waits until r has output tokens past n_seen or has finished, or timeout_s passes; copies
  * at most max new tokens (from index n_seen) into dst and returns how many. *finish is set
  * (non-zero) only once every output token up to the end has been copied. */
 int dsv4_request_take(dsv4_request *r, int n_seen, int max, dsv4_sample_out *dst, double timeout_s, int *finish);
+/* 1 when r has output tokens past n_seen, or has finished; never waits. */
+int dsv4_request_ready(dsv4_request *r, int n_seen);
 
 /* One step of the scheduler. Returns the number of lanes that took part (0: nothing to do),
  * or -1 with err set on a forward failure (the requests in that step finish with an error). */

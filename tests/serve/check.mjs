@@ -95,6 +95,44 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
   check(b.first_role === 'assistant' && b.ids_const && b.usage?.completion_tokens === 10, 'chat: first delta carries the role, constant id, usage', b);
 }
 
+// ---- stop strings that span two or three tokens: stream == non-stream over many seeds (the
+// same tokens, text, logprobs, finish, and as many token ids as usage counts)
+{
+  let bad = [], n = 0;
+  for (let seed = 1; seed <= 24; seed++) {
+    const base = { prompt: prompts[seed % prompts.length], max_tokens: 24, temperature: 1, seed, logprobs: 1, return_token_ids: true, cache_prompt: false };
+    const g = await complete(base, false);
+    const t = g.toks.map((x) => Array.from(x));
+    const i = t.findIndex((x, k) => k + 2 < t.length && x.length > 0 && t[k + 1].length > 0 && t[k + 2].length > 0 && k >= 2);
+    if (i < 0) continue;
+    const mid = seed % 2 ? '' : t[i + 1].join('') + (t[i + 2][0] ?? '');
+    const stop = t[i][t[i].length - 1] + (mid || t[i + 1][0]);
+    const p = { ...base, stop: [stop, '\n\n'] };
+    const a = await complete(p, false), b = await complete(p, true);
+    n++;
+    if (!(same(a.ids, b.ids) && a.text === b.text && same(a.lp, b.lp) && a.finish === b.finish && a.finish === 'stop' &&
+      a.ids.length === a.usage.completion_tokens && b.ids.length === b.usage.completion_tokens && !a.text.includes(stop)))
+      bad.push({ seed, stop, a, b });
+  }
+  check(n >= 16 && bad.length === 0, `stop strings across token boundaries: stream == non-stream (${n} seeds)`, bad[0] ?? n);
+}
+{
+  let bad = [], n = 0;
+  for (let seed = 1; seed <= 8; seed++) {
+    const base = { messages: [{ role: 'user', content: `Tell me something, ${seed}.` }], max_tokens: 20, temperature: 1, seed, logprobs: true, cache_prompt: false };
+    const g = await chat(base, false);
+    const t = g.toks.map((x) => Array.from(x));
+    const i = t.findIndex((x, k) => k >= 2 && k + 1 < t.length && x.length > 0 && t[k + 1].length > 0);
+    if (i < 0) continue;
+    const stop = t[i][t[i].length - 1] + t[i + 1][0];
+    const a = await chat({ ...base, stop }, false), b = await chat({ ...base, stop }, true);
+    n++;
+    if (!(a.text === b.text && same(a.lp, b.lp) && a.finish === 'stop' && b.finish === 'stop' && a.lp.length === a.usage.completion_tokens &&
+      b.lp.length === b.usage.completion_tokens)) bad.push({ seed, stop, a, b });
+  }
+  check(n >= 6 && bad.length === 0, `chat: stop strings across token boundaries, stream == non-stream (${n} seeds)`, bad[0] ?? n);
+}
+
 // ---- thinking mode: reasoning_content, stream == non-stream; tools render and are accepted
 {
   const p = { messages: [{ role: 'user', content: 'Think first.' }], max_tokens: 8, temperature: 0, reasoning_effort: 'high' };

@@ -6,6 +6,7 @@
  *    cache (cached tokens counted) and match a cold run; a match below the rollback reach of
  *    the finished state resumes from the prompt-end state instead;
  *  - stop ids, max_tokens 0, prompt scoring, cancel, and bad requests. */
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -332,12 +333,56 @@ int main(void)
         CHECK(rcs[0] == 0 && rcs[1] == 0 && rcs[2] == DSV4_E_STATE, "queue of 2 refuses the third");
         dsv4_lanes_shutdown(l);
         dsv4_request *late = req_for(prompts[0], plen[0], 0, 0);
-        CHECK(dsv4_lanes_submit(l, late, &err) == DSV4_E_STATE, "no submissions after shutdown");
+        CHECK(dsv4_lanes_submit(l, late, &err) == DSV4_E_CLOSED, "no submissions after shutdown (told apart from a full queue)");
         dsv4_request_release(late);
         for (int i = 0; i < 3; i++) {
             CHECK(i == 2 || rs[i]->finish == DSV4_FINISH_CANCELLED, "shutdown cancels queued request %d", i);
             dsv4_request_release(rs[i]);
         }
+        dsv4_lanes_free(l);
+    }
+    /* a cancelled request gives its queue slot back at once (a client that left), and a
+     * request refused by a full queue can be submitted again without leaking */
+    {
+        dsv4_lanes_opts o = {.n_lanes = 1, .queue_max = 2};
+        dsv4_lanes *l = dsv4_lanes_new(model, &o, &err);
+        dsv4_request *rs[3];
+        for (int i = 0; i < 2; i++) {
+            rs[i] = req_for(prompts[0], plen[0], 0, 0);
+            dsv4_lanes_submit(l, rs[i], &err);
+        }
+        dsv4_request_cancel(rs[1]);
+        rs[2] = req_for(prompts[0], plen[0], 0, 0);
+        CHECK(dsv4_lanes_submit(l, rs[2], &err) == 0 && rs[1]->finish == DSV4_FINISH_CANCELLED,
+              "a cancelled queued request frees its slot before any step");
+        dsv4_request *gone = req_for(prompts[0], plen[0], 0, 0);
+        dsv4_request_release(rs[2]); /* the caller leaves without cancelling first */
+        CHECK(dsv4_lanes_submit(l, gone, &err) == 0, "a released queued request frees its slot");
+
+        enum { LONG = 4096, RETRIES = 40 };
+        int32_t *lp = malloc(LONG * sizeof *lp);
+        make_prompt(lp, LONG, 77);
+        dsv4_request *sc = dsv4_request_new(lp, LONG, &err);
+        sc->prompt_logprobs = 1;
+        sc->max_tokens = 0;
+        size_t before = mallinfo2().uordblks;
+        int refused = 0;
+        for (int i = 0; i < RETRIES; i++)
+            refused += dsv4_lanes_submit(l, sc, &err) == DSV4_E_STATE;
+        size_t grown = mallinfo2().uordblks - before;
+        CHECK(refused == RETRIES && grown < (size_t)LONG * sizeof(dsv4_sample_out) * 2,
+              "resubmitting a prompt-scoring request keeps one buffer (%zu bytes grown over %d tries)", grown, RETRIES);
+        dsv4_request_release(sc);
+        free(lp);
+
+        dsv4_request *neg = req_for(prompts[0], plen[0], 0, 0);
+        neg->max_tokens = -plen[0];
+        dsv4_request_cancel(rs[0]);
+        CHECK(dsv4_lanes_submit(l, neg, &err) == DSV4_E_ARG, "a negative max_tokens is refused");
+        dsv4_request_release(neg);
+        dsv4_request_release(rs[0]);
+        dsv4_request_release(rs[1]);
+        dsv4_request_release(gone);
         dsv4_lanes_free(l);
     }
     dsv4_model_free(model);

@@ -1,0 +1,170 @@
+/* The server's request parser without the network (dsv4_serve_parse), on a byte-level
+ * tokenizer written here: seeds are read exactly over [-2^63, 2^64); a chat's default
+ * max_tokens fits an int whatever the context; the body must be UTF-8; scoring is capped. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <cjson/cJSON.h>
+#include "check.h"
+#include "serve/http.h"
+#include "serve/lanes.h"
+#include "text/tokenizer.h"
+
+static const char *path = "build/tests/tok_bytes.json";
+
+/* UTF-8 of the byte-level alphabet character for byte b */
+static void spell(int b, char *out)
+{
+    int n = 0, cp = -1;
+    for (int x = 0; x < 256; x++) {
+        int keep = (x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff);
+        int c = keep ? x : 256 + n++;
+        if (x == b)
+            cp = c;
+    }
+    if (cp < 0x80) {
+        out[0] = (char)cp;
+        out[1] = 0;
+    } else {
+        out[0] = (char)(0xc0 | (cp >> 6));
+        out[1] = (char)(0x80 | (cp & 0x3f));
+        out[2] = 0;
+    }
+}
+
+/* 256 byte tokens, no merges, one special end token (id 256) */
+static void write_tokenizer(void)
+{
+    cJSON *root = cJSON_CreateObject(), *model = cJSON_CreateObject(), *vocab = cJSON_CreateObject();
+    char s[8];
+    for (int x = 0; x < 256; x++) {
+        spell(x, s);
+        cJSON_AddNumberToObject(vocab, s, x);
+    }
+    cJSON_AddStringToObject(model, "type", "BPE");
+    cJSON_AddItemToObject(model, "vocab", vocab);
+    cJSON_AddItemToObject(model, "merges", cJSON_CreateArray());
+    cJSON_AddItemToObject(root, "model", model);
+    cJSON *added = cJSON_CreateArray(), *t = cJSON_CreateObject();
+    cJSON_AddNumberToObject(t, "id", 256);
+    cJSON_AddStringToObject(t, "content", "<｜end▁of▁sentence｜>");
+    cJSON_AddBoolToObject(t, "special", 1);
+    cJSON_AddItemToArray(added, t);
+    cJSON_AddItemToObject(root, "added_tokens", added);
+    char *txt = cJSON_Print(root);
+    FILE *f = fopen(path, "w");
+    fputs(txt, f);
+    fclose(f);
+    free(txt);
+    cJSON_Delete(root);
+}
+
+static dsv4_parse_model pm;
+
+/* Parses body as a completion; returns the status, *r the request (released by the caller). */
+static int parse(const char *route, const char *body, dsv4_request **r, char *msg)
+{
+    return dsv4_serve_parse(&pm, route, body, strlen(body), r, msg, 512);
+}
+
+/* The seed a completion request with `"seed": lit` gets; -1 status on refusal. */
+static int seed_of(const char *lit, uint64_t *seed)
+{
+    char body[256], msg[512];
+    snprintf(body, sizeof body, "{\"prompt\": \"hi\", \"messages\": {\"seed\": 5}, \"seed\": %s, \"temperature\": 1}", lit);
+    dsv4_request *r = NULL;
+    int st = parse("/v1/completions", body, &r, msg);
+    if (st == 200)
+        *seed = r->sp.seed;
+    dsv4_request_release(r);
+    return st;
+}
+
+int main(void)
+{
+    dsv4_err err = {0};
+    write_tokenizer();
+    pm.tok = dsv4_tokenizer_load(path, &err);
+    CHECK(pm.tok != NULL, "load: %s", err.msg);
+    if (!pm.tok)
+        return check_summary("serve_parse");
+    pm.name = "m";
+    pm.family = "deepseek_v4";
+    pm.vocab = 257;
+    pm.eos = 256;
+    pm.ctx = 4096;
+    pm.max_score_tokens = 100;
+
+    /* seeds: exact over the whole range; negative ones modulo 2^64 */
+    struct { const char *lit; uint64_t want; } seeds[] = {
+        {"0", 0},
+        {"9007199254740993", 9007199254740993ull},    /* 2^53 + 1: a double would say 2^53 */
+        {"9223372036854775808", 9223372036854775808ull}, /* 2^63 */
+        {"9223372036854775809", 9223372036854775809ull},
+        {"18446744073709551615", UINT64_MAX},
+        {"-1", UINT64_MAX},
+        {"-9223372036854775808", 9223372036854775808ull}, /* -2^63 */
+        {"-9223372036854775807", 9223372036854775809ull},
+        {"1e3", 1000},
+        {"7.0", 7},
+    };
+    for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) {
+        uint64_t got = 0;
+        int st = seed_of(seeds[i].lit, &got);
+        CHECK(st == 200 && got == seeds[i].want, "seed %s -> %llu (status %d, got %llu)", seeds[i].lit,
+              (unsigned long long)seeds[i].want, st, (unsigned long long)got);
+    }
+    const char *bad_seeds[] = {"18446744073709551616", "-9223372036854775809", "1.5", "1e300", "\"7\"", "true"};
+    for (size_t i = 0; i < sizeof bad_seeds / sizeof *bad_seeds; i++) {
+        uint64_t got = 0;
+        CHECK(seed_of(bad_seeds[i], &got) == 400, "seed %s refused", bad_seeds[i]);
+    }
+    /* the first "seed" member counts, as cJSON reads it; a nested one does not */
+    {
+        dsv4_request *r = NULL;
+        char msg[512];
+        CHECK(parse("/v1/completions", "{\"prompt\":\"x\",\"stop\":[\"seed\"],\"seed\":18446744073709551614,\"seed\":3}", &r, msg) == 200 &&
+              r->sp.seed == UINT64_MAX - 1, "the first top-level seed is read exactly");
+        dsv4_request_release(r);
+    }
+
+    /* a context of 2^32 tokens: a chat's default max_tokens stays a positive int */
+    {
+        pm.ctx = (int64_t)1 << 32;
+        dsv4_request *r = NULL;
+        char msg[512];
+        int st = parse("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"word word word\"}]}", &r, msg);
+        CHECK(st == 200 && r && r->max_tokens > 0 && (int64_t)r->max_tokens + r->n_prompt <= INT_MAX,
+              "chat default max_tokens with a 2^32 context: %d (%s)", r ? r->max_tokens : 0, msg);
+        dsv4_request_release(r);
+        pm.ctx = 4096;
+    }
+
+    /* the body is UTF-8; error messages quote the request */
+    {
+        char msg[512];
+        CHECK(parse("/v1/completions", "{\"prompt\":\"a\xff\",\"echo\":true}", NULL, msg) == 400 && strstr(msg, "UTF-8"),
+              "invalid UTF-8 in the body is refused: %s", msg);
+        CHECK(parse("/v1/completions", "{\"prompt\":\"\xc3\xa9t\xc3\xa9\",\"echo\":true}", NULL, msg) == 200, "valid UTF-8 accepted");
+        CHECK(parse("/v1/completions", "{\"prompt\":\"x\"} \xff", NULL, msg) == 400, "invalid UTF-8 after the object is refused");
+    }
+
+    /* scoring cap: echoed prompt tokens with logprobs, plus forced tokens, over all prompts */
+    {
+        char body[2048], msg[512];
+        char p[301];
+        memset(p, 'a', 300);
+        p[300] = 0;
+        snprintf(body, sizeof body, "{\"prompt\":\"%.99s\",\"echo\":true,\"logprobs\":1,\"max_tokens\":0}", p);
+        CHECK(parse("/v1/completions", body, NULL, msg) == 200, "scoring 99 tokens under a cap of 100: %s", msg);
+        snprintf(body, sizeof body, "{\"prompt\":\"%.101s\",\"echo\":true,\"logprobs\":1,\"max_tokens\":0}", p);
+        CHECK(parse("/v1/completions", body, NULL, msg) == 400 && strstr(msg, "--max-score-tokens"), "scoring 101 tokens refused: %s", msg);
+        snprintf(body, sizeof body, "{\"prompt\":[\"%.60s\",\"%.60s\"],\"echo\":true,\"logprobs\":0,\"max_tokens\":0}", p, p);
+        CHECK(parse("/v1/completions", body, NULL, msg) == 400, "the cap counts every prompt of a list");
+        snprintf(body, sizeof body, "{\"prompt\":\"%.300s\",\"echo\":true,\"max_tokens\":0}", p);
+        CHECK(parse("/v1/completions", body, NULL, msg) == 200, "echo without logprobs scores nothing");
+    }
+    dsv4_tokenizer_free(pm.tok);
+    return check_summary("serve_parse");
+}
