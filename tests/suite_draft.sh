@@ -2,7 +2,10 @@
 # `dsv4 generate --draft lookup` prints exactly the ids that the same command prints without
 # it, greedy and seeded, on the default model (whose English replies repeat themselves, so
 # proposals are kept) and on the held-out V4 fixtures (random weights: proposals are mostly
-# refused, so the rollback path runs); and the acceptance line reports kept proposals.
+# refused, so the rollback path runs); and the acceptance line reports kept proposals. Then
+# the server on the default model: chat requests with "draft" (and with the --draft default)
+# answer with the ids, text and logprobs of the same requests without, streamed and not, and
+# report what the drafts did in usage, the request log and /metrics.
 set -u
 cd "$(dirname "$0")/.."
 bin=build/dsv4
@@ -39,5 +42,62 @@ done
 kept=$(awk '{for (i = 1; i <= NF; i++) if ($i == "kept" && $(i - 1) ~ /^[0-9]+$/) s += $(i - 1)} END {print s + 0}' \
     "$tmp/acceptance")
 if [ "$kept" -gt 0 ]; then ok; else bad "no proposal was ever kept"; fi
+
+# the server
+build/dsv4 serve --port 0 --lanes 3 --threads 1 --draft 3 >"$tmp/server.log" 2>&1 &
+spid=$!
+port=
+for _ in $(seq 1 100); do
+    port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/server.log" | grep -o '[0-9]*$')
+    [ -n "$port" ] && break
+    sleep 0.1
+done
+if [ -z "$port" ]; then
+    bad "the server did not start"; tail -5 "$tmp/server.log"
+else
+    ask() { # body -> the reply's ids, text and logprobs, one JSON line (python3 reads it)
+        curl -s --max-time 60 "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' -d "$1"
+    }
+    fields() { python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+c = j["choices"][0]
+print(json.dumps([c["message"]["content"], c["token_ids"], [t["logprob"] for t in c["logprobs"]["content"]]]))
+print(json.dumps(j["usage"].get("draft")), file=sys.stderr)'; }
+    q='"messages":[{"role":"user","content":"What does ephemeral mean?"}],"logprobs":true,"return_token_ids":true,"max_tokens":40'
+    for samp in '"temperature":0' '"temperature":1.5,"seed":11'; do
+        ask "{$q,$samp,\"draft\":0}" | fields >"$tmp/plain.json" 2>/dev/null
+        [ -f "$tmp/greedy.json" ] || cp "$tmp/plain.json" "$tmp/greedy.json"
+        ask "{$q,$samp,\"draft\":6}" | fields >"$tmp/drafted.json" 2>"$tmp/usage6.json"
+        ask "{$q,$samp}" | fields >"$tmp/default.json" 2>"$tmp/usage3.json"
+        if [ -s "$tmp/plain.json" ] && cmp -s "$tmp/plain.json" "$tmp/drafted.json" && cmp -s "$tmp/plain.json" "$tmp/default.json"; then
+            ok
+        else
+            bad "server ($samp): drafted replies differ from plain"; head -c 300 "$tmp/plain.json" "$tmp/drafted.json"
+        fi
+        if grep -q '"kept_tokens"' "$tmp/usage6.json" && grep -q '"kept_tokens"' "$tmp/usage3.json"; then ok; else
+            bad "server ($samp): usage has no draft report"; fi
+    done
+    # streamed: the same text as the whole reply
+    curl -sN --max-time 60 "http://127.0.0.1:$port/v1/chat/completions" -H 'content-type: application/json' \
+        -d "{$q,\"temperature\":0,\"draft\":6,\"stream\":true}" | python3 -c '
+import json, sys
+out = []
+for line in sys.stdin:
+    line = line.strip()
+    if line.startswith("data: {"):
+        for ch in json.loads(line[6:])["choices"]:
+            out.append(ch["delta"].get("content") or "")
+print("".join(out))' >"$tmp/stream.txt"
+    python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[0])' "$tmp/greedy.json" >"$tmp/plain.txt"
+    if cmp -s "$tmp/stream.txt" "$tmp/plain.txt"; then ok; else bad "server: a drafted stream differs from the plain reply"; fi
+    bad_draft=$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/chat/completions" \
+        -H 'content-type: application/json' -d "{$q,\"draft\":99}")
+    if [ "$bad_draft" = 400 ]; then ok; else bad "server: draft 99 answered $bad_draft, not 400"; fi
+    kept_m=$(curl -s "http://127.0.0.1:$port/metrics" | awk '$1 == "dsv4_draft_kept_tokens_total" {print $2}')
+    if [ "${kept_m:-0}" -gt 0 ]; then ok; else bad "server: /metrics reports no kept draft tokens"; fi
+    if grep -q ' draft=[0-9]*/[0-9]*' "$tmp/server.log"; then ok; else bad "server: the request log has no draft field"; fi
+    kill "$spid"; wait "$spid" 2>/dev/null
+fi
 echo "draft suite: $pass passed, $fail failed"
 [ $fail -eq 0 ]

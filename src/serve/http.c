@@ -94,6 +94,7 @@ typedef struct server {
     histo ttft, duration;     /* time to first token and whole request, of successful generations */
     uint64_t seed_base;
     int max_score_tokens;
+    int draft;                /* requests' default proposal length (--draft) */
     /* open connections */
     pthread_mutex_t smu;
     sock *socks;
@@ -428,7 +429,7 @@ static int parse_sampling(server *s, gen *g, const cJSON *j, const char *raw, si
 {
     dsv4_sample_params *sp = &r->sp;
     double t = 1.0, top_p = 1.0, min_p = 0, pp = 0, fp = 0, rp = 1.0;
-    int64_t top_k = 0, n = 1, max_tokens = -1;
+    int64_t top_k = 0, n = 1, max_tokens = -1, draft = s->draft;
     uint64_t seed = 0;
     int have_seed = 0;
     if (get_num(j, "temperature", 0, 2, &t, b) || get_num(j, "top_p", 0, 1, &top_p, b) ||
@@ -436,8 +437,9 @@ static int parse_sampling(server *s, gen *g, const cJSON *j, const char *raw, si
         get_num(j, "frequency_penalty", -2, 2, &fp, b) || get_num(j, "repetition_penalty", 0.01, 10, &rp, b) ||
         get_int(j, "top_k", -1, 1e9, &top_k, b) || get_int(j, "n", 1, 1, &n, b) ||
         parse_seed(j, raw, raw_n, &have_seed, &seed, b) || get_int(j, "max_tokens", 0, 1e9, &max_tokens, b) ||
-        get_int(j, "max_completion_tokens", 0, 1e9, &max_tokens, b))
+        get_int(j, "max_completion_tokens", 0, 1e9, &max_tokens, b) || get_int(j, "draft", 0, DSV4_DRAFT_MAX, &draft, b))
         return -1;
+    r->draft = (int)draft;
     if (top_p == 0)
         return fail_bad(b, "top_p", "'top_p' must be greater than 0");
     sp->temperature = t;
@@ -789,6 +791,15 @@ static cJSON *completion_logprobs(gen *g, int from, int to, size_t base, int wit
 }
 
 /* usage: prompt, completion and total tokens, and the prompt tokens served from the cache. */
+/* The usage extension "draft": what drafting did (it never changes the tokens). */
+static void draft_usage(cJSON *u, int64_t steps, int64_t proposed, int64_t kept)
+{
+    cJSON *d = cJSON_AddObjectToObject(u, "draft");
+    cJSON_AddNumberToObject(d, "steps", (double)steps);
+    cJSON_AddNumberToObject(d, "proposed_tokens", (double)proposed);
+    cJSON_AddNumberToObject(d, "kept_tokens", (double)kept);
+}
+
 static cJSON *usage_json(const gen *g)
 {
     cJSON *u = cJSON_CreateObject();
@@ -797,6 +808,8 @@ static cJSON *usage_json(const gen *g)
     cJSON_AddNumberToObject(u, "total_tokens", g->r->n_prompt + g->n_tok);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", g->r->n_cached);
+    if (g->r->draft_steps)
+        draft_usage(u, g->r->draft_steps, g->r->draft_proposed, g->r->draft_kept);
     return u;
 }
 
@@ -901,9 +914,12 @@ static void log_line(gen *g, int status)
             histo_add(&g->s->ttft, ttft);
         histo_add(&g->s->duration, now - g->t0);
     }
-    dsv4_log("%s %s %d prompt=%d cached=%d generated=%d finish=%s queue=%.3fs ttft=%.3fs gen=%.3fs (%.1f tok/s) total=%.3fs",
+    char drafted[64] = "";
+    if (r && r->draft_steps)
+        snprintf(drafted, sizeof drafted, " draft=%lld/%lld", (long long)r->draft_kept, (long long)r->draft_proposed);
+    dsv4_log("%s %s %d prompt=%d cached=%d generated=%d finish=%s queue=%.3fs ttft=%.3fs gen=%.3fs (%.1f tok/s) total=%.3fs%s",
              g->id, g->path, status, r ? r->n_prompt : 0, r ? r->n_cached : 0, g->n_tok, g->finish ? finish_name(g) : "-",
-             queue, ttft, gen_s, gen_s > 0 && g->n_tok > 1 ? (g->n_tok - 1) / gen_s : 0.0, now - g->t0);
+             queue, ttft, gen_s, gen_s > 0 && g->n_tok > 1 ? (g->n_tok - 1) / gen_s : 0.0, now - g->t0, drafted);
 }
 
 /* ---- streaming ------------------------------------------------------------------- */
@@ -1547,17 +1563,23 @@ static enum MHD_Result gen_continue(server *s, struct MHD_Connection *c, conn *k
         cJSON *resp = envelope(gs[0], k->chat ? "chat.completion" : "text_completion");
         cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
         int prompt = 0, cached = 0, completion = 0;
+        int64_t dsteps = 0, dprop = 0, dkept = 0;
         for (int i = 0; i < n; i++) {
             cJSON_AddItemToArray(ch, choice_json(gs[i], i));
             prompt += gs[i]->r->n_prompt;
             cached += gs[i]->r->n_cached;
             completion += gs[i]->n_tok;
+            dsteps += gs[i]->r->draft_steps;
+            dprop += gs[i]->r->draft_proposed;
+            dkept += gs[i]->r->draft_kept;
         }
         cJSON *u = cJSON_AddObjectToObject(resp, "usage");
         cJSON_AddNumberToObject(u, "prompt_tokens", prompt);
         cJSON_AddNumberToObject(u, "completion_tokens", completion);
         cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
         cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", cached);
+        if (dsteps)
+            draft_usage(u, dsteps, dprop, dkept);
         res = send_json(c, 200, resp);
     }
     gens_free(gs, n, failed >= 0 ? 500 : 200);
@@ -1675,6 +1697,9 @@ static enum MHD_Result metrics(server *s, struct MHD_Connection *c)
     M("dsv4_prompt_tokens_total", "counter", "Prompt tokens of started requests.", "%" PRIu64, st.prompt_tokens);
     M("dsv4_cached_prompt_tokens_total", "counter", "Prompt tokens served from the prompt cache.", "%" PRIu64, st.cached_tokens);
     M("dsv4_generated_tokens_total", "counter", "Tokens generated.", "%" PRIu64, st.generated_tokens);
+    M("dsv4_draft_proposed_tokens_total", "counter", "Tokens proposed by drafts.", "%" PRIu64, st.draft_proposed);
+    M("dsv4_draft_kept_tokens_total", "counter", "Proposed tokens kept (each equal to the plain draw).", "%" PRIu64,
+      st.draft_kept);
     M("dsv4_steps_total", "counter", "Scheduler steps (batched forward passes).", "%" PRIu64, st.steps);
     M("dsv4_busy_seconds_total", "counter", "Seconds spent in steps.", "%.6f", st.busy_seconds);
     M("dsv4_lanes", "gauge", "Concurrent sequences.", "%d", st.n_lanes);
@@ -2030,6 +2055,7 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     s.max_conns = o->max_connections > 0 ? o->max_connections : DSV4_DEFAULT_MAX_CONNECTIONS;
     s.client_conns = o->client_connections > 0 ? o->client_connections : DSV4_DEFAULT_CLIENT_CONNECTIONS;
     s.max_score_tokens = o->max_score_tokens > 0 ? o->max_score_tokens : DSV4_DEFAULT_MAX_SCORE_TOKENS;
+    s.draft = o->draft;
     unsigned idle = o->idle_timeout_s > 0 ? (unsigned)o->idle_timeout_s : DSV4_DEFAULT_IDLE_TIMEOUT;
     if (s.max_conns > 1 << 20)
         return dsv4_fail(err, DSV4_E_ARG, "--max-connections %d is over 1048576", s.max_conns);

@@ -30,6 +30,9 @@ typedef struct lane {
     /* this step's plan */
     int n_feed;
     const int32_t *feed;
+    int32_t dfeed[1 + DSV4_DRAFT_MAX]; /* a drafting lane's rows: its next token, then the proposal */
+    dsv4_sample_out draws[1 + DSV4_DRAFT_MAX];
+    int n_draws;
 } lane;
 
 struct dsv4_lanes {
@@ -535,6 +538,93 @@ static int take_token_locked(dsv4_lanes *l, lane *ln, const dsv4_sample_out *o)
     return DSV4_FINISH_NONE;
 }
 
+/* A decoding lane's proposal for this step into ln->dfeed (after its next token); returns its
+ * length. No proposal where it could not be kept: past max_tokens or the context, beyond the
+ * rollback reach, or over the step's token budget. Lock held. */
+static int plan_draft(dsv4_lanes *l, lane *ln, int budget)
+{
+    dsv4_request *r = ln->req;
+    if (r->draft <= 0 || r->forced)
+        return 0;
+    int64_t k = r->draft < DSV4_DRAFT_MAX ? r->draft : DSV4_DRAFT_MAX;
+    /* room: the context check of take_token_locked then sees what plain steps would */
+    int64_t left = (int64_t)r->max_tokens - r->n_out - 1, room = l->max_pos - 3 - dsv4_seq_len(ln->seq);
+    int reach = l->o.max_rollback ? l->o.max_rollback : 256;
+    k = k < left ? k : left;
+    k = k < room ? k : room;
+    k = k < reach ? k : reach;
+    k = k < budget ? k : budget;
+    if (k <= 0 || ensure_ids(ln, (int64_t)ln->n_ids + 1))
+        return 0;
+    ln->ids[ln->n_ids] = ln->next; /* the context as lookup reads it: the sequence, then next */
+    ln->dfeed[0] = ln->next;
+    return dsv4_lookup_draft(ln->ids, ln->n_ids + 1, 1, 3, (int)k, ln->dfeed + 1);
+}
+
+/* Draws a drafting lane's rows in order (row t at position L + 1 + t for a sequence of L
+ * tokens before the step, as plain steps draw), each recorded in the penalty history before
+ * the next, until one differs from the proposal, is a stop id, or is the last token the request
+ * may take. Returns 0 or an error code (message in se). */
+static int draw_rows(lane *ln, const float *row0, int V, dsv4_err *se)
+{
+    dsv4_request *r = ln->req;
+    int nd = ln->n_feed - 1;
+    int64_t L0 = dsv4_seq_len(ln->seq) - ln->n_feed;
+    ln->n_draws = 0;
+    for (int t = 0; t <= nd; t++) {
+        dsv4_sample_out *o = &ln->draws[t];
+        int rc = dsv4_sample(&ln->smp, &r->sp, row0 + (size_t)t * V, L0 + 1 + t, o, se);
+        if (rc)
+            return rc;
+        dsv4_sampler_accept(&ln->smp, o->id);
+        ln->n_draws = t + 1;
+        int stop = 0;
+        for (int i = 0; i < r->n_stop_ids; i++)
+            stop |= o->id == r->stop_ids[i];
+        if (t == nd || o->id != ln->dfeed[1 + t] || stop || r->n_out + t + 1 >= r->max_tokens)
+            break;
+    }
+    return 0;
+}
+
+/* A drafting lane after its draws: the sequence rolled back to its next token and the kept
+ * proposal (the final draw is fed by the next step, as a plain step's draw is), the draws taken
+ * in order until one finishes the request (which ends with an error when the rollback fails).
+ * Lock held. */
+static void commit_draws(dsv4_lanes *l, lane *ln)
+{
+    dsv4_request *r = ln->req;
+    dsv4_err err = {0};
+    int nd = ln->n_feed - 1, keep = ln->n_draws; /* rows kept: next and the draws' matches */
+    int64_t L0 = dsv4_seq_len(ln->seq) - ln->n_feed;
+    if (keep < ln->n_feed && dsv4_seq_truncate(ln->seq, L0 + keep, &err)) {
+        snprintf(r->errmsg, sizeof r->errmsg, "%.200s", err.msg);
+        retire_locked(l, ln, DSV4_FINISH_ERROR);
+        return;
+    }
+    if (ensure_ids(ln, (int64_t)ln->n_ids + keep)) {
+        snprintf(r->errmsg, sizeof r->errmsg, "out of memory");
+        retire_locked(l, ln, DSV4_FINISH_ERROR);
+        return;
+    }
+    memcpy(ln->ids + ln->n_ids, ln->dfeed, (size_t)keep * sizeof *ln->ids);
+    ln->n_ids += keep;
+    int kept = ln->n_draws - 1 + (ln->n_draws - 1 < nd && ln->draws[ln->n_draws - 1].id == ln->dfeed[ln->n_draws]);
+    r->draft_steps++;
+    r->draft_proposed += nd;
+    r->draft_kept += kept;
+    l->st.draft_proposed += (uint64_t)nd;
+    l->st.draft_kept += (uint64_t)kept;
+    for (int t = 0; t < ln->n_draws; t++) {
+        int why = take_token_locked(l, ln, &ln->draws[t]);
+        ln->next = ln->draws[t].id;
+        if (why) {
+            retire_locked(l, ln, why);
+            break;
+        }
+    }
+}
+
 int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
 {
     const int L = l->o.n_lanes, V = l->vocab;
@@ -552,6 +642,13 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
             ln->feed = &ln->next;
             ln->n_feed = 1;
             budget--;
+            int nd = plan_draft(l, ln, budget);
+            if (nd) {
+                ln->feed = ln->dfeed;
+                ln->n_feed += nd;
+                budget -= nd;
+                n_score += 1 + nd;
+            }
         }
     }
     for (int i = 0; i < L; i++) {
@@ -585,7 +682,7 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
         lane *ln = &l->lanes[i];
         if (!ln->n_feed)
             continue;
-        int g = !ln->decoding && ln->req->prompt_logprobs;
+        int g = ln->decoding ? ln->n_feed > 1 : ln->req->prompt_logprobs;
         seqs[g][ns[g]] = ln->seq;
         ids[g][ns[g]] = ln->feed;
         nids[g][ns[g]] = ln->n_feed;
@@ -599,7 +696,7 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
             ns[1] = -1;
     }
     int rc = ns[1] < 0 ? -1 : 0;
-    float *row_of[L]; /* each lane's last-token logits */
+    float *row_of[L], *row0[L]; /* each lane's last-token logits, and its first row's (all-row lanes) */
     for (int g = 0; g < 2 && !rc; g++) {
         if (ns[g] <= 0)
             continue;
@@ -610,6 +707,7 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
         for (int k = 0; k < ns[g]; k++) {
             off += (size_t)nids[g][k];
             row_of[who[g][k]] = g ? l->all_logits + (off - 1) * V : l->logits + (size_t)k * V;
+            row0[who[g][k]] = g ? l->all_logits + (off - nids[g][k]) * V : row_of[who[g][k]];
         }
     }
 
@@ -627,6 +725,8 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
         dsv4_request *r = ln->req;
         if (r->forced) /* n_out changes only on this thread */
             dsv4_score(row_of[i], V, ln->smp.work, r->forced[r->n_out], r->sp.n_top_logprobs, &outs[i]);
+        else if (ln->decoding && ln->n_feed > 1)
+            serr[i] = draw_rows(ln, row0[i], V, &se);
         else
             serr[i] = dsv4_sample(&ln->smp, &r->sp, row_of[i], dsv4_seq_len(ln->seq), &outs[i], &se);
         if (serr[i])
@@ -641,7 +741,7 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
     for (int k = 0; k < ns[1] && !rc; k++) {
         lane *ln = &l->lanes[who[1][k]];
         dsv4_request *r = ln->req;
-        for (int t = 0; t < ln->n_feed; t++) {
+        for (int t = 0; t < ln->n_feed && !ln->decoding; t++) {
             int at = ln->fed + t + 1; /* prompt[at] is scored by this row */
             if (at < r->n_prompt)
                 dsv4_score(l->all_logits + (off + t) * V, V, l->score_work, r->prompt[at], r->sp.n_top_logprobs,
@@ -664,6 +764,10 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
                 ln->seq = fresh;
             }
             retire_locked(l, ln, DSV4_FINISH_ERROR);
+            continue;
+        }
+        if (ln->decoding && ln->n_feed > 1 && !serr[i]) {
+            commit_draws(l, ln);
             continue;
         }
         if (ensure_ids(ln, (int64_t)ln->n_ids + ln->n_feed)) {

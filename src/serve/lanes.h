@@ -9,6 +9,11 @@
  * keys its draws by (seed, position), so a request's tokens and logprobs are the same alone
  * or beside others, and resumed from the cache or cold.
  *
+ * Drafts (serve/draft.h): a decoding lane whose request asks for them feeds its last token
+ * and a prompt-lookup proposal in the same step; its rows are drawn in order at the positions a
+ * plain step would use, the proposal is kept while it equals the draws, and the lane's sequence
+ * is rolled back to what was kept. Drafted requests give the tokens and logprobs of plain ones.
+ *
  * Prompt cache: when a request finishes, when its prompt is fully read, and every
  * snapshot_every prompt tokens on the way, the lane's state is saved with the token ids it
  * covers. A new request resumes from the saved state sharing
@@ -23,6 +28,7 @@
 
 #include <pthread.h>
 #include "dsv4.h"
+#include "serve/draft.h"
 #include "serve/sampler.h"
 
 typedef struct dsv4_lanes dsv4_lanes;
@@ -64,6 +70,7 @@ typedef struct dsv4_request {
                             * each is scored (dsv4_score: logprob, top alternatives) instead of
                             * sampled; max_tokens must equal n_forced */
     int n_forced;
+    int draft;             /* prompt-lookup proposal length per step, 0..DSV4_DRAFT_MAX (0: none) */
 
     /* outputs: guarded by the lanes lock; wait with dsv4_request_wait */
     dsv4_sample_out *out;  /* generated tokens */
@@ -75,6 +82,7 @@ typedef struct dsv4_request {
     int finish;            /* DSV4_FINISH_*; NONE while running */
     char errmsg[256];
     double t_submit, t_start, t_first, t_done; /* dsv4_now() seconds */
+    int64_t draft_steps, draft_proposed, draft_kept; /* drafted steps, proposed and kept tokens */
 
     /* private */
     int cancel, refs;
@@ -116,6 +124,7 @@ void dsv4_lanes_shutdown(dsv4_lanes *l);
 typedef struct dsv4_lanes_stats {
     int n_lanes, busy, queued;
     uint64_t requests, prompt_tokens, cached_tokens, generated_tokens, steps;
+    uint64_t draft_proposed, draft_kept;
     size_t cache_entries, cache_bytes;
     double busy_seconds;
 } dsv4_lanes_stats;

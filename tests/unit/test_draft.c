@@ -2,7 +2,9 @@
  * drafted == plain on the default model (models/mini): the same ids and the same logprobs, bit
  * for bit, greedy and seeded, for proposals that are all right (the plain run's own tokens),
  * all wrong, half right, and prompt lookup's, at several proposal lengths. The plain run is tied
- * to the server's: the same request through the lanes gives the same ids and logprobs. */
+ * to the server's: the same request through the lanes gives the same ids and logprobs. Then the
+ * lanes' own drafting: requests that draft beside plain ones, through 1 and 3 lanes, give the
+ * plain ids and logprobs, with proposals kept (this model's replies repeat their question). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -130,6 +132,82 @@ static int served(dsv4_model *m, const int32_t *prompt, int T, const dsv4_sample
     return n;
 }
 
+/* Requests through n lanes, each drafting `draft` tokens a step (request 0 of a batch stays plain
+ * when mixed): ids and logprobs into ids[k] / lps[k], counts into nk[k]; returns tokens kept. */
+static int64_t lanes_run(dsv4_model *m, int n_lanes, const int32_t *const *prompts, const int *T, int n,
+                         const dsv4_sample_params *sp, int draft, int mixed, int32_t eos, int32_t (*ids)[N_GEN],
+                         double (*lps)[N_GEN], int *nk)
+{
+    dsv4_err err = {0};
+    dsv4_lanes_opts o = {.n_lanes = n_lanes};
+    dsv4_lanes *l = dsv4_lanes_new(m, &o, &err);
+    dsv4_request *rs[8];
+    int64_t kept = 0;
+    for (int k = 0; k < n; k++) {
+        rs[k] = dsv4_request_new(prompts[k], T[k], &err);
+        rs[k]->sp = *sp;
+        rs[k]->sp.seed += (uint64_t)k;
+        rs[k]->max_tokens = N_GEN;
+        rs[k]->stop_ids = malloc(sizeof *rs[k]->stop_ids);
+        rs[k]->stop_ids[rs[k]->n_stop_ids++] = eos;
+        rs[k]->draft = mixed && k == 0 ? 0 : draft;
+        CHECK(!dsv4_lanes_submit(l, rs[k], &err), "submit: %s", err.msg);
+    }
+    for (int guard = 0; guard < 5000; guard++) {
+        int done = 1;
+        for (int k = 0; k < n; k++)
+            done &= rs[k]->finish != 0;
+        if (done || dsv4_lanes_step(l, &err) < 0)
+            break;
+    }
+    for (int k = 0; k < n; k++) {
+        CHECK(rs[k]->finish == DSV4_FINISH_STOP || rs[k]->finish == DSV4_FINISH_LENGTH, "lanes: finish %d (%s)",
+              rs[k]->finish, rs[k]->errmsg);
+        nk[k] = rs[k]->n_out;
+        for (int i = 0; i < rs[k]->n_out; i++) {
+            ids[k][i] = rs[k]->out[i].id;
+            lps[k][i] = rs[k]->out[i].logprob;
+        }
+        kept += rs[k]->draft_kept;
+        dsv4_request_release(rs[k]);
+    }
+    dsv4_lanes_free(l);
+    return kept;
+}
+
+static void lanes_cases(dsv4_model *m, int32_t eos)
+{
+    /* the four questions of tests/fixtures/mini/reply.json */
+    static const int32_t q0[] = {0, 3, 293, 307, 2978, 272, 992, 294, 271, 38, 4, 6};
+    static const int32_t q1[] = {0, 3, 293, 307, 885, 271, 38, 4, 6};
+    static const int32_t q2[] = {0, 3, 392, 1352, 96, 21, 4, 6};
+    static const int32_t q3[] = {0, 3, 293, 291, 273, 2294, 38, 4, 6};
+    const int32_t *pr[4] = {q0, q1, q2, q3};
+    int T[4] = {12, 9, 8, 9};
+    static int32_t ref[4][N_GEN], got[4][N_GEN];
+    static double rlp[4][N_GEN], glp[4][N_GEN];
+    int nr[4], ng[4];
+    int64_t kept = 0;
+    for (int mode = 0; mode < 2; mode++) {
+        dsv4_sample_params sp;
+        dsv4_sample_params_default(&sp);
+        sp.temperature = mode ? 1.5 : 0.0;
+        sp.seed = 77;
+        lanes_run(m, 1, pr, T, 4, &sp, 0, 0, eos, ref, rlp, nr);
+        for (int lanes = 1; lanes <= 3; lanes += 2)
+            for (int mixed = 0; mixed < 2; mixed++) {
+                kept += lanes_run(m, lanes, pr, T, 4, &sp, 5, mixed, eos, got, glp, ng);
+                for (int k = 0; k < 4; k++)
+                    CHECK(ng[k] == nr[k] && !memcmp(got[k], ref[k], nr[k] * sizeof(int32_t)) &&
+                              !memcmp(glp[k], rlp[k], nr[k] * sizeof(double)),
+                          "%s, %d lanes%s: drafted request %d differs from plain (%d vs %d tokens)",
+                          mode ? "seeded" : "greedy", lanes, mixed ? " beside a plain one" : "", k, ng[k], nr[k]);
+            }
+    }
+    CHECK(kept > 0, "the lanes kept no proposal: their kept path went untested");
+    printf("  lanes: %lld proposed tokens kept\n", (long long)kept);
+}
+
 int main(void)
 {
     lookup_cases();
@@ -180,6 +258,11 @@ int main(void)
             }
     }
     CHECK(kept_total > 0, "no proposal was ever kept: the verify path went untested");
+    {
+        dsv4_model_info info;
+        dsv4_model_get_info(m, &info);
+        lanes_cases(m, info.eos_id);
+    }
     dsv4_model_free(m);
     return check_summary("draft");
 }

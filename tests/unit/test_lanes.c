@@ -5,6 +5,11 @@
  *  - resumed == fresh: a next turn, a re-sent prompt and a diverging prefix resume from the
  *    cache (cached tokens counted) and match a cold run; a match below the rollback reach of
  *    the finished state resumes from the prompt-end state instead;
+ *  - drafted == plain: requests that draft by prompt lookup (repetitive prompts, so there are
+ *    proposals; random weights refuse nearly all of them, so this runs the rollback path, and
+ *    test_draft.c the kept path on a trained model) give the tokens and logprobs of plain solo
+ *    runs, through 1, 3 and 8 lanes, beside a plain request, with proposals longer than the
+ *    rollback reach, and resumed from the cache;
  *  - stop ids, max_tokens 0, prompt scoring, cancel, and bad requests. */
 #include <malloc.h>
 #include <math.h>
@@ -179,6 +184,68 @@ int main(void)
         CHECK(st.requests == NREQ && st.generated_tokens == NREQ * MAXTOK, "stats %llu %llu", (unsigned long long)st.requests,
               (unsigned long long)st.generated_tokens);
         dsv4_lanes_free(l);
+    }
+
+    /* drafted == plain */
+    {
+        enum { ND = 6, DTOK = 24 };
+        static int32_t dp[ND][64];
+        static result dref[ND];
+        int dlen[ND];
+        for (int k = 0; k < ND; k++) {
+            /* a motif repeated, then a tail of its own: lookup finds the motif's continuation */
+            int m = 3 + k % 3, reps = 4 + k;
+            make_prompt(dp[k], m, 500u + (unsigned)k);
+            for (int i = m; i < m * reps; i++)
+                dp[k][i] = dp[k][i - m];
+            make_prompt(dp[k] + m * reps, 2, 600u + (unsigned)k);
+            dlen[k] = m * reps + 2;
+            dsv4_lanes *l = new_lanes(1, 0);
+            dsv4_request *r = req_for(dp[k], dlen[k], k, 0);
+            r->max_tokens = DTOK;
+            run_all(l, &r, 1);
+            collect(r, &dref[k]);
+            dsv4_request_release(r);
+            dsv4_lanes_free(l);
+        }
+        static const int dw[] = {1, 3, 8};
+        int64_t kept = 0, proposed = 0;
+        for (int w = 0; w < 3; w++) {
+            dsv4_lanes *l = new_lanes(dw[w], 64u << 20);
+            dsv4_request *rs[ND];
+            for (int k = 0; k < ND; k++) {
+                rs[k] = req_for(dp[k], dlen[k], k, w == 2);
+                rs[k]->max_tokens = DTOK;
+                rs[k]->draft = k == 5 ? 0 : k == 4 ? DSV4_DRAFT_MAX : 4; /* one plain beside, one past the reach */
+            }
+            CHECK(run_all(l, rs, ND) == 0, "drafted run, %d lanes", dw[w]);
+            for (int k = 0; k < ND; k++) {
+                result g;
+                collect(rs[k], &g);
+                CHECK(same(&g, &dref[k]), "%d lanes: drafted request %d differs from plain solo", dw[w], k);
+                kept += rs[k]->draft_kept;
+                proposed += rs[k]->draft_proposed;
+                dsv4_request_release(rs[k]);
+            }
+            if (w == 2) { /* again, resumed from the cache the first pass filled */
+                for (int k = 0; k < ND; k++) {
+                    rs[k] = req_for(dp[k], dlen[k], k, 1);
+                    rs[k]->max_tokens = DTOK;
+                    rs[k]->draft = 4;
+                }
+                run_all(l, rs, ND);
+                for (int k = 0; k < ND; k++) {
+                    result g;
+                    collect(rs[k], &g);
+                    CHECK(g.n_cached > 0 && same(&g, &dref[k]), "resumed drafted request %d (cached %d) differs from plain", k,
+                          g.n_cached);
+                    dsv4_request_release(rs[k]);
+                }
+            }
+            dsv4_lanes_free(l);
+        }
+        CHECK(proposed > 0, "no proposal was made: the drafted path went untested");
+        printf("  drafted: %lld of %lld proposed tokens kept\n", (long long)kept, (long long)proposed);
     }
 
     /* resumed == fresh */
