@@ -1762,7 +1762,7 @@ static cJSON *parse_body(const char *p, size_t n, bad *b)
 /* The request's framing and credentials, counted over every header of the request. */
 typedef struct head_scan {
     int n_auth, n_length, n_te;
-    const char *auth, *length;
+    const char *auth, *length, *te;
     int lengths_differ;
 } head_scan;
 
@@ -1781,6 +1781,7 @@ static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const cha
         h->length = value ? value : "";
     } else if (!strcasecmp(key, "Transfer-Encoding")) {
         h->n_te++;
+        h->te = value ? value : "";
     }
     return MHD_YES;
 }
@@ -1837,6 +1838,10 @@ static enum MHD_Result request_start(server *s, struct MHD_Connection *c, const 
         return send_error_close(s, c, 400, "bad_framing", "the request has both Content-Length and Transfer-Encoding");
     if (h.n_te > 1)
         return send_error_close(s, c, 400, "bad_framing", "the request has more than one Transfer-Encoding header");
+    /* RFC 9112 6.1: without chunked last there is no length to find; and only the very word is
+     * taken, as libmicrohttpd reads it (it ignores "chunked " with a space) */
+    if (h.n_te && strcasecmp(h.te, "chunked"))
+        return send_error_close(s, c, 400, "bad_framing", "Transfer-Encoding other than chunked is not supported");
     if (s->api_key && strcmp(url, "/health") && strcmp(url, "/") && !auth_ok(s, &h)) {
         k->deny_status = 401;
         k->deny_code = "invalid_api_key";

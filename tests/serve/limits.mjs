@@ -164,7 +164,7 @@ async function openIdle(n) {
     return t;
   };
   const c0 = cpu();
-  const r = await post('/v1/completions', JSON.stringify({ prompt: ['first', 'second', 'third', 'fourth'], max_tokens: 300, ignore_eos: true, cache_prompt: false }), '', 30000);
+  const r = await post('/v1/completions', JSON.stringify({ prompt: ['first', 'second', 'third', 'fourth'], max_tokens: 120, ignore_eos: true, cache_prompt: false }), '', 90000);
   const c1 = cpu(), lanes = c1.lanes - c0.lanes, other = c1.other - c0.other;
   check(r.status === 200 && r.json.choices.length === 4 && lanes > 0.2 && other < 0.08 * lanes,
     `a list of prompts waits without spinning (CPU: ${other.toFixed(2)} s outside the lanes, ${lanes.toFixed(2)} s in them)`, r.status);
@@ -178,6 +178,9 @@ async function openIdle(n) {
     ['two different Content-Length headers', `${head}Content-Length: ${body.length}\r\nContent-Length: 5\r\n\r\n${body}`, 400],
     ['Content-Length with Transfer-Encoding', `${head}Content-Length: ${body.length}\r\nTransfer-Encoding: chunked\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`, 400],
     ['two Transfer-Encoding headers', `${head}Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`, 400],
+    ['Transfer-Encoding gzip', `${head}Transfer-Encoding: gzip\r\n\r\n${body}`, 400],
+    ['Transfer-Encoding "chunked " (a space after)', `${head}Transfer-Encoding: chunked \r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`, 400],
+    ['Transfer-Encoding gzip, chunked', `${head}Transfer-Encoding: gzip, chunked\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`, 400],
   ];
   for (const [name, bytes, want] of cases) {
     const r = await raw(bytes);
@@ -185,8 +188,8 @@ async function openIdle(n) {
   }
   const same = await raw(`${head}Content-Length: ${body.length}\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
   check(same.status === 200, 'framing: a repeated identical Content-Length is accepted', same.head);
-  const chunked = await raw(`${head}Transfer-Encoding: chunked\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`);
-  check(chunked.status === 200 && chunked.json?.choices?.length === 1, 'framing: a chunked body alone is read', chunked.head);
+  const chunked = await raw(`${head}Transfer-Encoding: Chunked\r\n\r\n${body.length.toString(16)}\r\n${body}\r\n0\r\n\r\n`);
+  check(chunked.status === 200 && chunked.json?.choices?.length === 1, 'framing: a chunked body alone is read (the coding in any case)', chunked.head);
 }
 
 // ---- the malformed-request matrix: each gets a 4xx (or, where the HTTP layer cannot parse the

