@@ -4,13 +4,24 @@
 # (scripts/readme_commands.sh) run there in a chroot, as root; with --user, as a user with sudo
 # instead (sudo is then installed first: that user's machine has it). The second command runs
 # even when the first fails, so a failing main job still shows the tests' state.
-#   tests/fresh/run.sh [--user] [WORK]       as root, on a machine with debootstrap and a Debian mirror
+#   tests/fresh/run.sh [--user] [--host-ca] [WORK]   as root, with debootstrap and a Debian mirror
+# --host-ca: this machine's local CA certificates (/usr/local/share/ca-certificates) go into the
+# root too, for a network whose HTTPS passes a proxy with its own CA (npm's registry); the
+# ca-certificates package that deps.sh installs adds them to the root's trust store.
 # WORK (default /tmp/dsv4-fresh) keeps the untouched debootstrap root (base/, made once and
 # reused) and the root of the last run (root/). MIRROR overrides the Debian mirror.
 # Prints each command's time and exit status; exits non-zero if either failed.
 set -euo pipefail
-user=0
-if [ "${1:-}" = "--user" ]; then user=1; shift; fi
+user=0 host_ca=0
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --user) user=1 ;;
+        --host-ca) host_ca=1 ;;
+        -*) echo "fresh: unknown option $1" >&2; exit 2 ;;
+        *) break ;;
+    esac
+    shift
+done
 W=${1:-/tmp/dsv4-fresh}
 MIRROR=${MIRROR:-http://deb.debian.org/debian}
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -40,6 +51,10 @@ rm -rf "$R"
 cp -a "$W/base" "$R"
 rm -f "$R/.done"
 cp -L /etc/resolv.conf "$R/etc/resolv.conf"   # npm fetches the test clients' packages
+if [ $host_ca = 1 ]; then
+    mkdir -p "$R/usr/local/share/ca-certificates"
+    cp /usr/local/share/ca-certificates/*.crt "$R/usr/local/share/ca-certificates/" 2>/dev/null || true
+fi
 
 for d in proc sys dev; do
     case $d in
