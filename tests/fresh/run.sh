@@ -51,6 +51,8 @@ rm -rf "$R"
 cp -a "$W/base" "$R"
 rm -f "$R/.done"
 cp -L /etc/resolv.conf "$R/etc/resolv.conf"   # npm fetches the test clients' packages
+# as an installed system has it (sudo looks the host name up)
+printf '127.0.0.1\tlocalhost\n127.0.1.1\t%s\n' "$(hostname)" >"$R/etc/hosts"
 if [ $host_ca = 1 ]; then
     mkdir -p "$R/usr/local/share/ca-certificates"
     cp /usr/local/share/ca-certificates/*.crt "$R/usr/local/share/ca-certificates/" 2>/dev/null || true
