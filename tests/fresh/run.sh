@@ -84,9 +84,9 @@ for c in "${cmds[@]}"; do
     s=$(date +%s)
     inner="cd $home/dsv4 && $c"
     if [ $user = 1 ]; then
-        chroot "$R" env -i HOME=$home PATH=/usr/local/bin:/usr/bin:/bin TERM=dumb su dev -c "$inner" </dev/null && r=0 || r=$?
+        chroot "$R" env -i HOME="$home" PATH=/usr/local/bin:/usr/bin:/bin TERM=dumb su dev -c "$inner" </dev/null && r=0 || r=$?
     else
-        chroot "$R" env -i HOME=$home PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin TERM=dumb \
+        chroot "$R" env -i HOME="$home" PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin TERM=dumb \
             bash -c "$inner" </dev/null && r=0 || r=$?
     fi
     echo "fresh: exit $r after $(($(date +%s) - s)) s: $c"
