@@ -71,8 +71,12 @@ $(BUILD)/tests/cuda/bench_cuda: $(BUILD)/tests/cuda/bench_cuda.o $(BUILD)/libdsv
 test: all
 	tests/run.sh
 
-# The main job on the small default the project makes itself: a random-weight checkpoint
-# in the release layout (real vocabulary, every layer kind), then greedy generation.
+# The main job: the default model (models/mini) answers a fixed question, streamed.
+run: $(BUILD)/dsv4
+	$(BUILD)/dsv4 chat --once "What does ephemeral mean?"
+
+# A random-weight checkpoint in the release layout (real vocabulary, every layer kind), then
+# greedy generation.
 demo: all
 	$(BUILD)/dsv4 synth --preset tiny -o $(BUILD)/tiny
 	$(BUILD)/dsv4 info -m $(BUILD)/tiny
@@ -84,7 +88,7 @@ ifeq ($(CUDA),1)
 # The spill runs give each fixture a device budget of its hot path plus a few experts (sizes
 # from tests/unit/test_place.c), so most routed experts are read from pinned host memory;
 # a budget under the hot path must be refused.
-FIX = $${DSV4_SHARED:-../shared}/fixtures
+FIX = tests/fixtures
 test-cuda: all
 	$(BUILD)/tests/cuda/test_cuda_ops
 	$(BUILD)/tests/cuda/test_cuda_exl3
@@ -105,7 +109,7 @@ test-cuda bench-cuda:
 	@echo "$@ needs the CUDA build: make CUDA=1 $@" >&2; exit 2
 endif
 
-.PHONY: all test demo test-cuda bench-cuda clean
+.PHONY: all test run demo test-cuda bench-cuda clean
 clean:
 	rm -rf $(BUILD) $(FUZZ_REQ_BUILD)
 

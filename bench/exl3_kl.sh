@@ -2,10 +2,10 @@
 # EXL3 packs of a checkpoint against the original: for each bit width, `dsv4 quantize --exl3 K`
 # then `dsv4 logits` on every case of the fixture's cases.json (or a default id list), and the
 # mean KL(original || EXL3) per position (nats) and top-1 agreement.
-# usage: bench/exl3_kl.sh [FIXTURE_DIR] [BITS...]   (default ../shared/fixtures/v4/v4-tiny-a, 2 3 4 5 6)
+# usage: bench/exl3_kl.sh [FIXTURE_DIR] [BITS...]   (default tests/fixtures/v4/v4-tiny-a, 2 3 4 5 6)
 set -eu
 cd "$(dirname "$0")/.."
-fx=${1:-../shared/fixtures/v4/v4-tiny-a}
+fx=${1:-tests/fixtures/v4/v4-tiny-a}
 shift || true
 bits=${*:-2 3 4 5 6}
 hb=${HEAD_BITS:-6}

@@ -8,7 +8,7 @@ mHC x4, vocab 129280), built directly on one CUDA GPU in BF16 with random weight
 std 0.02 for matrices and expert tensors, norms and HC scales 1, biases/sinks/position biases 0),
 run by the transformers reference code (eager attention, experts implementation "eager" unless
 --experts-impl says otherwise), with torch.Tensor.topk replaced by a stable-sort top-k as in
-shared/tools/oracle/v4_fixtures.py.
+tests/tools/v4_fixtures.py.
 
 What it measures, in order, one labelled line each:
   1. Ceilings of this GPU: device-to-device copy bandwidth (a 2 GiB tensor copied into another;
@@ -213,7 +213,7 @@ def main():
         f", dtype={args.dtype}, attention=eager, experts={args.experts_impl}")
 
     if not args.native_topk:
-        # Same approach as shared/tools/oracle/v4_fixtures.py: the indexer's ReLU scores tie, and the
+        # Same approach as tests/tools/v4_fixtures.py: the indexer's ReLU scores tie, and the
         # reference is made to break ties by position (descending score, lower index first).
         def _stable_topk(self, k, dim=-1, largest=True, sorted=True):
             vals, idx = torch.sort(self, dim=dim, descending=largest, stable=True)

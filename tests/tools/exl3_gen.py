@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""Test vectors for dsv4's EXL3 decoder, made with the shared stdlib reference (exl3_ref.py).
+"""Test vectors for dsv4's EXL3 decoder and the other weight forms, and the suite's helpers.
 
-gen OUT_DIR: writes OUT_DIR/exl3.safetensors (random EXL3 layers: every K 1..8 x every codebook,
-  legacy .su/.sv sign words, bias, padding), config.json + quantization_config.json, a manifest
-  cases.txt ("prefix n k" per layer) and per layer the expected [n, k] weights:
-  PREFIX.inner.f32 (decoded tiles, exact) and PREFIX.full.f64 (the rotated, scaled W, float64).
-  Also OUT_DIR/bad/*.safetensors: variants the loader must refuse, with the tensor it must name,
-  and OUT_DIR/dense.safetensors: FP8 (F32 and E8M0 block scales), FP4, BF16, F16, F32 weights
-  with their exact expected values NAME.f32, listed in dense.txt.
+gen OUT_DIR REF: with the stdlib EXL3 reference decoder REF (a path to exl3_ref.py), writes
+  OUT_DIR/exl3.safetensors (random EXL3 layers: every K 1..8 x every codebook, legacy .su/.sv
+  sign words, bias, padding), config.json + quantization_config.json, a manifest cases.txt
+  ("prefix n k" per layer) and per layer what the reference decoded: PREFIX.inner.f32 (decoded
+  tiles, exact) and PREFIX.full.f64 (the rotated, scaled W, float64), both [n, k]. Also
+  OUT_DIR/bad/*.safetensors: variants the loader must refuse, with the tensor it must name.
+  tests/fixtures/exl3 is this output, committed (tests/fixtures/exl3/README.md).
+dense OUT_DIR: OUT_DIR/dense.safetensors: FP8 (F32 and E8M0 block scales), FP4, BF16, F16, F32
+  weights with their exact expected values NAME.f32, listed in dense.txt (no reference needed).
 ckpt OUT_DIR: a small checkpoint for `dsv4 quantize` (BF16 Gaussian linears, one FP8 linear with
   block scales, a norm, a router, embeddings, a head), its linears listed in layers.txt.
 checkpack SRC DST BITS HEAD_BITS CODEBOOK: checks the pack dsv4 quantize made from it.
@@ -26,10 +28,7 @@ import random
 import struct
 import sys
 
-here = os.path.dirname(os.path.abspath(__file__))
-shared = os.environ.get("DSV4_SHARED") or os.path.join(here, "..", "..", "..", "shared")
-sys.path.insert(0, os.path.join(shared, "tools"))
-import exl3_ref as ref  # noqa: E402
+ref = None  # the reference decoder module, loaded by `gen` only: the tests use its committed output
 
 CB_NAMES = ["3inst", "mcg", "mul1"]
 
@@ -139,7 +138,6 @@ def gen(out):
         for stem, T, name in bad:
             write_st(os.path.join(out, "bad", stem + ".safetensors"), T)
             f.write("%s %s %s\n" % (stem, T[0][0].rsplit(".", 1)[0], name))
-    gen_dense(out)
 
 
 def e4m3(b):
@@ -388,8 +386,15 @@ def cmp(expected, got, kind):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "gen":
+    if len(sys.argv) == 4 and sys.argv[1] == "gen":
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("exl3_ref", sys.argv[3])
+        ref = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(ref)
         gen(sys.argv[2])
+    elif len(sys.argv) == 3 and sys.argv[1] == "dense":
+        os.makedirs(sys.argv[2], exist_ok=True)
+        gen_dense(sys.argv[2])
     elif len(sys.argv) == 5 and sys.argv[1] == "cmp":
         sys.exit(cmp(sys.argv[2], sys.argv[3], sys.argv[4]))
     elif len(sys.argv) == 3 and sys.argv[1] == "ckpt":

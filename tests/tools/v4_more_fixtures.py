@@ -1,5 +1,5 @@
-# More V4 oracle fixtures (other shapes, seeds, ragged FP8 blocks, longer sequences) with the shared
-# generator ../shared/tools/oracle/v4_fixtures.py. Run on the GPU machine (it has transformers 5.17):
+# More V4 oracle fixtures (other shapes, seeds, ragged FP8 blocks, longer sequences) with the
+# generator tests/tools/v4_fixtures.py. Run on the GPU machine (it has transformers 5.17):
 #   V4_FIXTURES_DIR=path/to/oracle python3 v4_more_fixtures.py OUTDIR
 # Made tests/fixtures/v4/v4-held-{1,2}.
 import sys, os, torch

@@ -18,10 +18,6 @@ static inline int check_summary(const char *name)
     return check_fail_ ? 1 : 0;
 }
 
-/* Path of the shared folder (fixtures, tools): $DSV4_SHARED or ../shared beside the checkout. */
-static inline const char *check_shared(void)
-{
-    const char *s = getenv("DSV4_SHARED");
-    return s ? s : "../shared";
-}
+/* The test data folder (tests/fixtures/README.md); the tests run from the repository root. */
+#define CHECK_FIXTURES "tests/fixtures"
 #endif

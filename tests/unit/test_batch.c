@@ -14,7 +14,7 @@
 int main(void)
 {
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/fixtures/v4/v4-tiny-b", check_shared());
+    snprintf(dir, sizeof dir, "%s", CHECK_FIXTURES "/v4/v4-tiny-b");
     dsv4_err err = {0};
     /* DSV4_TEST_DEVICE=cuda (make test-cuda): the same contract through the CUDA backend */
     dsv4_load_opts lo0 = {.device = getenv("DSV4_TEST_DEVICE")};

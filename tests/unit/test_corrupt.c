@@ -129,7 +129,7 @@ static void set_config(const char *from, const char *to)
 
 int main(void)
 {
-    snprintf(src, sizeof src, "%s/fixtures/v4/v4-tiny-a", check_shared());
+    snprintf(src, sizeof src, "%s", CHECK_FIXTURES "/v4/v4-tiny-a");
     snprintf(tmp, sizeof tmp, "/tmp/dsv4-corrupt-%d", (int)getpid());
     mkdir(tmp, 0755);
     size_t n;

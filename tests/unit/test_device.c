@@ -15,7 +15,7 @@ int main(void)
     int rc = dsv4_device_probe("cuda", desc, sizeof desc, &err);
     CHECK(rc == 0 || (rc == DSV4_E_DEVICE && err.msg[0]), "cuda probe: rc %d, %s", rc, err.msg);
     printf("  cuda here: %s\n", rc ? err.msg : desc);
-    snprintf(dir, sizeof dir, "%s/fixtures/v4/v4-tiny-a", check_shared());
+    snprintf(dir, sizeof dir, "%s", CHECK_FIXTURES "/v4/v4-tiny-a");
     dsv4_load_opts o = {.device = "tpu"};
     dsv4_model *m = dsv4_model_load(dir, &o, &err);
     CHECK(!m && err.code == DSV4_E_DEVICE, "load on an unknown device must fail with DSV4_E_DEVICE: %s", err.msg);

@@ -145,7 +145,7 @@ static void resumed_case(dsv4_lanes *l, const int32_t *base, int keep, int extra
 int main(void)
 {
     char dir[1024];
-    snprintf(dir, sizeof dir, "%s/fixtures/v4/v4-tiny-v", check_shared());
+    snprintf(dir, sizeof dir, "%s", CHECK_FIXTURES "/v4/v4-tiny-v");
     dsv4_err err = {0};
     /* DSV4_TEST_DEVICE=cuda runs the same contracts over the CUDA backend */
     dsv4_load_opts lo = {.n_threads = 1, .max_rollback = ROLLBACK, .device = getenv("DSV4_TEST_DEVICE")};

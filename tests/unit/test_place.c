@@ -13,7 +13,7 @@ int main(void)
 {
     char dir[2048], txt[512];
     dsv4_err err;
-    snprintf(dir, sizeof dir, "%s/fixtures/v4/v4-tiny-a", check_shared());
+    snprintf(dir, sizeof dir, "%s", CHECK_FIXTURES "/v4/v4-tiny-a");
     dsv4_model *m = dsv4_model_load(dir, NULL, &err);
     CHECK(m != NULL, "load: %s", err.msg);
     if (!m)

@@ -1,4 +1,4 @@
-/* The V4.1 oracle fixture (shared/fixtures/v41/v41-tiny-a, or folders given as arguments).
+/* The V4.1 oracle fixture (tests/fixtures/v41/v41-tiny-a, or folders given as arguments).
  *
  * Engram: primes, offsets and multipliers computed in C equal token_map.json's (the
  * reference's numpy draw), and the hash of every position of case0 equals case0.engram_hash.
@@ -16,6 +16,7 @@
  * the reference's own fp32-accumulation gauge (logits_acc32) departs from logits by > 1e-2;
  * over the whole case, argmax agreement >= 75% and mean |diff| <= 0.1. */
 #include <cjson/cJSON.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,7 +212,7 @@ static void batch_check(dsv4_model *m, const char *what, const int32_t *const id
 static void bad_config(const char *dir, const char *cfg_txt, const char *from, const char *to, int token_map, int code,
                        const char *want)
 {
-    char tmp[] = "/tmp/dsv4_v41_bad_XXXXXX", path[4096], src[4096];
+    char tmp[] = "/tmp/dsv4_v41_bad_XXXXXX", path[4096], src[PATH_MAX];
     if (!mkdtemp(tmp)) {
         CHECK(0, "mkdtemp");
         return;
@@ -227,9 +228,11 @@ static void bad_config(const char *dir, const char *cfg_txt, const char *from, c
     }
     if (f)
         fclose(f);
+    /* absolute targets: a link holding a relative path resolves from the temporary folder */
     const char *links[2] = {"model.safetensors", "token_map.json"};
     for (int i = 0; i < 1 + token_map; i++) {
-        snprintf(src, sizeof src, "%s/%s", dir, links[i]);
+        snprintf(path, sizeof path, "%s/%s", dir, links[i]);
+        CHECK(realpath(path, src) != NULL, "realpath %s", path);
         snprintf(path, sizeof path, "%s/%s", tmp, links[i]);
         CHECK(!symlink(src, path), "symlink %s", path);
     }
@@ -248,8 +251,7 @@ static void bad_config(const char *dir, const char *cfg_txt, const char *from, c
 
 int main(int argc, char **argv)
 {
-    char def[2048];
-    snprintf(def, sizeof def, "%s/fixtures/v41/v41-tiny-a", check_shared());
+    const char *def = CHECK_FIXTURES "/v41/v41-tiny-a";
     int n_dirs = argc > 1 ? argc - 1 : 1;
     for (int fi = 0; fi < n_dirs; fi++) {
         const char *dir = argc > 1 ? argv[fi + 1] : def;
@@ -272,7 +274,7 @@ int main(int argc, char **argv)
         if (!(cases && cfg && tm && ex64 && ex))
             continue;
         const cJSON *jc = cJSON_GetObjectItem(cases, "cases");
-        if (argc == 1) { /* the shared fixture's config, edited: each contradiction is refused by name */
+        if (argc == 1) { /* the fixture's config, edited: each contradiction is refused by name */
             bad_config(dir, gtxt, "\"kv_source_layer_ids\": [\n      2,", "\"kv_source_layer_ids\": [\n", 1, DSV4_E_MODEL, "layer 2");
             bad_config(dir, gtxt, "\"index_source_layer_ids\": [\n      2,", "\"index_source_layer_ids\": [\n      0,", 1,
                        DSV4_E_MODEL, "layer 0");

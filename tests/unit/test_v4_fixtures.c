@@ -4,7 +4,7 @@
  * wherever the reference's top-two gap exceeds 1e-3. Then the seams: chunked prefill in
  * chunks of 1, 2, 3, 7, 64 and all gives bit-identical logits, and copy / save-restore /
  * rollback reproduce an uninterrupted run bit for bit. Arguments: other fixture folders to check
- * instead (held-out ones). DSV4_TEST_DEVICE=cuda runs it all through the CUDA backend (same
+ * instead. DSV4_TEST_DEVICE=cuda runs it all through the CUDA backend (same
  * tolerances). */
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -18,22 +18,17 @@
 
 int main(int argc, char **argv)
 {
-    char root[2048];
-    snprintf(root, sizeof root, "%s/fixtures/v4", check_shared());
-    /* the shared oracle fixtures, then the repo's own (made with tests/tools/v4_more_fixtures.py) */
-    const char *names[] = {"v4-tiny-a", "v4-tiny-b", "v4-tiny-v", "tests/fixtures/v4/v4-held-1", "tests/fixtures/v4/v4-held-2"};
+    /* tests/fixtures/README.md: what made each */
+    const char *names[] = {"v4-tiny-a", "v4-tiny-b", "v4-tiny-v", "v4-held-1", "v4-held-2"};
     int n_names = 5;
-    if (argc > 1) { /* a held-out fixture folder (or several) instead of the shared ones */
+    if (argc > 1) /* other fixture folders instead */
         n_names = argc - 1;
-    }
     for (int fi = 0; fi < n_names; fi++) {
         char dir[2400], path[2600];
         if (argc > 1)
             snprintf(dir, sizeof dir, "%s", argv[fi + 1]);
-        else if (names[fi][0] == 't')
-            snprintf(dir, sizeof dir, "%s", names[fi]);
         else
-            snprintf(dir, sizeof dir, "%s/%s", root, names[fi]);
+            snprintf(dir, sizeof dir, "%s/%s", CHECK_FIXTURES "/v4", names[fi]);
         const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
         printf("%s\n", name);
         dsv4_err err = {0};
