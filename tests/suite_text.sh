@@ -3,7 +3,7 @@
 # tests/node/tokenizer_oracle.cjs) on DeepSeek-V3's tokenizer.json: identical ids on >= 20,000 generated strings, decode(encode(s)) == s, the same
 # decode as the peer on random id lists (partial UTF-8 included), and the streaming detokenizer
 # equal to whole decoding; invalid UTF-8 input handled by the stated rule; a variant tokenizer.json
-# with a normalizer and more kinds of added tokens; the token map's normalizer chain on every code
+# with a normalizer and more kinds of added tokens; the default model's own tokenizer (models/mini); the token map's normalizer chain on every code
 # point; chat templates through the Jinja subset against @huggingface/jinja; and the Engram token map (keys and classes) equal to the one built
 # with the peer's normalizers. `--heldout` runs the held-out strings (seed 2) instead of seed 1.
 # Prints "text: N passed, M failed"; exits non-zero on any failure.
@@ -44,6 +44,13 @@ node tests/node/make_variant.cjs "$tmp/variant" "$tmp/vstrings.jsonl" --seed "$s
     fail "the oracle failed on the variant"
 build/dsv4 tokenize -t "$tmp/variant" < "$tmp/vstrings.jsonl" > "$tmp/vdsv4.jsonl" &&
     build/dsv4 detokenize -t "$tmp/variant" < "$tmp/vpeer.jsonl" > "$tmp/vdsv4_dec.jsonl" || fail "dsv4 failed on the variant"
+# the default model's own tokenizer (models/mini: 4,096 ids trained here, DeepSeek's pre-tokenizer)
+mini=$PWD/models/mini
+(cd tests/node && node tokenizer_oracle.cjs encode --dir "$mini" < "$tmp/strings.jsonl" > "$tmp/mpeer.jsonl" &&
+    node tokenizer_oracle.cjs decode --dir "$mini" < "$tmp/mpeer.jsonl" > "$tmp/mpeer_dec.jsonl") ||
+    fail "the oracle failed on models/mini"
+build/dsv4 tokenize -t models/mini < "$tmp/strings.jsonl" > "$tmp/mdsv4.jsonl" &&
+    build/dsv4 detokenize -t models/mini < "$tmp/mpeer.jsonl" > "$tmp/mdsv4_dec.jsonl" || fail "dsv4 failed on models/mini"
 # the token map's normalizer chain on every code point and on the test strings
 (cd tests/node && node normalize_oracle.cjs "$tmp/norm_in.jsonl" "$tmp/norm_peer.jsonl" "$tmp/strings.jsonl") ||
     fail "the normalizer oracle failed"
@@ -59,4 +66,5 @@ node tests/node/compare.cjs "$tmp/strings.jsonl" "$tmp/peer.jsonl" "$tmp/dsv4.js
     --decode "$tmp/peer_dec.jsonl" "$tmp/dsv4_dec.jsonl" --keys "$tmp/peer_keys.jsonl" "$tmp/dsv4_keys.jsonl" \
     --map "$tmp/peer_map.json" "$tmp/dsv4_map.json" --lossy "$tmp/raw_expect.jsonl" "$tmp/raw_back.jsonl" \
     --same "$tmp/vpeer.jsonl" "$tmp/vdsv4.jsonl" --same "$tmp/vpeer_dec.jsonl" "$tmp/vdsv4_dec.jsonl" \
-    --same "$tmp/norm_peer.jsonl" "$tmp/norm_dsv4.jsonl" --same "$tmp/jinja_peer.jsonl" "$tmp/jinja_dsv4.jsonl"
+    --same "$tmp/norm_peer.jsonl" "$tmp/norm_dsv4.jsonl" --same "$tmp/jinja_peer.jsonl" "$tmp/jinja_dsv4.jsonl" \
+    --same "$tmp/mpeer.jsonl" "$tmp/mdsv4.jsonl" --same "$tmp/mpeer_dec.jsonl" "$tmp/mdsv4_dec.jsonl"
