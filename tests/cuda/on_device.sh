@@ -75,6 +75,8 @@ ok v4 env DSV4_CUDA_POISON=1 $B/tests/test_v4_fixtures
 ok v41 env DSV4_CUDA_POISON=1 $B/tests/test_v41_fixtures
 ok batch $B/tests/test_batch
 ok lanes $B/tests/test_lanes
+ok mini $B/tests/test_mini
+ok draft $B/tests/test_draft
 ok spill-v4a env DSV4_CUDA_BUDGET=2.45M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
 ok spill-v4b env DSV4_CUDA_BUDGET=1.85M $B/tests/test_v4_fixtures $F/v4/v4-tiny-b
 ok spill-v4v env DSV4_CUDA_BUDGET=9.004M $B/tests/test_v4_fixtures $F/v4/v4-tiny-v
@@ -82,7 +84,7 @@ ok spill-v41 env DSV4_CUDA_BUDGET=2.2M $B/tests/test_v41_fixtures $F/v41/v41-tin
 ok refuse bash -c "DSV4_CUDA_BUDGET=1M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a 2>&1 | grep 'the hot path does not fit'"
 unset DSV4_TEST_DEVICE
 [ -s "$T/failed" ] && rc=1
-for n in ops exl3ops v4 v41 batch lanes spill-v4a spill-v4b spill-v4v spill-v41 refuse; do
+for n in ops exl3ops v4 v41 batch lanes mini draft spill-v4a spill-v4b spill-v4v spill-v41 refuse; do
     echo "== $n"
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done

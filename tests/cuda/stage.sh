@@ -2,7 +2,7 @@
 # Stages what a device run needs in .dev/cuda (git-ignored; sent with the run's `carry`): the
 # device image has nvcc but not libcjson's headers, so the CUDA build is made here
 # (BUILD=${BUILD:-build-cuda}), stripped, with the shared libraries the image lacks and the
-# scripts; the fixtures are the tree's own (tests/fixtures, linked). On the device:
+# scripts; the fixtures and the default model are the tree's own (tests/fixtures, models, linked). On the device:
 #   cd .dev/cuda && tar -xJf prebuilt.tar.xz && bash tests/cuda/on_device.sh [bench]
 set -eu
 cd "$(dirname "$0")/../.."
@@ -11,7 +11,7 @@ D=.dev/cuda
 make -j"$(nproc)" CUDA=1 BUILD="$B" all "$B/tests/cuda/test_cuda_ops" >/dev/null
 rm -rf "$D/prebuilt" "$D/lib" "$D/tests" "$D/bench" "$D/tools" "$D/fixtures" "$D/prebuilt.tar.xz"
 mkdir -p "$D/prebuilt/tests/cuda" "$D/lib" "$D/tests/cuda" "$D/bench"
-for f in dsv4 tests/test_v4_fixtures tests/test_v41_fixtures tests/test_batch tests/test_lanes $(cd "$B" && ls tests/cuda/* | grep -v '\.d$\|\.o$'); do
+for f in dsv4 tests/test_v4_fixtures tests/test_v41_fixtures tests/test_batch tests/test_lanes tests/test_mini tests/test_draft $(cd "$B" && ls tests/cuda/* | grep -v '\.d$\|\.o$'); do
     [ -f "$B/$f" ] && install -s "$B/$f" "$D/prebuilt/$f"
 done
 # every library the CLI links but the C runtime's own (the image lacks libmicrohttpd and its TLS stack)
@@ -24,6 +24,7 @@ cp tests/cuda/on_device.sh tests/cuda/peer_torch.py "$D/tests/cuda/"
 cp tests/tools/exl3_gen.py "$D/tests/tools/"
 [ -f bench/peer_transformers.py ] && cp bench/peer_transformers.py "$D/bench/"
 ln -sfn ../../../tests/fixtures "$D/tests/fixtures"
+ln -sfn ../../models "$D/models"
 # the binaries carry every kernel (about 3.5 MB each) and compress about 25x: the run unpacks them
 tar -C "$D" -cJf "$D/prebuilt.tar.xz" prebuilt lib && rm -rf "$D/prebuilt" "$D/lib"
 du -sh "$D"
