@@ -239,8 +239,8 @@ static void rope(rd *r, const cJSON *o, dsv4_config *c)
     if (r->rc)
         return;
     if (c->rope_dim <= 0 || c->rope_dim > c->head_dim || c->rope_dim % 2) {
-        r->rc = dsv4_fail(r->err, DSV4_E_MODEL, "%s: rope dims %d do not fit head_dim %d (they must be even, 2..head_dim)",
-                          r->where, c->rope_dim, c->head_dim);
+        r->rc = dsv4_fail(r->err, DSV4_E_MODEL, "%s: rope dims %d (qk_rope_head_dim, or partial_rotary_factor x head_dim) must be even, "
+                          "2..head_dim %d", r->where, c->rope_dim, c->head_dim);
         return;
     }
 
