@@ -170,6 +170,9 @@ static int load_file(dsv4_st *st, int fi, int (*only)(void *, const char *, cons
     st_file *f = &st->files[fi];
     if (!f->map && map_file(f, err))
         return err->code;
+    if (f->size < 8) /* map_file checks its files; an image in memory arrives here unchecked */
+        return dsv4_fail(err, DSV4_E_FORMAT, "%s: truncated: %zu bytes, shorter than the 8-byte header length", f->path,
+                         f->size);
     uint64_t hlen;
     memcpy(&hlen, f->map, 8);
     if (hlen > f->size - 8)

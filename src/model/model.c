@@ -7,6 +7,7 @@
 #include <string.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <sys/mman.h>
 #include "core/core.h"
 #include "model/engram.h"
 #include "model/model.h"
@@ -903,10 +904,12 @@ dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size
     if (opts)
         o = *opts;
     dsv4_model *m = model_new(&o, label, err);
-    if (!m)
+    if (!m || dsv4_config_parse(config_json, label, &m->cfg, err) || model_check(m, &o, err)) {
+        munmap(st_image, st_len); /* the image is the set's once it is opened; until then, ours */
+        dsv4_model_free(m);
         return NULL;
-    if (dsv4_config_parse(config_json, label, &m->cfg, err) || model_check(m, &o, err) ||
-        !(m->st = dsv4_st_open_memory(st_image, st_len, label, err)) || model_bind(m, &o, err) || model_place(m, &o, err)) {
+    }
+    if (!(m->st = dsv4_st_open_memory(st_image, st_len, label, err)) || model_bind(m, &o, err) || model_place(m, &o, err)) {
         dsv4_model_free(m);
         return NULL;
     }

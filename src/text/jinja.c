@@ -249,8 +249,12 @@ static node *mk(parser *P, int kind)
 
 static int add_kid(parser *P, node *n, node *k)
 {
-    if (!n || !k)
+    if (!n || !k) { /* a part that failed has said why; one that is simply absent has not */
+        if (!P->failed)
+            dsv4_fail(P->err, DSV4_E_FORMAT, "template: an expression is missing");
+        P->failed = 1;
         return -1;
+    }
     node **v = realloc(n->kid, (size_t)(n->nkid + 1) * sizeof *v);
     if (!v) {
         P->failed = 1;
@@ -437,6 +441,8 @@ static node *postfix(parser *P)
             if (!x || add_kid(P, x, n))
                 return NULL;
             if (!colons) {
+                if (!parts[0])
+                    return fail_at(P, "empty subscript");
                 if (add_kid(P, x, parts[0]))
                     return NULL;
             } else

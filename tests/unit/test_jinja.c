@@ -61,6 +61,7 @@ int main(void)
     fails("{{ x", "missing");
     fails("{% for %}", "bad for");
     fails("{% macro m() %}{% endmacro %}", "not supported");
+    fails("{{ messages[]0.content }}", "empty subscript"); /* found by fuzz_jinja: it failed with no message */
     fails("{% if x %}", "unclosed");
     fails("{{ raise_exception('no system role') }}", "no system role");
     fails("{{ 'a' | nosuchfilter }}", "nosuchfilter");
