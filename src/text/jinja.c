@@ -939,24 +939,31 @@ static int eval_fail(env *E, const char *fmt, const char *what)
     return E->err->code;
 }
 
+/* A number as an index or step: saturated far beyond any length (a cast of a larger double is
+ * undefined); NaN counts as 0. */
+static int to_index(double x)
+{
+    return x != x ? 0 : x > 1e9 ? 1000000000 : x < -1e9 ? -1000000000 : (int)x;
+}
+
 /* Python-style index: negative counts from the end; clamped for slices. */
 static int slice_bounds(env *E, const node *n, int len, int *a, int *b, int *step)
 {
     const cJSON *x = eval(E, n->kid[1]), *y = eval(E, n->kid[2]), *z = eval(E, n->kid[3]);
     if (E->err->code)
         return -1;
-    *step = cJSON_IsNumber(z) ? (int)z->valuedouble : 1;
+    *step = cJSON_IsNumber(z) ? to_index(z->valuedouble) : 1;
     if (*step == 0)
         return eval_fail(E, "template: slice step %s", "0");
     int lo = *step > 0 ? 0 : len - 1, hi = *step > 0 ? len : -1;
     if (cJSON_IsNumber(x)) {
-        lo = (int)x->valuedouble;
+        lo = to_index(x->valuedouble);
         if (lo < 0)
             lo += len;
         lo = *step > 0 ? (lo < 0 ? 0 : lo > len ? len : lo) : (lo < -1 ? -1 : lo > len - 1 ? len - 1 : lo);
     }
     if (cJSON_IsNumber(y)) {
-        hi = (int)y->valuedouble;
+        hi = to_index(y->valuedouble);
         if (hi < 0)
             hi += len;
         hi = *step > 0 ? (hi < 0 ? 0 : hi > len ? len : hi) : (hi < -1 ? -1 : hi > len - 1 ? len - 1 : hi);
@@ -1135,7 +1142,7 @@ static cJSON *apply_filter(env *E, const node *n, cJSON *v)
         return a;
     }
     if (!strcmp(f, "int"))
-        return own(E, cJSON_CreateNumber(cJSON_IsNumber(v) ? trunc(v->valuedouble) : cJSON_IsString(v) ? (double)atol(v->valuestring) : 0));
+        return own(E, cJSON_CreateNumber(cJSON_IsNumber(v) ? trunc(v->valuedouble) : cJSON_IsString(v) ? (double)strtoll(v->valuestring, NULL, 10) : 0));
     if (!strcmp(f, "first") || !strcmp(f, "last")) {
         int k = cJSON_GetArraySize(v);
         if (cJSON_IsArray(v))
@@ -1216,7 +1223,7 @@ static cJSON *eval_test(env *E, const node *n)
     else if (!strcmp(t, "true") || !strcmp(t, "false"))
         r = t[0] == 't' ? cJSON_IsTrue(v) : cJSON_IsFalse(v);
     else if (!strcmp(t, "odd") || !strcmp(t, "even"))
-        r = cJSON_IsNumber(v) && ((long)v->valuedouble % 2 != 0) == (t[0] == 'o');
+        r = cJSON_IsNumber(v) && (fmod(trunc(v->valuedouble), 2) != 0) == (t[0] == 'o');
     else {
         eval_fail(E, "template: test \"%s\" is not supported", t);
         return NULL;
@@ -1394,7 +1401,7 @@ static cJSON *eval(env *E, const node *n)
         }
         if (cJSON_IsNumber(k) && (cJSON_IsArray(o) || cJSON_IsString(o))) {
             int len = cJSON_IsArray(o) ? cJSON_GetArraySize(o) : (int)strlen(o->valuestring);
-            int i = (int)k->valuedouble;
+            int i = to_index(k->valuedouble);
             if (i < 0)
                 i += len;
             if (i < 0 || i >= len)

@@ -53,6 +53,9 @@ int main(void)
     expect("{% for x in xs %}{% set y = x %}{% endfor %}[{{ y }}]", "{\"xs\": [1]}", "[]");
     expect("{{ xs[1:] | tojson }}{{ 'abc'[::-1] }}{{ d | tojson }}", "{\"xs\": [1, 2, 3], \"d\": {\"k\": [true, null]}}",
            "[2, 3]cba{\"k\": [true, null]}");
+    /* indexes and bounds beyond int saturate (found by fuzz_jinja: the casts were undefined) */
+    expect("{{ xs[-1e30:1e30] | join(',') }}|{{ xs[1e54] }}|{{ 'abc'[::-1e40] }}|{{ 7 is odd }}{{ 1e300 is even }}", "{\"xs\": [1, 2, 3]}",
+           "1,2,3||c|truetrue");
     expect("{{ 'y' if x is defined else 'n' }}{{ 'y' if z is none else 'n' }}{{ 1 + 2 * 3 }}{{ 'a' ~ 1 }}", "{\"x\": 0, \"z\": null}", "yy7a1");
     expect(conv_tmpl,
            "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"add_generation_prompt\": true, \"messages\": ["
