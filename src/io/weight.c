@@ -98,6 +98,10 @@ int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k
             return 0;
         }
         int64_t bn = fp8_block && fp8_block[0] > 0 ? fp8_block[0] : 128, bk = fp8_block && fp8_block[1] > 0 ? fp8_block[1] : 128;
+        if (bn > n && n > 0) /* a block past the weight's edge is the whole weight: no kernel sizes a tile from it */
+            bn = n;
+        if (bk > k && k > 0)
+            bk = k;
         if (sn > 0 && cdiv(n, bn) != sn)
             bn = cdiv(n, sn);
         if (sk > 0 && cdiv(k, bk) != sk)

@@ -1,7 +1,8 @@
 /* libFuzzer target: config.json. Each input is parsed; one that parses is loaded against the
  * fixture checkpoint of its family (v4-tiny-a, v41-tiny-a from $DSV4_SHARED/fixtures), so the
  * values reach the binding, the layout checks and the rope tables. Loading fails with a message
- * or gives a model; it never crashes, hangs or leaks. */
+ * or gives a model with finite, positive rope frequencies; it never crashes, hangs or leaks. */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dsv4_model *m = dsv4_model_from_memory(txt, map, f->n, f->dir, NULL, &err);
     if (!m && !err.msg[0])
         abort();
+    for (int i = 0; m && i < m->cfg.rope_dim / 2; i++) /* an accepted config gives usable rope frequencies */
+        if (!(isfinite(m->inv_freq_main[i]) && m->inv_freq_main[i] > 0 && isfinite(m->inv_freq_compress[i]) &&
+              m->inv_freq_compress[i] > 0))
+            abort();
     dsv4_model_free(m);
     free(txt);
     return 0;
