@@ -799,7 +799,33 @@ typedef struct env {
     int ntmp, captmp;
     dsv4_buf out;
     dsv4_err *err;
+    size_t made; /* bytes of the values made (an estimate) and of the output */
 } env;
+
+/* What one render may make, so that no template takes all memory or runs for hours: strings or
+ * lists doubled in a loop, loop nests that never end in practice (each iteration makes its
+ * `loop` record, so this bounds iterations too). A chat template over a long conversation
+ * stays far below it. */
+#define MAX_MADE ((size_t)64 << 20)
+
+/* Bytes a value holds, roughly (cJSON's nodes and strings). */
+static size_t json_size(const cJSON *v)
+{
+    size_t n = sizeof *v + (v->string ? strlen(v->string) : 0) + (v->valuestring ? strlen(v->valuestring) : 0);
+    for (const cJSON *c = v->child; c; c = c->next)
+        n += json_size(c);
+    return n;
+}
+
+static int eval_fail(env *E, const char *fmt, const char *what);
+
+/* Counts bytes made; past the budget the render fails. */
+static void spend(env *E, size_t n)
+{
+    E->made += n;
+    if (E->made > MAX_MADE)
+        eval_fail(E, "template: rendering it makes more than %s of values and output", "64 MiB");
+}
 
 /* Registers a new value for freeing; NULL in, NULL out. */
 static cJSON *own(env *E, cJSON *v)
@@ -817,6 +843,7 @@ static cJSON *own(env *E, cJSON *v)
         E->captmp = c;
     }
     E->tmp[E->ntmp++] = v;
+    spend(E, json_size(v));
     return v;
 }
 
@@ -976,9 +1003,11 @@ static int slice_bounds(env *E, const node *n, int len, int *a, int *b, int *ste
 static cJSON *new_array(env *E) { return own(E, cJSON_CreateArray()); }
 
 /* Adds a copy of v to array a (copies: containers own their items). */
-static int append(cJSON *a, const cJSON *v)
+static int append(env *E, cJSON *a, const cJSON *v)
 {
     cJSON *c = is_undef(v) ? cJSON_CreateNull() : cJSON_Duplicate(v, 1);
+    if (c)
+        spend(E, json_size(c));
     return c && cJSON_AddItemToArray(a, c) ? 0 : -1;
 }
 
@@ -1082,11 +1111,11 @@ static cJSON *call_method(env *E, const cJSON *self, const char *m, cJSON **av, 
                 if (m[0] == 'k')
                     cJSON_AddItemToArray(a, cJSON_CreateString(e->string));
                 else if (m[0] == 'v')
-                    append(a, e);
+                    append(E, a, e);
                 else {
                     cJSON *pair = cJSON_CreateArray();
                     cJSON_AddItemToArray(pair, cJSON_CreateString(e->string));
-                    append(pair, e);
+                    append(E, pair, e);
                     cJSON_AddItemToArray(a, pair);
                 }
             }
@@ -1272,13 +1301,17 @@ static cJSON *eval_call(env *E, const node *n)
             if (npos == 3 && cJSON_IsNumber(av[2]))
                 s = av[2]->valuedouble;
         }
-        if (s == 0 || fabs((b - a) / s) > 1e6) {
+        double cnt = s ? ceil((b - a) / s) : NAN; /* by count: x += s can stand still on large x */
+        if (!(cnt <= 1e6)) {
             eval_fail(E, "template: range() of more than a million items or with step %s", "0");
             return NULL;
         }
+        long items = cnt > 0 ? (long)cnt : 0;
         cJSON *r = new_array(E);
-        for (double x = a; r && (s > 0 ? x < b : x > b); x += s)
-            cJSON_AddItemToArray(r, cJSON_CreateNumber(x));
+        for (long i = 0; r && i < items; i++)
+            cJSON_AddItemToArray(r, cJSON_CreateNumber(a + (double)i * s));
+        if (r)
+            spend(E, (size_t)items * sizeof(cJSON));
         return r;
     }
     if (!strcmp(fn->name, "raise_exception")) {
@@ -1332,8 +1365,8 @@ static cJSON *eval_bin(env *E, const node *n)
     if (!strcmp(op, "+") && cJSON_IsArray(a) && cJSON_IsArray(b)) {
         cJSON *r = new_array(E);
         const cJSON *e;
-        cJSON_ArrayForEach(e, a) append(r, e);
-        cJSON_ArrayForEach(e, b) append(r, e);
+        cJSON_ArrayForEach(e, a) append(E, r, e);
+        cJSON_ArrayForEach(e, b) append(E, r, e);
         return r;
     }
     if (cJSON_IsString(a) && cJSON_IsString(b) && op[0] && strchr("<>", op[0])) {
@@ -1433,7 +1466,7 @@ static cJSON *eval(env *E, const node *n)
         }
         cJSON *r = new_array(E);
         for (int i = a; r && (step > 0 ? i < b : i > b); i += step)
-            append(r, cJSON_GetArrayItem(o, i));
+            append(E, r, cJSON_GetArrayItem(o, i));
         return r;
     }
     case E_CALL:
@@ -1481,7 +1514,7 @@ static cJSON *eval(env *E, const node *n)
             cJSON *v = eval(E, n->kid[i]);
             if (E->err->code)
                 return NULL;
-            append(r, v);
+            append(E, r, v);
         }
         return r;
     }
@@ -1542,6 +1575,7 @@ static int run_for(env *E, const node *n, int frame)
         cJSON_AddBoolToObject(loop, "first", i == 0);
         cJSON_AddBoolToObject(loop, "last", i == len - 1);
         cJSON_AddNumberToObject(loop, "length", len);
+        spend(E, json_size(loop));
         if (setvar(E, f, "loop", loop))
             return E->err->code;
         if (targets->nkid == 1) {
@@ -1569,13 +1603,18 @@ static int run(env *E, const node *b, int frame)
     for (int i = 0; i < b->nkid && !E->err->code; i++) {
         const node *n = b->kid[i];
         switch (n->kind) {
-        case S_TEXT:
+        case S_TEXT: {
+            size_t was = E->out.n;
             dsv4_buf_puts(&E->out, n->name);
+            spend(E, E->out.n - was);
             break;
+        }
         case S_OUT: {
             cJSON *v = eval(E, n->kid[0]);
+            size_t was = E->out.n;
             if (!E->err->code)
                 print_val(&E->out, v);
+            spend(E, E->out.n - was);
             break;
         }
         case S_IF:
@@ -1627,7 +1666,7 @@ int dsv4_jinja_render(const char *tmpl, const cJSON *ctx, char **out, size_t *ou
     int rc = lex(&L, tmpl, err);
     node *root = rc ? NULL : block(&P, NULL);
     if (!rc && !root)
-        rc = err->code ? err->code : DSV4_E_FORMAT;
+        rc = err->code ? err->code : dsv4_fail(err, DSV4_E_FORMAT, "template: cannot be parsed");
     if (!rc) {
         dsv4_buf_put(&E.out, "", 0);
         const cJSON *v;

@@ -65,6 +65,10 @@ int main(void)
     fails("{% for %}", "bad for");
     fails("{% macro m() %}{% endmacro %}", "not supported");
     fails("{{ messages[]0.content }}", "empty subscript"); /* found by fuzz_jinja: it failed with no message */
+    /* budgets: a loop nest that would run 10^10 times, a string doubled 40 times */
+    fails("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}", "64 MiB");
+    expect("{{ range(1e17, 1e17 + 64) | length }}{{ range(5, 0, -2) | join(',') }}{{ range(1e97, 0) | length }}", "{}", "645,3,10"); /* x += 1 stood still at 1e17 */
+    fails("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}", "64 MiB");
     fails("{% if x %}", "unclosed");
     fails("{{ raise_exception('no system role') }}", "no system role");
     fails("{{ 'a' | nosuchfilter }}", "nosuchfilter");
