@@ -20,7 +20,7 @@ fi
 if [ -z "${FUZZ_NO_BUILD:-}" ]; then
     if ! make -s -j2 fuzz-build FUZZ_CC="$cc" FUZZ_BUILD="$fb" >"${TMPDIR:-/tmp}/dsv4-fuzz-build.log" 2>&1; then
         tail -n 30 "${TMPDIR:-/tmp}/dsv4-fuzz-build.log"
-        echo "suite_fuzz: building the fuzz targets failed (log above)"
+        echo "suite_fuzz: building the fuzz targets failed (log above; libFuzzer's runtime is in libclang-rt-dev, OpenMP for clang in libomp-dev)"
         echo "fuzz: 0 passed, 1 failed"
         exit 1
     fi
