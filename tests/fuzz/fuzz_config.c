@@ -1,7 +1,8 @@
 /* libFuzzer target: config.json. Each input is parsed; one that parses is loaded against the
  * fixture checkpoint of its family (v4-tiny-a, v41-tiny-a from $DSV4_SHARED/fixtures), so the
  * values reach the binding, the layout checks and the rope tables. Loading fails with a message
- * or gives a model with finite, positive rope frequencies; it never crashes, hangs or leaks. */
+ * or gives a model with finite, positive rope frequencies that runs a short prompt to finite
+ * logits; it never crashes, hangs or leaks. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -42,6 +43,27 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
+/* A model that loads runs a short prompt (past the first compressed windows) to finite logits. */
+static void run_prompt(dsv4_model *m)
+{
+    static const int32_t ids[9] = {0, 5, 17, 200, 3, 900, 42, 7, 1};
+    dsv4_err err = {0};
+    dsv4_seq *s = dsv4_seq_new(m, &err);
+    if (!s)
+        abort();
+    float *logits = malloc((size_t)m->cfg.vocab * sizeof *logits);
+    const int32_t *idp = ids;
+    int n = 9;
+    dsv4_batch b = {.n_seqs = 1, .seqs = &s, .ids = &idp, .n_ids = &n, .logits = logits};
+    if (dsv4_forward(m, &b, &err))
+        abort();
+    for (int i = 0; i < m->cfg.vocab; i++)
+        if (!isfinite(logits[i]))
+            abort();
+    free(logits);
+    dsv4_seq_free(s);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     char *txt = malloc(size + 1);
@@ -61,13 +83,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         abort();
     memcpy(map, f->img, f->n);
     /* the label is the fixture's folder: V4.1 finds its token_map.json there */
-    dsv4_model *m = dsv4_model_from_memory(txt, map, f->n, f->dir, NULL, &err);
+    dsv4_load_opts o = {.n_threads = 1};
+    dsv4_model *m = dsv4_model_from_memory(txt, map, f->n, f->dir, &o, &err);
     if (!m && !err.msg[0])
         abort();
     for (int i = 0; m && i < m->cfg.rope_dim / 2; i++) /* an accepted config gives usable rope frequencies */
         if (!(isfinite(m->inv_freq_main[i]) && m->inv_freq_main[i] > 0 && isfinite(m->inv_freq_compress[i]) &&
               m->inv_freq_compress[i] > 0))
             abort();
+    if (m)
+        run_prompt(m);
     dsv4_model_free(m);
     free(txt);
     return 0;
