@@ -8,12 +8,14 @@
 #include <string.h>
 #include <time.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "check.h"
 #include "core/core.h"
 #include "dsv4.h"
+#include "model/model.h"
 
 static char src[1024], tmp[1024];
 
@@ -213,6 +215,36 @@ static void use_fixture(const char *dir)
     }
 }
 
+/* The process's mapped size in kB (VmSize). */
+static long vm_kb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long kb = -1;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmSize:", 7))
+            kb = atol(line + 7);
+    if (f)
+        fclose(f);
+    return kb;
+}
+
+/* A model from memory whose config fails still releases the image it was handed. */
+static void memory_image_released(void)
+{
+    long before = vm_kb();
+    for (int i = 0; i < 8; i++) {
+        size_t n = (size_t)16 << 20;
+        void *map = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        dsv4_err err = {0};
+        dsv4_model *m = dsv4_model_from_memory("{\"vocab_size\": 0}", map, n, "memory", NULL, &err);
+        CHECK(m == NULL && strstr(err.msg, "vocab_size"), "a bad config from memory should fail naming the key: %s", err.msg);
+        dsv4_model_free(m);
+    }
+    long grew = vm_kb() - before;
+    CHECK(grew < 16 * 1024, "8 failed loads from memory left %ld kB mapped (the 16 MiB images were not released)", grew);
+}
+
 #define N_OF(t) ((int)(sizeof t / sizeof t[0]))
 
 static const bad_value v4_bad[] = {
@@ -388,6 +420,8 @@ int main(void)
     CHECK(m != NULL, "the unbroken copy should load: %s", err.msg);
     dsv4_model_free(m);
     free(b);
+
+    memory_image_released();
 
     printf("config values out of range (v41-tiny-a):\n");
     use_fixture("v41/v41-tiny-a");

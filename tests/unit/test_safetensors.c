@@ -1,10 +1,12 @@
 /* The safetensors reader on files written here by hand: every dtype, sharded folders whose
  * index decides which shard a duplicated tensor is read from, folders without an index, and
  * the error for a tensor in two shards with no index to choose; element counts that overflow
- * 64 bits; FP8 block sizes that are zero, huge or contradicted by the scales. */
+ * 64 bits; FP8 block sizes that are zero, huge or contradicted by the scales; an image in
+ * memory too short for its header length. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "check.h"
@@ -93,6 +95,17 @@ static void numel_overflow(const char *dir)
     dsv4_st_close(st);
 }
 
+/* An image in memory shorter than the 8-byte header length is refused, not read past. */
+static void short_image(void)
+{
+    void *map = mmap(NULL, 5, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    memcpy(map, "\x05\0\0\0\0", 5);
+    dsv4_err err = {0};
+    dsv4_st *st = dsv4_st_open_memory(map, 5, "short", &err);
+    CHECK(st == NULL && strstr(err.msg, "truncated"), "a 5-byte image should be refused as truncated: %s", st ? "opened" : err.msg);
+    dsv4_st_close(st);
+}
+
 int main(void)
 {
     char dir[256], p[512];
@@ -167,6 +180,7 @@ int main(void)
     CHECK(!st && strstr(err.msg, "no model.safetensors"), "empty folder: %s", err.msg);
     fp8_blocks(dir);
     numel_overflow(dir);
+    short_image();
     snprintf(p, sizeof p, "rm -rf %s", dir);
     if (system(p)) {
     }
