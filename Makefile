@@ -159,3 +159,34 @@ fuzz-request: $(FUZZ_REQ_BUILD)/fuzz_request
 -include $(FUZZ_REQ_OBJ:.o=.d) $(FUZZ_REQ_CLI_OBJ:.o=.d)
 
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+
+# fuzz — libFuzzer targets tests/fuzz/fuzz_<name>.c, each linked against the library built with
+# ASan and UBSan in $(FUZZ_BUILD) (clang: Debian packages clang, libclang-rt-dev, libomp-dev).
+# `make fuzz` builds them and runs each for FUZZ_SECONDS over its corpus tests/fuzz/corpus/<name>;
+# tests/suite_fuzz.sh (run by `make test`) does the same for a shorter time. docs/fuzz.md.
+FUZZ_CC      ?= clang
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 20
+FUZZ_CFLAGS  := -O1 -g -std=c11 -D_GNU_SOURCE -Wall -Wextra -fopenmp -Iinclude -Isrc -MMD -MP \
+                -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_LIB_OBJ := $(filter %.c,$(LIB_SRC))
+FUZZ_LIB_OBJ := $(FUZZ_LIB_OBJ:%.c=$(FUZZ_BUILD)/%.o)
+FUZZ_BIN     := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
+
+fuzz-build: $(FUZZ_BIN)
+
+fuzz: fuzz-build
+	FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_NO_BUILD=1 tests/suite_fuzz.sh
+
+$(FUZZ_BUILD)/libdsv4.a: $(FUZZ_LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+
+$(FUZZ_BUILD)/src/%.o: src/%.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c -o $@ $<
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_BUILD)/libdsv4.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libdsv4.a $(LDLIBS)
+
+.PHONY: fuzz fuzz-build
+-include $(FUZZ_LIB_OBJ:.o=.d) $(FUZZ_BIN:=.d)

@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -169,6 +170,9 @@ static int load_file(dsv4_st *st, int fi, int (*only)(void *, const char *, cons
     st_file *f = &st->files[fi];
     if (!f->map && map_file(f, err))
         return err->code;
+    if (f->size < 8) /* map_file checks its files; an image in memory arrives here unchecked */
+        return dsv4_fail(err, DSV4_E_FORMAT, "%s: truncated: %zu bytes, shorter than the 8-byte header length", f->path,
+                         f->size);
     uint64_t hlen;
     memcpy(&hlen, f->map, 8);
     if (hlen > f->size - 8)
@@ -186,6 +190,7 @@ static int load_file(dsv4_st *st, int fi, int (*only)(void *, const char *, cons
     for (cJSON *e = j->child; e && !rc; e = e->next) {
         const char *name = e->string;
         if (!strcmp(name, "__metadata__")) {
+            free(f->metadata); /* a repeated key: the last one counts */
             f->metadata = cJSON_PrintUnformatted(e);
             continue;
         }
@@ -216,12 +221,16 @@ static int load_file(dsv4_st *st, int fi, int (*only)(void *, const char *, cons
                 break;
             }
             t.shape[k] = (int64_t)d->valuedouble;
-            t.numel *= t.shape[k];
+            if (__builtin_mul_overflow(t.numel, t.shape[k], &t.numel)) {
+                rc = dsv4_fail(err, DSV4_E_FORMAT, "%s: tensor %s: the shape's element count overflows 64 bits", f->path, name);
+                break;
+            }
         }
         if (rc)
             break;
         double b = cJSON_GetArrayItem(jo, 0)->valuedouble, en = cJSON_GetArrayItem(jo, 1)->valuedouble;
-        if (!cJSON_IsNumber(cJSON_GetArrayItem(jo, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(jo, 1)) || b < 0 || en < b) {
+        if (!cJSON_IsNumber(cJSON_GetArrayItem(jo, 0)) || !cJSON_IsNumber(cJSON_GetArrayItem(jo, 1)) || !(b >= 0) || !(en >= b) ||
+            b != floor(b) || en != floor(en)) {
             rc = dsv4_fail(err, DSV4_E_FORMAT, "%s: tensor %s: bad data_offsets", f->path, name);
             break;
         }
@@ -230,10 +239,11 @@ static int load_file(dsv4_st *st, int fi, int (*only)(void *, const char *, cons
                            f->path, name, b, en, dsize);
             break;
         }
-        t.nbytes = (size_t)(en - b);
-        if ((size_t)t.numel * dtypes[t.dtype].size != t.nbytes) {
-            rc = dsv4_fail(err, DSV4_E_FORMAT, "%s: tensor %s: %zu bytes of data but shape x %s needs %zu", f->path, name,
-                           t.nbytes, dtypes[t.dtype].name, (size_t)t.numel * dtypes[t.dtype].size);
+        t.nbytes = (size_t)en - (size_t)b;
+        int64_t need;
+        if (__builtin_mul_overflow(t.numel, (int64_t)dtypes[t.dtype].size, &need) || (uint64_t)need != t.nbytes) {
+            rc = dsv4_fail(err, DSV4_E_FORMAT, "%s: tensor %s: %zu bytes of data but shape x %s needs %.0f", f->path, name,
+                           t.nbytes, dtypes[t.dtype].name, (double)t.numel * (double)dtypes[t.dtype].size);
             break;
         }
         t.data = data + (size_t)b;

@@ -97,12 +97,17 @@ int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k
             out->bk = (int)(k / sk);
             return 0;
         }
-        int64_t bn = fp8_block ? fp8_block[0] : 128, bk = fp8_block ? fp8_block[1] : 128;
-        if (cdiv(n, bn) != sn)
+        int64_t bn = fp8_block && fp8_block[0] > 0 ? fp8_block[0] : 128, bk = fp8_block && fp8_block[1] > 0 ? fp8_block[1] : 128;
+        if (bn > n && n > 0) /* a block past the weight's edge is the whole weight: no kernel sizes a tile from it */
+            bn = n;
+        if (bk > k && k > 0)
+            bk = k;
+        if (sn > 0 && cdiv(n, bn) != sn)
             bn = cdiv(n, sn);
-        if (cdiv(k, bk) != sk)
+        if (sk > 0 && cdiv(k, bk) != sk)
             bk = cdiv(k, sk);
-        if (sn <= 0 || sk <= 0 || cdiv(n, bn) != sn || cdiv(k, bk) != sk)
+        if (sn <= 0 || sk <= 0 || bn <= 0 || bk <= 0 || bn > INT32_MAX || bk > INT32_MAX || cdiv(n, bn) != sn ||
+            cdiv(k, bk) != sk)
             return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s: shape %s fits no block size for the weight [%lld, %lld]",
                              dsv4_st_file_path(st, s->file), sname, dsv4_tensor_shape(s, sh2, sizeof sh2), (long long)n, (long long)k);
         out->bn = (int)bn;

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <sys/mman.h>
 #include "core/core.h"
 #include "model/engram.h"
 #include "model/model.h"
@@ -138,6 +139,8 @@ static void bind_ffn(binder *b, int li, const char *p)
     dsv4_layer *L = &b->m->layers[li];
     int D = c->dim, E = c->n_experts;
     bw(b, &L->gate, E, D, "%s.ffn.gate", p);
+    if (b->rc) /* a wrong expert count stops here, before E slots are made */
+        return;
     L->hash = c->hash_layer[li];
     if (L->hash)
         bind_tid2eid(b, L, li);
@@ -146,7 +149,11 @@ static void bind_ffn(binder *b, int li, const char *p)
     L->w1 = calloc(E, sizeof(dsv4_weight));
     L->w2 = calloc(E, sizeof(dsv4_weight));
     L->w3 = calloc(E, sizeof(dsv4_weight));
-    for (int e = 0; e < E; e++) {
+    if (!L->w1 || !L->w2 || !L->w3) {
+        b->rc = dsv4_fail(b->err, DSV4_E_NOMEM, "out of memory for the experts of layer %d", li);
+        return;
+    }
+    for (int e = 0; e < E && !b->rc; e++) {
         bw(b, &L->w1[e], c->moe_inter, D, "%s.ffn.experts.%d.w1", p, e);
         bw(b, &L->w2[e], D, c->moe_inter, "%s.ffn.experts.%d.w2", p, e);
         bw(b, &L->w3[e], c->moe_inter, D, "%s.ffn.experts.%d.w3", p, e);
@@ -747,10 +754,31 @@ int dsv4_device_probe(const char *device, char *desc, size_t n, dsv4_err *err)
 #endif
 }
 
+/* A checkpoint with tensors of a layer past num_hidden_layers is not the model the config
+ * describes (fewer layers than it declares fail as a missing tensor). */
+static int check_layer_count(const dsv4_model *m, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    for (int i = 0; i < dsv4_st_count(m->st); i++) {
+        const char *name = dsv4_st_at(m->st, i)->name;
+        if (strncmp(name, "layers.", 7) || name[7] < '0' || name[7] > '9')
+            continue;
+        char *end;
+        errno = 0;
+        unsigned long li = strtoul(name + 7, &end, 10);
+        if (*end == '.' && (errno || li >= (unsigned long)c->n_layers))
+            return dsv4_fail(err, DSV4_E_MODEL, "%s: tensor %s is of layer %lu, but the config's num_hidden_layers is %d",
+                             dsv4_st_label(m->st), name, li, c->n_layers);
+    }
+    return 0;
+}
+
 /* Binds every tensor of m->st to its slot and builds the rope tables; m->cfg is set. */
 static int model_bind(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
+    if (check_layer_count(m, err))
+        return err->code;
     m->layers = calloc(c->n_layers, sizeof(dsv4_layer));
     if (!m->layers)
         return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
@@ -834,9 +862,6 @@ static int model_check(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
         if (c->ratio[i] > DSV4_MAX_RATIO)
             return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: layer %d compresses by %d (at most %d)", m->dir, i, c->ratio[i],
                              DSV4_MAX_RATIO);
-    if (c->hc_mult > 16 || (c->n_heads * c->head_dim) % c->o_groups)
-        return dsv4_fail(err, DSV4_E_MODEL, "%s: hc_mult %d or o_groups %d do not fit the attention shape", m->dir, c->hc_mult,
-                         c->o_groups);
     return 0;
 }
 
@@ -879,10 +904,12 @@ dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size
     if (opts)
         o = *opts;
     dsv4_model *m = model_new(&o, label, err);
-    if (!m)
+    if (!m || dsv4_config_parse(config_json, label, &m->cfg, err) || model_check(m, &o, err)) {
+        munmap(st_image, st_len); /* the image is the set's once it is opened; until then, ours */
+        dsv4_model_free(m);
         return NULL;
-    if (dsv4_config_parse(config_json, label, &m->cfg, err) || model_check(m, &o, err) ||
-        !(m->st = dsv4_st_open_memory(st_image, st_len, label, err)) || model_bind(m, &o, err) || model_place(m, &o, err)) {
+    }
+    if (!(m->st = dsv4_st_open_memory(st_image, st_len, label, err)) || model_bind(m, &o, err) || model_place(m, &o, err)) {
         dsv4_model_free(m);
         return NULL;
     }

@@ -249,8 +249,12 @@ static node *mk(parser *P, int kind)
 
 static int add_kid(parser *P, node *n, node *k)
 {
-    if (!n || !k)
+    if (!n || !k) { /* a part that failed has said why; one that is simply absent has not */
+        if (!P->failed)
+            dsv4_fail(P->err, DSV4_E_FORMAT, "template: an expression is missing");
+        P->failed = 1;
         return -1;
+    }
     node **v = realloc(n->kid, (size_t)(n->nkid + 1) * sizeof *v);
     if (!v) {
         P->failed = 1;
@@ -437,6 +441,8 @@ static node *postfix(parser *P)
             if (!x || add_kid(P, x, n))
                 return NULL;
             if (!colons) {
+                if (!parts[0])
+                    return fail_at(P, "empty subscript");
                 if (add_kid(P, x, parts[0]))
                     return NULL;
             } else
@@ -793,7 +799,33 @@ typedef struct env {
     int ntmp, captmp;
     dsv4_buf out;
     dsv4_err *err;
+    size_t made; /* bytes of the values made (an estimate) and of the output */
 } env;
+
+/* What one render may make, so that no template takes all memory or runs for hours: strings or
+ * lists doubled in a loop, loop nests that never end in practice (each iteration makes its
+ * `loop` record, so this bounds iterations too). A chat template over a long conversation
+ * stays far below it. */
+#define MAX_MADE ((size_t)64 << 20)
+
+/* Bytes a value holds, roughly (cJSON's nodes and strings). */
+static size_t json_size(const cJSON *v)
+{
+    size_t n = sizeof *v + (v->string ? strlen(v->string) : 0) + (v->valuestring ? strlen(v->valuestring) : 0);
+    for (const cJSON *c = v->child; c; c = c->next)
+        n += json_size(c);
+    return n;
+}
+
+static int eval_fail(env *E, const char *fmt, const char *what);
+
+/* Counts bytes made; past the budget the render fails. */
+static void spend(env *E, size_t n)
+{
+    E->made += n;
+    if (E->made > MAX_MADE)
+        eval_fail(E, "template: rendering it makes more than %s of values and output", "64 MiB");
+}
 
 /* Registers a new value for freeing; NULL in, NULL out. */
 static cJSON *own(env *E, cJSON *v)
@@ -811,6 +843,7 @@ static cJSON *own(env *E, cJSON *v)
         E->captmp = c;
     }
     E->tmp[E->ntmp++] = v;
+    spend(E, json_size(v));
     return v;
 }
 
@@ -933,24 +966,31 @@ static int eval_fail(env *E, const char *fmt, const char *what)
     return E->err->code;
 }
 
+/* A number as an index or step: saturated far beyond any length (a cast of a larger double is
+ * undefined); NaN counts as 0. */
+static int to_index(double x)
+{
+    return x != x ? 0 : x > 1e9 ? 1000000000 : x < -1e9 ? -1000000000 : (int)x;
+}
+
 /* Python-style index: negative counts from the end; clamped for slices. */
 static int slice_bounds(env *E, const node *n, int len, int *a, int *b, int *step)
 {
     const cJSON *x = eval(E, n->kid[1]), *y = eval(E, n->kid[2]), *z = eval(E, n->kid[3]);
     if (E->err->code)
         return -1;
-    *step = cJSON_IsNumber(z) ? (int)z->valuedouble : 1;
+    *step = cJSON_IsNumber(z) ? to_index(z->valuedouble) : 1;
     if (*step == 0)
         return eval_fail(E, "template: slice step %s", "0");
     int lo = *step > 0 ? 0 : len - 1, hi = *step > 0 ? len : -1;
     if (cJSON_IsNumber(x)) {
-        lo = (int)x->valuedouble;
+        lo = to_index(x->valuedouble);
         if (lo < 0)
             lo += len;
         lo = *step > 0 ? (lo < 0 ? 0 : lo > len ? len : lo) : (lo < -1 ? -1 : lo > len - 1 ? len - 1 : lo);
     }
     if (cJSON_IsNumber(y)) {
-        hi = (int)y->valuedouble;
+        hi = to_index(y->valuedouble);
         if (hi < 0)
             hi += len;
         hi = *step > 0 ? (hi < 0 ? 0 : hi > len ? len : hi) : (hi < -1 ? -1 : hi > len - 1 ? len - 1 : hi);
@@ -963,9 +1003,11 @@ static int slice_bounds(env *E, const node *n, int len, int *a, int *b, int *ste
 static cJSON *new_array(env *E) { return own(E, cJSON_CreateArray()); }
 
 /* Adds a copy of v to array a (copies: containers own their items). */
-static int append(cJSON *a, const cJSON *v)
+static int append(env *E, cJSON *a, const cJSON *v)
 {
     cJSON *c = is_undef(v) ? cJSON_CreateNull() : cJSON_Duplicate(v, 1);
+    if (c)
+        spend(E, json_size(c));
     return c && cJSON_AddItemToArray(a, c) ? 0 : -1;
 }
 
@@ -1069,11 +1111,11 @@ static cJSON *call_method(env *E, const cJSON *self, const char *m, cJSON **av, 
                 if (m[0] == 'k')
                     cJSON_AddItemToArray(a, cJSON_CreateString(e->string));
                 else if (m[0] == 'v')
-                    append(a, e);
+                    append(E, a, e);
                 else {
                     cJSON *pair = cJSON_CreateArray();
                     cJSON_AddItemToArray(pair, cJSON_CreateString(e->string));
-                    append(pair, e);
+                    append(E, pair, e);
                     cJSON_AddItemToArray(a, pair);
                 }
             }
@@ -1129,7 +1171,7 @@ static cJSON *apply_filter(env *E, const node *n, cJSON *v)
         return a;
     }
     if (!strcmp(f, "int"))
-        return own(E, cJSON_CreateNumber(cJSON_IsNumber(v) ? trunc(v->valuedouble) : cJSON_IsString(v) ? (double)atol(v->valuestring) : 0));
+        return own(E, cJSON_CreateNumber(cJSON_IsNumber(v) ? trunc(v->valuedouble) : cJSON_IsString(v) ? (double)strtoll(v->valuestring, NULL, 10) : 0));
     if (!strcmp(f, "first") || !strcmp(f, "last")) {
         int k = cJSON_GetArraySize(v);
         if (cJSON_IsArray(v))
@@ -1210,7 +1252,7 @@ static cJSON *eval_test(env *E, const node *n)
     else if (!strcmp(t, "true") || !strcmp(t, "false"))
         r = t[0] == 't' ? cJSON_IsTrue(v) : cJSON_IsFalse(v);
     else if (!strcmp(t, "odd") || !strcmp(t, "even"))
-        r = cJSON_IsNumber(v) && ((long)v->valuedouble % 2 != 0) == (t[0] == 'o');
+        r = cJSON_IsNumber(v) && (fmod(trunc(v->valuedouble), 2) != 0) == (t[0] == 'o');
     else {
         eval_fail(E, "template: test \"%s\" is not supported", t);
         return NULL;
@@ -1259,13 +1301,17 @@ static cJSON *eval_call(env *E, const node *n)
             if (npos == 3 && cJSON_IsNumber(av[2]))
                 s = av[2]->valuedouble;
         }
-        if (s == 0 || fabs((b - a) / s) > 1e6) {
+        double cnt = s ? ceil((b - a) / s) : NAN; /* by count: x += s can stand still on large x */
+        if (!(cnt <= 1e6)) {
             eval_fail(E, "template: range() of more than a million items or with step %s", "0");
             return NULL;
         }
+        long items = cnt > 0 ? (long)cnt : 0;
         cJSON *r = new_array(E);
-        for (double x = a; r && (s > 0 ? x < b : x > b); x += s)
-            cJSON_AddItemToArray(r, cJSON_CreateNumber(x));
+        for (long i = 0; r && i < items; i++)
+            cJSON_AddItemToArray(r, cJSON_CreateNumber(a + (double)i * s));
+        if (r)
+            spend(E, (size_t)items * sizeof(cJSON));
         return r;
     }
     if (!strcmp(fn->name, "raise_exception")) {
@@ -1319,8 +1365,8 @@ static cJSON *eval_bin(env *E, const node *n)
     if (!strcmp(op, "+") && cJSON_IsArray(a) && cJSON_IsArray(b)) {
         cJSON *r = new_array(E);
         const cJSON *e;
-        cJSON_ArrayForEach(e, a) append(r, e);
-        cJSON_ArrayForEach(e, b) append(r, e);
+        cJSON_ArrayForEach(e, a) append(E, r, e);
+        cJSON_ArrayForEach(e, b) append(E, r, e);
         return r;
     }
     if (cJSON_IsString(a) && cJSON_IsString(b) && op[0] && strchr("<>", op[0])) {
@@ -1388,7 +1434,7 @@ static cJSON *eval(env *E, const node *n)
         }
         if (cJSON_IsNumber(k) && (cJSON_IsArray(o) || cJSON_IsString(o))) {
             int len = cJSON_IsArray(o) ? cJSON_GetArraySize(o) : (int)strlen(o->valuestring);
-            int i = (int)k->valuedouble;
+            int i = to_index(k->valuedouble);
             if (i < 0)
                 i += len;
             if (i < 0 || i >= len)
@@ -1420,7 +1466,7 @@ static cJSON *eval(env *E, const node *n)
         }
         cJSON *r = new_array(E);
         for (int i = a; r && (step > 0 ? i < b : i > b); i += step)
-            append(r, cJSON_GetArrayItem(o, i));
+            append(E, r, cJSON_GetArrayItem(o, i));
         return r;
     }
     case E_CALL:
@@ -1468,7 +1514,7 @@ static cJSON *eval(env *E, const node *n)
             cJSON *v = eval(E, n->kid[i]);
             if (E->err->code)
                 return NULL;
-            append(r, v);
+            append(E, r, v);
         }
         return r;
     }
@@ -1529,6 +1575,7 @@ static int run_for(env *E, const node *n, int frame)
         cJSON_AddBoolToObject(loop, "first", i == 0);
         cJSON_AddBoolToObject(loop, "last", i == len - 1);
         cJSON_AddNumberToObject(loop, "length", len);
+        spend(E, json_size(loop));
         if (setvar(E, f, "loop", loop))
             return E->err->code;
         if (targets->nkid == 1) {
@@ -1556,13 +1603,18 @@ static int run(env *E, const node *b, int frame)
     for (int i = 0; i < b->nkid && !E->err->code; i++) {
         const node *n = b->kid[i];
         switch (n->kind) {
-        case S_TEXT:
+        case S_TEXT: {
+            size_t was = E->out.n;
             dsv4_buf_puts(&E->out, n->name);
+            spend(E, E->out.n - was);
             break;
+        }
         case S_OUT: {
             cJSON *v = eval(E, n->kid[0]);
+            size_t was = E->out.n;
             if (!E->err->code)
                 print_val(&E->out, v);
+            spend(E, E->out.n - was);
             break;
         }
         case S_IF:
@@ -1614,7 +1666,7 @@ int dsv4_jinja_render(const char *tmpl, const cJSON *ctx, char **out, size_t *ou
     int rc = lex(&L, tmpl, err);
     node *root = rc ? NULL : block(&P, NULL);
     if (!rc && !root)
-        rc = err->code ? err->code : DSV4_E_FORMAT;
+        rc = err->code ? err->code : dsv4_fail(err, DSV4_E_FORMAT, "template: cannot be parsed");
     if (!rc) {
         dsv4_buf_put(&E.out, "", 0);
         const cJSON *v;

@@ -53,6 +53,9 @@ int main(void)
     expect("{% for x in xs %}{% set y = x %}{% endfor %}[{{ y }}]", "{\"xs\": [1]}", "[]");
     expect("{{ xs[1:] | tojson }}{{ 'abc'[::-1] }}{{ d | tojson }}", "{\"xs\": [1, 2, 3], \"d\": {\"k\": [true, null]}}",
            "[2, 3]cba{\"k\": [true, null]}");
+    /* indexes and bounds beyond int saturate (found by fuzz_jinja: the casts were undefined) */
+    expect("{{ xs[-1e30:1e30] | join(',') }}|{{ xs[1e54] }}|{{ 'abc'[::-1e40] }}|{{ 7 is odd }}{{ 1e300 is even }}", "{\"xs\": [1, 2, 3]}",
+           "1,2,3||c|truetrue");
     expect("{{ 'y' if x is defined else 'n' }}{{ 'y' if z is none else 'n' }}{{ 1 + 2 * 3 }}{{ 'a' ~ 1 }}", "{\"x\": 0, \"z\": null}", "yy7a1");
     expect(conv_tmpl,
            "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\", \"add_generation_prompt\": true, \"messages\": ["
@@ -61,6 +64,11 @@ int main(void)
     fails("{{ x", "missing");
     fails("{% for %}", "bad for");
     fails("{% macro m() %}{% endmacro %}", "not supported");
+    fails("{{ messages[]0.content }}", "empty subscript"); /* found by fuzz_jinja: it failed with no message */
+    /* budgets: a loop nest that would run 10^10 times, a string doubled 40 times */
+    fails("{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}", "64 MiB");
+    expect("{{ range(1e17, 1e17 + 64) | length }}{{ range(5, 0, -2) | join(',') }}{{ range(1e97, 0) | length }}", "{}", "645,3,10"); /* x += 1 stood still at 1e17 */
+    fails("{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | length }}", "64 MiB");
     fails("{% if x %}", "unclosed");
     fails("{{ raise_exception('no system role') }}", "no system role");
     fails("{{ 'a' | nosuchfilter }}", "nosuchfilter");

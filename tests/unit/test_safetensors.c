@@ -1,13 +1,17 @@
 /* The safetensors reader on files written here by hand: every dtype, sharded folders whose
  * index decides which shard a duplicated tensor is read from, folders without an index, and
- * the error for a tensor in two shards with no index to choose. */
+ * the error for a tensor in two shards with no index to choose; element counts that overflow
+ * 64 bits; FP8 block sizes that are zero, huge or contradicted by the scales; an image in
+ * memory too short for its header length. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "check.h"
 #include "io/safetensors.h"
+#include "io/weight.h"
 
 /* Writes a file with tensors of `nbytes` each filled with byte `fill`. */
 static void write_st(const char *path, int n, const char *const *names, const char *const *dtypes, const int *numel,
@@ -31,6 +35,75 @@ static void write_st(const char *path, int n, const char *const *names, const ch
         for (int j = 0; j < numel[i] * esize[i]; j++)
             fputc(fill[i], f);
     fclose(f);
+}
+
+/* A file of one header (JSON text) and `data` zero bytes. */
+static void write_raw(const char *path, const char *hdr, size_t data)
+{
+    FILE *f = fopen(path, "wb");
+    uint64_t l = strlen(hdr);
+    fwrite(&l, 8, 1, f);
+    fwrite(hdr, 1, l, f);
+    for (size_t i = 0; i < data; i++)
+        fputc(0, f);
+    fclose(f);
+}
+
+/* An FP8 weight [4, 8] with one F32 block scale, bound under several configured block sizes:
+ * a block of 0 or past the weight's edge is the whole weight, never a division by zero or a
+ * block size a kernel would size a tile from. A scale with a zero dimension is refused. */
+static void fp8_blocks(const char *dir)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/fp8.safetensors", dir);
+    write_raw(p, "{\"w.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[4,8],\"data_offsets\":[0,32]},"
+                 "\"w.scale\":{\"dtype\":\"F32\",\"shape\":[1,1],\"data_offsets\":[32,36]},"
+                 "\"z.weight\":{\"dtype\":\"F8_E4M3\",\"shape\":[4,8],\"data_offsets\":[36,68]},"
+                 "\"z.scale\":{\"dtype\":\"F32\",\"shape\":[0,1],\"data_offsets\":[68,68]}}", 68);
+    dsv4_err err = {0};
+    dsv4_st *st = dsv4_st_open_file(p, &err);
+    CHECK(st != NULL, "fp8 file: %s", err.msg);
+    if (!st)
+        return;
+    const int blocks[][2] = {{0, 0}, {2147483647, 2147483647}, {128, 128}, {4, 8}};
+    for (int i = 0; i < 4; i++) {
+        dsv4_weight w;
+        int rc = dsv4_weight_bind(st, "w", 4, 8, blocks[i], &w, &err);
+        CHECK(rc == 0 && w.bn == 4 && w.bk == 8, "block [%d, %d]: rc %d (%s), block %d x %d, want 4 x 8", blocks[i][0],
+              blocks[i][1], rc, err.msg, w.bn, w.bk);
+    }
+    dsv4_weight w;
+    int rc = dsv4_weight_bind(st, "z", 4, 8, blocks[2], &w, &err);
+    CHECK(rc != 0 && strstr(err.msg, "z.scale"), "a scale with a zero dimension should be refused: %s", err.msg);
+    dsv4_st_close(st);
+}
+
+/* Shapes whose element count wraps int64 (to 0 here, with 0 bytes of data) are refused. */
+static void numel_overflow(const char *dir)
+{
+    char p[512];
+    snprintf(p, sizeof p, "%s/big.safetensors", dir);
+    write_raw(p, "{\"big\":{\"dtype\":\"F32\",\"shape\":[4294967296,4294967296],\"data_offsets\":[0,0]}}", 0);
+    dsv4_err err = {0};
+    dsv4_st *st = dsv4_st_open_file(p, &err);
+    CHECK(st == NULL && strstr(err.msg, "big") && strstr(err.msg, "overflows"), "a 2^64-element shape should be refused: %s",
+          st ? "opened" : err.msg);
+    dsv4_st_close(st);
+    write_raw(p, "{\"big\":{\"dtype\":\"F64\",\"shape\":[1152921504606846976],\"data_offsets\":[0,0]}}", 0);
+    st = dsv4_st_open_file(p, &err);
+    CHECK(st == NULL && strstr(err.msg, "big"), "2^60 F64 elements (2^63 bytes) should be refused: %s", st ? "opened" : err.msg);
+    dsv4_st_close(st);
+}
+
+/* An image in memory shorter than the 8-byte header length is refused, not read past. */
+static void short_image(void)
+{
+    void *map = mmap(NULL, 5, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    memcpy(map, "\x05\0\0\0\0", 5);
+    dsv4_err err = {0};
+    dsv4_st *st = dsv4_st_open_memory(map, 5, "short", &err);
+    CHECK(st == NULL && strstr(err.msg, "truncated"), "a 5-byte image should be refused as truncated: %s", st ? "opened" : err.msg);
+    dsv4_st_close(st);
 }
 
 int main(void)
@@ -105,6 +178,9 @@ int main(void)
     mkdir(p, 0755);
     st = dsv4_st_open_dir(p, &err);
     CHECK(!st && strstr(err.msg, "no model.safetensors"), "empty folder: %s", err.msg);
+    fp8_blocks(dir);
+    numel_overflow(dir);
+    short_image();
     snprintf(p, sizeof p, "rm -rf %s", dir);
     if (system(p)) {
     }
