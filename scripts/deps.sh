@@ -19,6 +19,8 @@ PACKAGES=(
     "chromium|the chat page test in a headless browser (tests/serve/web.mjs)"
     "curl|the server test's stream that is in flight when the server is stopped"
     "clang|the fuzz targets (libFuzzer) and the sanitized server build the tests run"
+    "libclang-rt-dev|clang's sanitizer and libFuzzer runtimes (clang does not pull them in)"
+    "libomp-dev|OpenMP for the clang builds of the library"
 )
 
 if [ "$(id -u)" -eq 0 ]; then

@@ -9,7 +9,6 @@ cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-12}
 fb=${FUZZ_BUILD:-build-fuzz}
 cc=${FUZZ_CC:-clang}
-export DSV4_SHARED=${DSV4_SHARED:-../shared}
 pass=0 fail=0
 
 if ! command -v "$cc" >/dev/null 2>&1; then

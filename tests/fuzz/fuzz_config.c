@@ -1,5 +1,5 @@
 /* libFuzzer target: config.json. Each input is parsed; one that parses is loaded against the
- * fixture checkpoint of its family (v4-tiny-a, v41-tiny-a from $DSV4_SHARED/fixtures), so the
+ * fixture checkpoint of its family (v4-tiny-a, v41-tiny-a from tests/fixtures, or $DSV4_FIXTURES), so the
  * values reach the binding, the layout checks and the rope tables. Loading fails with a message
  * or gives a model with finite, positive rope frequencies that runs a short prompt to finite
  * logits; it never crashes, hangs or leaks. */
@@ -21,15 +21,15 @@ typedef struct {
 
 static fixture v4, v41;
 
-static void load_fixture(fixture *f, const char *shared, const char *name)
+static void load_fixture(fixture *f, const char *root, const char *name)
 {
     char p[1200];
-    snprintf(f->dir, sizeof f->dir, "%s/fixtures/%s", shared, name);
+    snprintf(f->dir, sizeof f->dir, "%s/%s", root, name);
     snprintf(p, sizeof p, "%s/model.safetensors", f->dir);
     dsv4_err err = {0};
     f->img = dsv4_read_file(p, &f->n, &err);
     if (!f->img) {
-        fprintf(stderr, "fuzz_config: %s (set DSV4_SHARED to the folder holding fixtures/)\n", err.msg);
+        fprintf(stderr, "fuzz_config: %s (run from the repository root, or set DSV4_FIXTURES to tests/fixtures)\n", err.msg);
         exit(2);
     }
 }
@@ -37,9 +37,9 @@ static void load_fixture(fixture *f, const char *shared, const char *name)
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc, (void)argv;
-    const char *s = getenv("DSV4_SHARED");
-    load_fixture(&v4, s ? s : "../shared", "v4/v4-tiny-a");
-    load_fixture(&v41, s ? s : "../shared", "v41/v41-tiny-a");
+    const char *s = getenv("DSV4_FIXTURES");
+    load_fixture(&v4, s ? s : "tests/fixtures", "v4/v4-tiny-a");
+    load_fixture(&v41, s ? s : "tests/fixtures", "v41/v41-tiny-a");
     return 0;
 }
 

@@ -199,7 +199,7 @@ static void bad_values(const bad_value *t, int n)
 /* A copy of fixture `dir` (model, config and token map) in tmp; src is set to it. */
 static void use_fixture(const char *dir)
 {
-    snprintf(src, sizeof src, "%s/fixtures/%s", check_shared(), dir);
+    snprintf(src, sizeof src, "%s/%s", CHECK_FIXTURES, dir);
     const char *files[] = {"config.json", "model.safetensors", "token_map.json"};
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
         char p[1200], q[1200];
