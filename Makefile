@@ -117,12 +117,12 @@ clean:
 
 # fuzz: request — libFuzzer on the server's request parser (tests/fuzz/fuzz_request.c over
 # dsv4_serve_parse), the library rebuilt by clang with AddressSanitizer and UBSan in a folder of
-# its own. `make fuzz-request` runs FUZZ_SECONDS (60) from the committed corpus
+# its own. `make fuzz-request` runs FUZZ_SECONDS (20) from the committed corpus
 # tests/fuzz/corpus/request (new finds go to $(FUZZ_REQ_BUILD)/corpus, not the repository; a
 # crashing input to $(FUZZ_REQ_BUILD)/crash-*); longer: make fuzz-request FUZZ_SECONDS=3600.
 FUZZ_REQ_BUILD ?= build-fuzz-request
 FUZZ_CC        ?= clang
-FUZZ_SECONDS   ?= 60
+FUZZ_SECONDS   ?= 20
 FUZZ_REQ_CFLAGS := -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined \
                    -std=c11 -D_GNU_SOURCE -fopenmp $(ARCH) -Iinclude -Isrc -MMD -MP
 FUZZ_REQ_OBJ := $(LIB_SRC:%.c=$(FUZZ_REQ_BUILD)/%.o)

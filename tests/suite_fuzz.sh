@@ -3,7 +3,8 @@
 # (tests/fuzz/fuzz_*.c, `make fuzz-build`) and runs each for FUZZ_SECONDS (default 12) over its
 # corpus tests/fuzz/corpus/<name>, with a per-input timeout and a memory cap. A target passes when
 # it ends without a crash, leak, sanitizer report, timeout or out-of-memory. New inputs go to a
-# scratch folder, not the committed corpus. Needs clang with its libFuzzer runtime (docs/fuzz.md).
+# scratch folder, not the committed corpus; a target's dictionary tests/fuzz/<name>.dict is used
+# when there is one. Needs clang with its libFuzzer runtime (docs/fuzz.md).
 set -u
 cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-12}
@@ -39,8 +40,10 @@ for src in tests/fuzz/fuzz_*.c; do
     fi
     mkdir -p "$scratch/$name"
     log=$scratch/$name.log
+    dict=()
+    [ -f "tests/fuzz/$name.dict" ] && dict=(-dict="tests/fuzz/$name.dict")
     "$bin" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=65536 -print_final_stats=1 \
-        -artifact_prefix="$scratch/$name-" "$scratch/$name" "$corpus" >"$log" 2>&1
+        "${dict[@]}" -artifact_prefix="$scratch/$name-" "$scratch/$name" "$corpus" >"$log" 2>&1
     rc=$?
     runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
     if [ $rc -eq 0 ]; then
