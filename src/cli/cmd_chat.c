@@ -110,6 +110,7 @@ static int turn(dsv4_lanes *l, dsv4_tokenizer *tok, cJSON *msgs, const chat_opts
         fflush(stdout);
     }
     fputc('\n', stdout);
+    fflush(stdout); /* before the speed line on stderr */
     double gen_s = r->t_done - r->t_first;
     fprintf(stderr, "[prompt %d, cached %d, generated %d, %.1f tok/s%s]\n", r->n_prompt, r->n_cached, r->n_out,
             r->n_out > 1 && gen_s > 0 ? (r->n_out - 1) / gen_s : 0.0, fin == DSV4_FINISH_ERROR ? ", error" : "");
