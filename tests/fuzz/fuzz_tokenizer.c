@@ -9,24 +9,10 @@
 #include <unistd.h>
 #include <cjson/cJSON.h>
 #include "text/tokenizer.h"
+#include "../unit/bytelevel.h"
 
 static dsv4_tokenizer *tok;
 
-/* The byte-level alphabet's character for byte b, UTF-8 into out. */
-static void spell(int b, char *out)
-{
-    int n = 0, cp = -1;
-    for (int x = 0; x < 256; x++) {
-        int keep = (x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff);
-        int c = keep ? x : 256 + n++;
-        if (x == b)
-            cp = c;
-    }
-    if (cp < 0x80)
-        out[0] = (char)cp, out[1] = 0;
-    else
-        out[0] = (char)(0xc0 | (cp >> 6)), out[1] = (char)(0x80 | (cp & 0x3f)), out[2] = 0;
-}
 
 static cJSON *split(const char *regex)
 {
@@ -45,7 +31,7 @@ static char *tokenizer_json(void)
     char s[8];
     int id = 0;
     for (int x = 0; x < 256; x++) {
-        spell(x, s);
+        bytelevel_spell(x, s);
         cJSON_AddNumberToObject(vocab, s, id++);
     }
     const char *merged[] = {"he", "ll", "hell", "hello", "\xc4\xa0w", "\xc4\xa0t", "\xc4\xa0th", "12", "\xc4\xa0\xc4\xa0"};

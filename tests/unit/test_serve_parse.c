@@ -10,28 +10,10 @@
 #include "serve/http.h"
 #include "serve/lanes.h"
 #include "text/tokenizer.h"
+#include "bytelevel.h"
 
 static const char *path = "build/tests/tok_bytes.json";
 
-/* UTF-8 of the byte-level alphabet character for byte b */
-static void spell(int b, char *out)
-{
-    int n = 0, cp = -1;
-    for (int x = 0; x < 256; x++) {
-        int keep = (x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff);
-        int c = keep ? x : 256 + n++;
-        if (x == b)
-            cp = c;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        out[1] = 0;
-    } else {
-        out[0] = (char)(0xc0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3f));
-        out[2] = 0;
-    }
-}
 
 /* 256 byte tokens, no merges, one special end token (id 256) */
 static void write_tokenizer(void)
@@ -39,7 +21,7 @@ static void write_tokenizer(void)
     cJSON *root = cJSON_CreateObject(), *model = cJSON_CreateObject(), *vocab = cJSON_CreateObject();
     char s[8];
     for (int x = 0; x < 256; x++) {
-        spell(x, s);
+        bytelevel_spell(x, s);
         cJSON_AddNumberToObject(vocab, s, x);
     }
     cJSON_AddStringToObject(model, "type", "BPE");

@@ -9,26 +9,8 @@
 #include <cjson/cJSON.h>
 #include "check.h"
 #include "text/tokenizer.h"
+#include "bytelevel.h"
 
-/* UTF-8 of the byte-level alphabet character for byte b */
-static void spell(int b, char *out)
-{
-    int n = 0, cp = -1;
-    for (int x = 0; x < 256; x++) {
-        int keep = (x >= '!' && x <= '~') || (x >= 0xa1 && x <= 0xac) || (x >= 0xae && x <= 0xff);
-        int c = keep ? x : 256 + n++;
-        if (x == b)
-            cp = c;
-    }
-    if (cp < 0x80) {
-        out[0] = (char)cp;
-        out[1] = 0;
-    } else {
-        out[0] = (char)(0xc0 | (cp >> 6));
-        out[1] = (char)(0x80 | (cp & 0x3f));
-        out[2] = 0;
-    }
-}
 
 static const char *path = "build/tests/tok_synthetic.json";
 
@@ -39,15 +21,15 @@ static void write_tokenizer(int lowercase, int ignore_merges)
     char s[8], a[8], b[8];
     int id = 0;
     for (int x = 0; x < 256; x++) {
-        spell(x, s);
+        bytelevel_spell(x, s);
         cJSON_AddNumberToObject(vocab, s, id++);
     }
     const char *merged[] = {"he", "ll", "hell", "hello", "\xc4\xa0w", "\xc3\x83\xc2\xa9", "wor", "world"};
     for (int i = 0; i < 8; i++)
         cJSON_AddNumberToObject(vocab, merged[i], id++);
     cJSON *merges = cJSON_CreateArray();
-    spell(0xc3, a);
-    spell(0xa9, b);
+    bytelevel_spell(0xc3, a);
+    bytelevel_spell(0xa9, b);
     char accent[32];
     snprintf(accent, sizeof accent, "%s %s", a, b);
     const char *m[] = {"h e", "l l", "he ll", "hell o", "\xc4\xa0 w", accent, "w o", "wo r"};
@@ -181,7 +163,7 @@ int main(void)
     unsigned char bs[4] = {0xe6, 0x97, 0xa5, 0x97};
     for (int i = 0; i < 4; i++) {
         char sp[8];
-        spell(bs[i], sp);
+        bytelevel_spell(bs[i], sp);
         bytes_ids[i] = dsv4_tokenizer_token_id(t, sp);
     }
     dsv4_detok d;
