@@ -8,6 +8,7 @@
 # report what the drafts did in usage, the request log and /metrics.
 set -u
 cd "$(dirname "$0")/.."
+. tests/lib.sh
 bin=build/dsv4
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -46,12 +47,7 @@ if [ "$kept" -gt 0 ]; then ok; else bad "no proposal was ever kept"; fi
 # the server
 build/dsv4 serve --port 0 --lanes 3 --threads 1 --draft 3 >"$tmp/server.log" 2>&1 &
 spid=$!
-port=
-for _ in $(seq 1 100); do
-    port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/server.log" | grep -o '[0-9]*$')
-    [ -n "$port" ] && break
-    sleep 0.1
-done
+port=$(serve_port "$tmp/server.log" "$spid" 300)
 if [ -z "$port" ]; then
     bad "the server did not start"; tail -5 "$tmp/server.log"
 else

@@ -7,6 +7,7 @@
 # Prints "serve: N passed, M failed"; exits non-zero on any failure. Always kills the server.
 set -u
 cd "$(dirname "$0")/.."
+. tests/lib.sh
 fail() { echo "serve: $1"; echo "serve: 0 passed, 1 failed"; exit 1; }
 
 [ -x build/dsv4 ] || fail "build/dsv4 is missing (run make)"
@@ -33,13 +34,7 @@ key=suite-$$-$RANDOM
 build/dsv4 serve -m "$model" --tokenizer "$tok" --host 127.0.0.1 --port 0 --lanes 4 --queue 8 --threads 1 \
     --api-key "$key" > "$tmp/server.log" 2>&1 &
 pid=$!
-port=
-for _ in $(seq 1 300); do
-    port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/server.log" | grep -o '[0-9]*$')
-    [ -n "$port" ] && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.1
-done
+port=$(serve_port "$tmp/server.log" "$pid" 300)
 [ -n "$port" ] || { tail -5 "$tmp/server.log"; fail "the server did not start"; }
 
 timeout 150 node tests/serve/check.mjs --port "$port" --key "$key" > "$tmp/checks.txt" 2>&1

@@ -6,6 +6,7 @@
 # fails it, as does a failed check. Prints "serve_asan: N passed, M failed".
 set -u
 cd "$(dirname "$0")/.."
+. tests/lib.sh
 root=$PWD
 
 fail() { echo "serve_asan: $1"; echo "serve_asan: 0 passed, 1 failed"; exit 1; }
@@ -35,13 +36,8 @@ run() {
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 DSV4_API_KEY=$key \
         build-fuzz-request/dsv4 serve -m "$model" --tokenizer "$tok" --host 127.0.0.1 --port 0 --threads 1 "$@" > "$log" 2>&1 &
     pid=$!
-    local port=
-    for _ in $(seq 1 600); do
-        port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$log" | grep -o '[0-9]*$')
-        [ -n "$port" ] && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
+    local port
+    port=$(serve_port "$log" "$pid" 600)
     if [ -z "$port" ]; then tail -5 "$log"; failed=$((failed + 1)); echo "FAIL $name: the server did not start"; return; fi
     timeout 400 node "$script" --port "$port" --key "$key" --pid "$pid" > "$tmp/$name.txt" 2>&1
     local rc=$?

@@ -11,6 +11,7 @@
 # Prints "serve_limits: N passed, M failed"; exits non-zero on any failure. Kills its servers.
 set -u
 cd "$(dirname "$0")/.."
+. tests/lib.sh
 root=$PWD
 
 fail() { echo "serve_limits: $1"; echo "serve_limits: 0 passed, 1 failed"; exit 1; }
@@ -44,13 +45,7 @@ start_server() {
     build/dsv4 serve -m "$model" --tokenizer "$tok" --host 127.0.0.1 --port 0 --threads 1 "$@" > "$log" 2>&1 &
     pid=$!
     pids+=("$pid")
-    port=
-    for _ in $(seq 1 300); do
-        port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$log" | grep -o '[0-9]*$')
-        [ -n "$port" ] && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.1
-    done
+    port=$(serve_port "$log" "$pid" 300)
     [ -n "$port" ] || { tail -5 "$log"; fail "the server did not start"; }
 }
 # run_node SCRIPT ARGS...: runs a check script, adds its ok/FAIL lines to the counts
