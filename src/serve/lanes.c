@@ -92,6 +92,7 @@ static void request_free(dsv4_request *r)
     free(r->out);
     free(r->prompt_lp);
     free(r->forced);
+    dsv4_constraint_free(r->constraint);
     free(r);
 }
 
@@ -382,6 +383,8 @@ int dsv4_lanes_submit(dsv4_lanes *l, dsv4_request *r, dsv4_err *err)
             if (r->forced[i] < 0 || r->forced[i] >= l->vocab)
                 return dsv4_fail(err, DSV4_E_ARG, "forced token %d (id %d) is outside the vocabulary of %d", i, r->forced[i], l->vocab);
     }
+    if (r->forced && r->constraint)
+        return dsv4_fail(err, DSV4_E_ARG, "forced tokens and a constraint cannot be combined");
     if (r->prompt_logprobs) {
         r->prompt_lp = dsv4_xmalloc((size_t)r->n_prompt * sizeof *r->prompt_lp, err);
         if (!r->prompt_lp)
@@ -457,6 +460,17 @@ static void admit_locked(dsv4_lanes *l)
         l->st.prompt_tokens += (uint64_t)r->n_prompt;
         l->st.cached_tokens += (uint64_t)r->n_cached;
     }
+}
+
+/* Samples under the request's constraint (its mask, then its state takes the token). */
+static int sample_constrained(lane *ln, dsv4_request *r, const float *row, dsv4_sample_out *o, dsv4_err *err)
+{
+    dsv4_sample_params sp = r->sp;
+    sp.allow = dsv4_constraint_next_mask(r->constraint, err);
+    if (!sp.allow)
+        return err->code;
+    int rc = dsv4_sample(&ln->smp, &sp, row, dsv4_seq_len(ln->seq), o, err);
+    return rc ? rc : dsv4_constraint_accept(r->constraint, o->id, err);
 }
 
 /* Records one sampled token; returns a finish reason or NONE. Lock held. */
@@ -581,6 +595,8 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
         dsv4_request *r = ln->req;
         if (r->forced) /* n_out changes only on this thread */
             dsv4_score(row_of[i], V, ln->smp.work, r->forced[r->n_out], r->sp.n_top_logprobs, &outs[i]);
+        else if (r->constraint)
+            serr[i] = sample_constrained(ln, r, row_of[i], &outs[i], &se);
         else
             serr[i] = dsv4_sample(&ln->smp, &r->sp, row_of[i], dsv4_seq_len(ln->seq), &outs[i], &se);
         if (serr[i])

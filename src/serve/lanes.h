@@ -24,6 +24,7 @@
 #include <pthread.h>
 #include "dsv4.h"
 #include "serve/sampler.h"
+#include "text/tokmask.h"
 
 typedef struct dsv4_lanes dsv4_lanes;
 
@@ -60,6 +61,10 @@ typedef struct dsv4_request {
                             * each is scored (dsv4_score: logprob, top alternatives) instead of
                             * sampled; max_tokens must equal n_forced */
     int n_forced;
+    dsv4_constraint *constraint; /* owned; when set, every token is drawn under its mask (sampler
+                            * step 2) and advances it; it starts at its grammar's start (not with
+                            * forced tokens). Its state is the request's alone, so a constrained
+                            * request gives the same tokens solo, beside others and resumed. */
 
     /* outputs: guarded by the lanes lock; wait with dsv4_request_wait */
     dsv4_sample_out *out;  /* generated tokens */

@@ -1,0 +1,352 @@
+/* tokmask — the vocabulary trie walk and the per-request constraint. See tokmask.h. */
+#include <stdlib.h>
+#include <string.h>
+#include "core/core.h"
+#include "text/tokmask.h"
+
+struct dsv4_vocab_trie {
+    int32_t n_ids;
+    int n;              /* nodes, in preorder; the root (the empty prefix) is not stored */
+    uint8_t *byte;      /* [n] the edge's byte */
+    uint16_t *depth;    /* [n] 1 for the root's children */
+    uint32_t *skip;     /* [n] the first node past this one's subtree */
+    uint32_t *tok0;     /* [n] first token ending here, in ids[] */
+    uint16_t *ntok;     /* [n] tokens ending here (equal byte strings share a node) */
+    int32_t *ids;       /* tokens sorted by their bytes */
+    int max_len;
+    uint32_t *id_off;   /* [n_ids + 1] each id's bytes in id_bytes (empty: not in the trie) */
+    uint8_t *id_bytes;
+};
+
+typedef struct tok_ref {
+    const uint8_t *s;
+    size_t n;
+    int32_t id;
+} tok_ref;
+
+static int cmp_tok(const void *a, const void *b)
+{
+    const tok_ref *x = a, *y = b;
+    size_t n = x->n < y->n ? x->n : y->n;
+    int c = memcmp(x->s, y->s, n);
+    if (c)
+        return c;
+    if (x->n != y->n)
+        return x->n < y->n ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+
+void dsv4_vocab_trie_free(dsv4_vocab_trie *v)
+{
+    if (!v)
+        return;
+    free(v->byte);
+    free(v->depth);
+    free(v->skip);
+    free(v->tok0);
+    free(v->ntok);
+    free(v->ids);
+    free(v->id_off);
+    free(v->id_bytes);
+    free(v);
+}
+
+int32_t dsv4_vocab_trie_n_ids(const dsv4_vocab_trie *v) { return v->n_ids; }
+int dsv4_vocab_trie_n_nodes(const dsv4_vocab_trie *v) { return v->n; }
+
+dsv4_vocab_trie *dsv4_vocab_trie_new(const dsv4_tokenizer *t, int32_t n_ids, dsv4_err *err)
+{
+    const int32_t nt = dsv4_tokenizer_n_vocab(t) < n_ids ? dsv4_tokenizer_n_vocab(t) : n_ids;
+    dsv4_vocab_trie *v = dsv4_xcalloc(1, sizeof *v, err);
+    tok_ref *refs = dsv4_xmalloc((size_t)(nt > 0 ? nt : 1) * sizeof *refs, err);
+    if (!v || !refs)
+        goto fail;
+    v->n_ids = n_ids;
+    int m = 0;
+    size_t total = 0;
+    for (int32_t id = 0; id < nt; id++) {
+        size_t len = 0;
+        const char *b = dsv4_tokenizer_id_bytes(t, id, &len);
+        if (!b || !len || dsv4_tokenizer_is_special(t, id))
+            continue;
+        if (len > 65535) {
+            dsv4_fail(err, DSV4_E_FORMAT, "token %d is %zu bytes long", id, len);
+            goto fail;
+        }
+        refs[m++] = (tok_ref){(const uint8_t *)b, len, id};
+        total += len;
+    }
+    v->id_off = dsv4_xcalloc((size_t)n_ids + 1, sizeof *v->id_off, err);
+    v->id_bytes = dsv4_xmalloc(total + 1, err);
+    if (!v->id_off || !v->id_bytes)
+        goto fail;
+    {
+        uint32_t off = 0;
+        int at = 0;
+        for (int i = 0; i < n_ids; i++) {
+            v->id_off[i] = off;
+            if (at < m && refs[at].id == i) {
+                memcpy(v->id_bytes + off, refs[at].s, refs[at].n);
+                off += (uint32_t)refs[at].n;
+                at++;
+            }
+        }
+        v->id_off[n_ids] = off;
+    }
+    qsort(refs, (size_t)m, sizeof *refs, cmp_tok);
+    /* at most one node per token byte */
+    v->byte = dsv4_xmalloc(total + 1, err);
+    v->depth = dsv4_xmalloc((total + 1) * sizeof *v->depth, err);
+    v->skip = dsv4_xmalloc((total + 1) * sizeof *v->skip, err);
+    v->tok0 = dsv4_xmalloc((total + 1) * sizeof *v->tok0, err);
+    v->ntok = dsv4_xcalloc(total + 1, sizeof *v->ntok, err);
+    v->ids = dsv4_xmalloc((size_t)(m ? m : 1) * sizeof *v->ids, err);
+    uint32_t *open = dsv4_xmalloc((65536 + 1) * sizeof *open, err); /* node at each depth on the current path */
+    if (!v->byte || !v->depth || !v->skip || !v->tok0 || !v->ntok || !v->ids || !open) {
+        free(open);
+        goto fail;
+    }
+    int n = 0, path = 0; /* path: depth of the current path */
+    const tok_ref *prev = NULL;
+    for (int i = 0; i < m; i++) {
+        const tok_ref *r = &refs[i];
+        v->ids[i] = r->id;
+        size_t lcp = 0;
+        if (prev)
+            while (lcp < prev->n && lcp < r->n && prev->s[lcp] == r->s[lcp])
+                lcp++;
+        /* close the nodes deeper than the shared prefix: their subtrees end here */
+        for (; path > (int)lcp; path--)
+            v->skip[open[path]] = (uint32_t)n;
+        for (size_t d = lcp; d < r->n; d++) {
+            v->byte[n] = r->s[d];
+            v->depth[n] = (uint16_t)(d + 1);
+            v->tok0[n] = 0;
+            open[++path] = (uint32_t)n;
+            n++;
+        }
+        const uint32_t at = open[path];
+        if (!v->ntok[at])
+            v->tok0[at] = (uint32_t)i;
+        v->ntok[at]++;
+        if ((int)r->n > v->max_len)
+            v->max_len = (int)r->n;
+        prev = r;
+    }
+    for (; path > 0; path--)
+        v->skip[open[path]] = (uint32_t)n;
+    v->n = n;
+    free(open);
+    free(refs);
+    return v;
+fail:
+    free(refs);
+    dsv4_vocab_trie_free(v);
+    if (!err->code)
+        dsv4_fail(err, DSV4_E_NOMEM, "out of memory building the vocabulary trie");
+    return NULL;
+}
+
+size_t dsv4_vocab_trie_scratch(const dsv4_vocab_trie *v) { return (size_t)(v->max_len + 1) * sizeof(dsv4_gstate); }
+
+int dsv4_vocab_trie_mask(const dsv4_vocab_trie *v, const dsv4_grammar *g, const dsv4_gstate *s, const int32_t *eos,
+                         int n_eos, uint64_t *mask, void *scratch, dsv4_err *err)
+{
+    void *own = NULL;
+    if (!scratch) {
+        scratch = own = dsv4_xmalloc(dsv4_vocab_trie_scratch(v), err);
+        if (!own)
+            return -1;
+    }
+    dsv4_gstate *st = scratch; /* st[d]: the state after the path's first d bytes */
+    memset(mask, 0, dsv4_mask_words(v->n_ids) * sizeof *mask);
+    memcpy(&st[0], s, dsv4_gstate_size(s));
+    int allowed = 0;
+    for (int i = 0; i < v->n;) {
+        const int d = v->depth[i];
+        if (!dsv4_gstate_feed(g, &st[d - 1], v->byte[i], &st[d])) {
+            i = (int)v->skip[i];
+            continue;
+        }
+        for (int k = 0; k < v->ntok[i]; k++) {
+            const int32_t id = v->ids[v->tok0[i] + k];
+            mask[id >> 6] |= 1ull << (id & 63);
+        }
+        allowed += v->ntok[i];
+        i++;
+    }
+    if (dsv4_gstate_accepts(g, s))
+        for (int k = 0; k < n_eos; k++)
+            if (eos[k] >= 0 && eos[k] < v->n_ids && !(mask[eos[k] >> 6] >> (eos[k] & 63) & 1)) {
+                mask[eos[k] >> 6] |= 1ull << (eos[k] & 63);
+                allowed++;
+            }
+    free(own);
+    return allowed;
+}
+
+/* ---- the constraint ------------------------------------------------------------------ */
+
+typedef struct centry {
+    uint64_t hash;
+    void *state;       /* the state's bytes */
+    size_t len;
+    uint64_t *mask;
+    int allowed;
+} centry;
+
+struct dsv4_constraint {
+    dsv4_grammar *g;
+    const dsv4_vocab_trie *v;
+    int32_t *eos;
+    int n_eos;
+    dsv4_gstate *cur, *tmp;
+    void *scratch;
+    uint64_t *own_mask;
+    int ended;
+    centry *cache;
+    int n_cache, cap_cache, next_evict;
+    size_t words;
+    dsv4_constraint_stats st;
+};
+
+static uint64_t fnv1a(const void *p, size_t n)
+{
+    const uint8_t *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+void dsv4_constraint_free(dsv4_constraint *c)
+{
+    if (!c)
+        return;
+    for (int i = 0; i < c->n_cache; i++) {
+        free(c->cache[i].state);
+        free(c->cache[i].mask);
+    }
+    free(c->cache);
+    free(c->cur);
+    free(c->tmp);
+    free(c->scratch);
+    free(c->own_mask);
+    free(c->eos);
+    dsv4_grammar_free(c->g);
+    free(c);
+}
+
+dsv4_constraint *dsv4_constraint_new(dsv4_grammar *g, const dsv4_vocab_trie *v, const int32_t *eos, int n_eos,
+                                     int cache_entries, dsv4_err *err)
+{
+    dsv4_constraint *c = dsv4_xcalloc(1, sizeof *c, err);
+    if (!c) {
+        dsv4_grammar_free(g);
+        return NULL;
+    }
+    c->g = g;
+    c->v = v;
+    c->words = dsv4_mask_words(v->n_ids);
+    c->n_eos = n_eos > 0 ? n_eos : 0;
+    c->eos = dsv4_xmalloc((size_t)(c->n_eos + 1) * sizeof *c->eos, err);
+    c->cur = dsv4_xmalloc(sizeof *c->cur, err);
+    c->tmp = dsv4_xmalloc(sizeof *c->tmp, err);
+    c->scratch = dsv4_xmalloc(dsv4_vocab_trie_scratch(v), err);
+    c->own_mask = dsv4_xmalloc(c->words * sizeof *c->own_mask, err);
+    c->cap_cache = cache_entries > 0 ? cache_entries : 0;
+    c->cache = c->cap_cache ? dsv4_xcalloc((size_t)c->cap_cache, sizeof *c->cache, err) : NULL;
+    if (!c->eos || !c->cur || !c->tmp || !c->scratch || !c->own_mask || (c->cap_cache && !c->cache)) {
+        dsv4_constraint_free(c);
+        return NULL;
+    }
+    if (c->n_eos)
+        memcpy(c->eos, eos, (size_t)c->n_eos * sizeof *eos);
+    dsv4_gstate_init(g, c->cur);
+    return c;
+}
+
+const dsv4_grammar *dsv4_constraint_grammar(const dsv4_constraint *c) { return c->g; }
+
+int dsv4_constraint_mask(dsv4_constraint *c, uint64_t *mask, dsv4_err *err)
+{
+    c->st.masks++;
+    if (c->ended) { /* after the end nothing is allowed */
+        memset(mask, 0, c->words * sizeof *mask);
+        return 0;
+    }
+    const size_t len = dsv4_gstate_size(c->cur);
+    const uint64_t h = c->cap_cache ? fnv1a(c->cur, len) : 0;
+    for (int i = 0; i < c->n_cache; i++) {
+        centry *e = &c->cache[i];
+        if (e->hash == h && e->len == len && !memcmp(e->state, c->cur, len)) {
+            memcpy(mask, e->mask, c->words * sizeof *mask);
+            c->st.hits++;
+            return e->allowed;
+        }
+    }
+    const double t0 = dsv4_now();
+    int allowed = dsv4_vocab_trie_mask(c->v, c->g, c->cur, c->eos, c->n_eos, mask, c->scratch, err);
+    c->st.walk_seconds += dsv4_now() - t0;
+    if (allowed < 0 || !c->cap_cache)
+        return allowed;
+    /* keep it: a free slot, else the oldest one in insertion order */
+    centry *e;
+    if (c->n_cache < c->cap_cache)
+        e = &c->cache[c->n_cache++];
+    else {
+        e = &c->cache[c->next_evict];
+        c->next_evict = (c->next_evict + 1) % c->cap_cache;
+        free(e->state);
+        free(e->mask);
+    }
+    e->hash = h;
+    e->len = len;
+    e->state = malloc(len);
+    e->mask = malloc(c->words * sizeof *mask);
+    e->allowed = allowed;
+    if (!e->state || !e->mask) { /* an unusable entry is harmless: it can never match */
+        free(e->state);
+        free(e->mask);
+        e->state = NULL;
+        e->mask = NULL;
+        e->len = (size_t)-1;
+        return allowed;
+    }
+    memcpy(e->state, c->cur, len);
+    memcpy(e->mask, mask, c->words * sizeof *mask);
+    return allowed;
+}
+
+const uint64_t *dsv4_constraint_next_mask(dsv4_constraint *c, dsv4_err *err)
+{
+    return dsv4_constraint_mask(c, c->own_mask, err) < 0 ? NULL : c->own_mask;
+}
+
+int dsv4_constraint_accept(dsv4_constraint *c, int32_t id, dsv4_err *err)
+{
+    if (c->ended)
+        return dsv4_fail(err, DSV4_E_ARG, "constraint: token %d after the end of the reply", id);
+    for (int k = 0; k < c->n_eos; k++)
+        if (id == c->eos[k]) {
+            if (!dsv4_gstate_accepts(c->g, c->cur))
+                return dsv4_fail(err, DSV4_E_ARG, "constraint: end of sequence before the reply is complete");
+            c->ended = 1;
+            return 0;
+        }
+    const dsv4_vocab_trie *v = c->v;
+    if (id < 0 || id >= v->n_ids || v->id_off[id] == v->id_off[id + 1])
+        return dsv4_fail(err, DSV4_E_ARG, "constraint: token %d is not allowed here", id);
+    memcpy(c->tmp, c->cur, dsv4_gstate_size(c->cur));
+    if (!dsv4_gstate_feed_bytes(c->g, c->tmp, v->id_bytes + v->id_off[id], v->id_off[id + 1] - v->id_off[id]))
+        return dsv4_fail(err, DSV4_E_ARG, "constraint: token %d is not allowed here", id);
+    dsv4_gstate *x = c->cur;
+    c->cur = c->tmp;
+    c->tmp = x;
+    return 0;
+}
+
+int dsv4_constraint_complete(const dsv4_constraint *c) { return c->ended || dsv4_gstate_accepts(c->g, c->cur); }
+int dsv4_constraint_ended(const dsv4_constraint *c) { return c->ended; }
+
+void dsv4_constraint_get_stats(const dsv4_constraint *c, dsv4_constraint_stats *st) { *st = c->st; }
