@@ -24,7 +24,7 @@ static void usage(FILE *f)
             "                     or of the one named by --tool NAME\n"
             "  --thinking         the reply starts with free reasoning closed by </think>\n"
             "  --v4               the V4 (0731) DSML tags\n"
-            "  --max-ws N         whitespace bytes between JSON tokens (default 16)\n"
+            "  --max-ws N         whitespace bytes between JSON tokens (default 8)\n"
             "Modes:\n"
             "  --check FILE       print \"match\" or \"no match\" for FILE's text (exit 0 / 1); no model\n"
             "  (default)          generate: prints the reply text\n"

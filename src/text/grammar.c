@@ -283,9 +283,24 @@ static int utf8_cont_ok(uint8_t c, uint32_t res)
     return c >= lo[res] && c <= hi[res];
 }
 
+/* Counts one more character against min..max. Without a maximum the count stops at min, so
+ * the states of a long free string do not differ by its length (and share cached masks). */
+static int count_char(uint32_t *chars, uint32_t min, uint32_t max)
+{
+    if (max == G_INF) {
+        if (*chars < min)
+            (*chars)++;
+        return 1;
+    }
+    if (*chars >= max)
+        return 0;
+    (*chars)++;
+    return 1;
+}
+
 /* The character-level UTF-8 step shared by strings and raw text: a continuation byte, or a
- * new character (lead byte or ASCII) counted in *chars against max. 0: refused. */
-static int utf8_step(uint32_t *a, uint32_t *chars, uint32_t max, uint8_t c)
+ * new character (lead byte or ASCII) counted in *chars. 0: refused. */
+static int utf8_step(uint32_t *a, uint32_t *chars, uint32_t min, uint32_t max, uint8_t c)
 {
     uint32_t rem = (*a >> 8) & 15, res = (*a >> 12) & 15;
     if (rem) {
@@ -294,15 +309,14 @@ static int utf8_step(uint32_t *a, uint32_t *chars, uint32_t max, uint8_t c)
         *a = (*a & 0xFF) | ((rem - 1) << 8);
         return 1;
     }
-    if (*chars >= max)
+    if (max != G_INF && *chars >= max)
         return 0;
     if (c >= 0x80) {
         if (!utf8_lead(c, &rem, &res))
             return 0;
         *a = (*a & 0xFF) | (rem << 8) | (res << 12);
     }
-    (*chars)++;
-    return 1;
+    return count_char(chars, min, max);
 }
 
 static int lit_prefix_eq(const gnode *n, uint32_t j, uint32_t lo, uint32_t pos)
@@ -350,7 +364,7 @@ static int leaf_step(const gnode *n, dsv4_gframe *f, uint8_t c)
             return 1;
         case S_BODY:
             if ((f->a >> 8) & 15)
-                return utf8_step(&f->a, &f->b, n->max, c);
+                return utf8_step(&f->a, &f->b, n->min, n->max, c);
             if (c == '"') {
                 if (f->b < n->min)
                     return 0;
@@ -358,15 +372,14 @@ static int leaf_step(const gnode *n, dsv4_gframe *f, uint8_t c)
                 return 1;
             }
             if (c == '\\') {
-                if (f->b >= n->max)
+                if (!count_char(&f->b, n->min, n->max))
                     return 0;
-                f->b++;
                 f->a = S_ESC;
                 return 1;
             }
             if (c < 0x20)
                 return 0;
-            return utf8_step(&f->a, &f->b, n->max, c);
+            return utf8_step(&f->a, &f->b, n->min, n->max, c);
         case S_ESC:
             if (c == 'u') {
                 f->a = S_HEX1;
@@ -388,26 +401,21 @@ static int leaf_step(const gnode *n, dsv4_gframe *f, uint8_t c)
         }
     }
     case G_RAW: {
-        if (!((f->a >> 8) & 15)) {
-            if (c == 0)
-                return 0;
-            uint32_t p = f->a & 0xFF;
-            if (n->lit[p] == c) {
-                if (p + 1 == n->len)
-                    return 0; /* the marker would be complete inside the text */
-                p++;
-            } else
-                p = n->lit[0] == c ? 1 : 0;
-            uint32_t a = (f->a & ~0xFFu) | p;
-            if (!utf8_step(&a, &f->b, n->max, c))
-                return 0;
-            f->a = a;
-            return 1;
-        }
-        uint32_t a = f->a & ~0xFFu; /* a continuation byte never belongs to the ASCII marker start */
-        if (!utf8_step(&a, &f->b, n->max, c))
+        /* the marker is matched on bytes, continuation bytes included (it may hold multi-byte
+         * characters); its first byte occurs in it only there, so a mismatch restarts at 0 or 1 */
+        if (c == 0)
             return 0;
-        f->a = a;
+        uint32_t p = f->a & 0xFF;
+        if (n->lit[p] == c) {
+            if (p + 1 == n->len)
+                return 0; /* the marker would be complete inside the text */
+            p++;
+        } else
+            p = n->lit[0] == c ? 1 : 0;
+        uint32_t a = f->a & ~0xFFu;
+        if (!utf8_step(&a, &f->b, n->min, n->max, c))
+            return 0;
+        f->a = (a & ~0xFFu) | p;
         return 1;
     }
     case G_NUM: {

@@ -46,7 +46,7 @@ typedef struct dsv4_gstate {
 } dsv4_gstate;
 
 typedef struct dsv4_grammar_opts {
-    int max_ws;     /* bytes in one whitespace run between JSON tokens; 0: 16, -1: none */
+    int max_ws;     /* bytes in one whitespace run between JSON tokens; 0: 8, -1: none */
     int thinking;   /* the reply starts inside reasoning: free text, then "</think>", then the value */
     int dsml_v4;    /* tool calls: the V4 (0731) tags instead of V4.1's */
     int max_calls;  /* tool calls in one block for tool_choice "required"; 0: 8 */

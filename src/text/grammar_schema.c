@@ -463,9 +463,9 @@ static int push_ref(g_schema_ctx *c, const cJSON *s, const char *path, dsv4_err 
         return 0;
     for (int i = 0; i < c->n_refs; i++)
         if (!strcmp(c->refs[i], ref->valuestring))
-            return fail_at(err, path, "recursive $ref \"%s\" is not supported", ref->valuestring);
+            return fail_at(err, path, "recursive $ref \"%s\" is not supported", ref->valuestring), -1;
     if (c->n_refs == MAX_REF_DEPTH)
-        return fail_at(err, path, "$refs nest too deep%s", "");
+        return fail_at(err, path, "$refs nest too deep%s", ""), -1;
     c->refs[c->n_refs++] = ref->valuestring;
     return 1;
 }
@@ -483,7 +483,7 @@ uint32_t g_schema_value(g_schema_ctx *c, const cJSON *s0, const char *path, dsv4
         }
     }
     int pushed = cJSON_IsObject(s0) ? push_ref(c, s0, path, err) : 0;
-    if (pushed < 0 || (pushed == 0 && err->code))
+    if (pushed < 0)
         return G_INF;
     uint32_t out = G_INF;
     const cJSON *s = g_schema_deref(c, s0, path, err);
@@ -621,7 +621,7 @@ uint32_t g_reply(dsv4_grammar *g, const dsv4_grammar_opts *o, uint32_t body)
 uint32_t g_max_ws(const dsv4_grammar_opts *o)
 {
     if (!o || o->max_ws == 0)
-        return 16;
+        return 8;
     return o->max_ws < 0 ? 0 : (uint32_t)o->max_ws;
 }
 
