@@ -18,8 +18,8 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: dsv4 constrain (--json-object | --json-schema FILE | --tools FILE [--tool NAME]) [options]\n"
             "  --json-object      any JSON object (response_format json_object)\n"
-            "  --json-schema FILE a JSON Schema (response_format json_schema; the \"schema\" member if FILE holds\n"
-            "                     a whole json_schema object)\n"
+            "  --json-schema FILE a JSON Schema (response_format json_schema; its \"schema\" member if FILE wraps\n"
+            "                     one, as a json_schema object or a tests/fixtures/schemas case does)\n"
             "  --tools FILE       an OpenAI tools array: a forced DSML tool call (tool_choice \"required\"),\n"
             "                     or of the one named by --tool NAME\n"
             "  --thinking         the reply starts with free reasoning closed by </think>\n"
@@ -63,7 +63,7 @@ static dsv4_grammar *compile(const copts *o, dsv4_err *err)
     if (o->schema) {
         const cJSON *s = j;
         const cJSON *inner = cJSON_GetObjectItemCaseSensitive(j, "schema");
-        if (inner && cJSON_GetObjectItemCaseSensitive(j, "name"))
+        if (cJSON_IsObject(inner)) /* "schema" is no JSON Schema keyword: a wrapper around one */
             s = inner;
         g = dsv4_grammar_json_schema(s, &o->g, err);
     } else
