@@ -4,8 +4,8 @@
 #include "core/core.h"
 #include "text/tokmask.h"
 
-struct dsv4_vocab_trie {
-    int32_t n_ids;
+/* One byte trie over a set of tokens. */
+typedef struct trie {
     int n;              /* nodes, in preorder; the root (the empty prefix) is not stored */
     uint8_t *byte;      /* [n] the edge's byte */
     uint16_t *depth;    /* [n] 1 for the root's children */
@@ -13,6 +13,15 @@ struct dsv4_vocab_trie {
     uint32_t *tok0;     /* [n] first token ending here, in ids[] */
     uint16_t *ntok;     /* [n] tokens ending here (equal byte strings share a node) */
     int32_t *ids;       /* tokens sorted by their bytes */
+} trie;
+
+/* Free-text shortcut: inside a free JSON string every string-safe token (no '"', '\\' or
+ * control byte, whole UTF-8 characters) keeps the state alive, so only the other tokens need a
+ * walk, over a trie of those alone; likewise for raw text and tokens without '<' or NUL. */
+struct dsv4_vocab_trie {
+    int32_t n_ids;
+    trie all, not_str, not_raw;
+    uint64_t *safe_str, *safe_raw; /* [words] */
     int max_len;
     uint32_t *id_off;   /* [n_ids + 1] each id's bytes in id_bytes (empty: not in the trie) */
     uint8_t *id_bytes;
@@ -36,30 +45,120 @@ static int cmp_tok(const void *a, const void *b)
     return (x->id > y->id) - (x->id < y->id);
 }
 
+static void trie_free(trie *t)
+{
+    free(t->byte);
+    free(t->depth);
+    free(t->skip);
+    free(t->tok0);
+    free(t->ntok);
+    free(t->ids);
+    memset(t, 0, sizeof *t);
+}
+
 void dsv4_vocab_trie_free(dsv4_vocab_trie *v)
 {
     if (!v)
         return;
-    free(v->byte);
-    free(v->depth);
-    free(v->skip);
-    free(v->tok0);
-    free(v->ntok);
-    free(v->ids);
+    trie_free(&v->all);
+    trie_free(&v->not_str);
+    trie_free(&v->not_raw);
+    free(v->safe_str);
+    free(v->safe_raw);
     free(v->id_off);
     free(v->id_bytes);
     free(v);
 }
 
 int32_t dsv4_vocab_trie_n_ids(const dsv4_vocab_trie *v) { return v->n_ids; }
-int dsv4_vocab_trie_n_nodes(const dsv4_vocab_trie *v) { return v->n; }
+int dsv4_vocab_trie_n_nodes(const dsv4_vocab_trie *v) { return v->all.n; }
+
+/* Builds t from refs[0..m) sorted by bytes, `total` bytes in all. */
+static int trie_build(trie *t, const tok_ref *refs, int m, size_t total)
+{
+    t->byte = malloc(total + 1);
+    t->depth = malloc((total + 1) * sizeof *t->depth);
+    t->skip = malloc((total + 1) * sizeof *t->skip);
+    t->tok0 = malloc((total + 1) * sizeof *t->tok0);
+    t->ntok = calloc(total + 1, sizeof *t->ntok);
+    t->ids = malloc((size_t)(m ? m : 1) * sizeof *t->ids);
+    uint32_t *open = malloc((65536 + 1) * sizeof *open); /* node at each depth on the current path */
+    if (!t->byte || !t->depth || !t->skip || !t->tok0 || !t->ntok || !t->ids || !open) {
+        free(open);
+        return -1;
+    }
+    int n = 0, path = 0;
+    const tok_ref *prev = NULL;
+    for (int i = 0; i < m; i++) {
+        const tok_ref *r = &refs[i];
+        t->ids[i] = r->id;
+        size_t lcp = 0;
+        if (prev)
+            while (lcp < prev->n && lcp < r->n && prev->s[lcp] == r->s[lcp])
+                lcp++;
+        /* close the nodes deeper than the shared prefix: their subtrees end here */
+        for (; path > (int)lcp; path--)
+            t->skip[open[path]] = (uint32_t)n;
+        for (size_t d = lcp; d < r->n; d++) {
+            t->byte[n] = r->s[d];
+            t->depth[n] = (uint16_t)(d + 1);
+            t->tok0[n] = 0;
+            open[++path] = (uint32_t)n;
+            n++;
+        }
+        const uint32_t at = open[path];
+        if (!t->ntok[at])
+            t->tok0[at] = (uint32_t)i;
+        t->ntok[at]++;
+        prev = r;
+    }
+    for (; path > 0; path--)
+        t->skip[open[path]] = (uint32_t)n;
+    t->n = n;
+    free(open);
+    return 0;
+}
+
+static int whole_utf8(const uint8_t *s, size_t n)
+{
+    int inc;
+    return dsv4_utf8_valid_prefix(s, n, &inc) == n;
+}
+
+static int str_safe(const uint8_t *s, size_t n)
+{
+    for (size_t i = 0; i < n; i++)
+        if (s[i] < 0x20 || s[i] == '"' || s[i] == '\\')
+            return 0;
+    return whole_utf8(s, n);
+}
+
+static int raw_safe(const uint8_t *s, size_t n) { return !memchr(s, '<', n) && !memchr(s, 0, n) && whole_utf8(s, n); }
+
+/* The refs (sorted) that `safe` refuses, into out; returns their number and byte total. */
+static int unsafe_refs(const tok_ref *refs, int m, int (*safe)(const uint8_t *, size_t), uint64_t *bits, tok_ref *out,
+                       size_t *total)
+{
+    int k = 0;
+    *total = 0;
+    for (int i = 0; i < m; i++) {
+        if (safe(refs[i].s, refs[i].n)) {
+            bits[refs[i].id >> 6] |= 1ull << (refs[i].id & 63);
+            continue;
+        }
+        out[k++] = refs[i];
+        *total += refs[i].n;
+    }
+    return k;
+}
 
 dsv4_vocab_trie *dsv4_vocab_trie_new(const dsv4_tokenizer *t, int32_t n_ids, dsv4_err *err)
 {
     const int32_t nt = dsv4_tokenizer_n_vocab(t) < n_ids ? dsv4_tokenizer_n_vocab(t) : n_ids;
     dsv4_vocab_trie *v = dsv4_xcalloc(1, sizeof *v, err);
     tok_ref *refs = dsv4_xmalloc((size_t)(nt > 0 ? nt : 1) * sizeof *refs, err);
-    if (!v || !refs)
+    tok_ref *sub = dsv4_xmalloc((size_t)(nt > 0 ? nt : 1) * sizeof *sub, err);
+    if (!v || !refs || !sub)
         goto fail;
     v->n_ids = n_ids;
     int m = 0;
@@ -75,71 +174,40 @@ dsv4_vocab_trie *dsv4_vocab_trie_new(const dsv4_tokenizer *t, int32_t n_ids, dsv
         }
         refs[m++] = (tok_ref){(const uint8_t *)b, len, id};
         total += len;
+        if ((int)len > v->max_len)
+            v->max_len = (int)len;
     }
     v->id_off = dsv4_xcalloc((size_t)n_ids + 1, sizeof *v->id_off, err);
     v->id_bytes = dsv4_xmalloc(total + 1, err);
-    if (!v->id_off || !v->id_bytes)
+    v->safe_str = dsv4_xcalloc(dsv4_mask_words(n_ids), sizeof *v->safe_str, err);
+    v->safe_raw = dsv4_xcalloc(dsv4_mask_words(n_ids), sizeof *v->safe_raw, err);
+    if (!v->id_off || !v->id_bytes || !v->safe_str || !v->safe_raw)
         goto fail;
-    {
-        uint32_t off = 0;
-        int at = 0;
-        for (int i = 0; i < n_ids; i++) {
-            v->id_off[i] = off;
-            if (at < m && refs[at].id == i) {
-                memcpy(v->id_bytes + off, refs[at].s, refs[at].n);
-                off += (uint32_t)refs[at].n;
-                at++;
-            }
+    uint32_t off = 0;
+    for (int i = 0, at = 0; i < n_ids; i++) { /* refs are in id order here */
+        v->id_off[i] = off;
+        if (at < m && refs[at].id == i) {
+            memcpy(v->id_bytes + off, refs[at].s, refs[at].n);
+            off += (uint32_t)refs[at].n;
+            at++;
         }
-        v->id_off[n_ids] = off;
     }
+    v->id_off[n_ids] = off;
     qsort(refs, (size_t)m, sizeof *refs, cmp_tok);
-    /* at most one node per token byte */
-    v->byte = dsv4_xmalloc(total + 1, err);
-    v->depth = dsv4_xmalloc((total + 1) * sizeof *v->depth, err);
-    v->skip = dsv4_xmalloc((total + 1) * sizeof *v->skip, err);
-    v->tok0 = dsv4_xmalloc((total + 1) * sizeof *v->tok0, err);
-    v->ntok = dsv4_xcalloc(total + 1, sizeof *v->ntok, err);
-    v->ids = dsv4_xmalloc((size_t)(m ? m : 1) * sizeof *v->ids, err);
-    uint32_t *open = dsv4_xmalloc((65536 + 1) * sizeof *open, err); /* node at each depth on the current path */
-    if (!v->byte || !v->depth || !v->skip || !v->tok0 || !v->ntok || !v->ids || !open) {
-        free(open);
+    if (trie_build(&v->all, refs, m, total))
         goto fail;
-    }
-    int n = 0, path = 0; /* path: depth of the current path */
-    const tok_ref *prev = NULL;
-    for (int i = 0; i < m; i++) {
-        const tok_ref *r = &refs[i];
-        v->ids[i] = r->id;
-        size_t lcp = 0;
-        if (prev)
-            while (lcp < prev->n && lcp < r->n && prev->s[lcp] == r->s[lcp])
-                lcp++;
-        /* close the nodes deeper than the shared prefix: their subtrees end here */
-        for (; path > (int)lcp; path--)
-            v->skip[open[path]] = (uint32_t)n;
-        for (size_t d = lcp; d < r->n; d++) {
-            v->byte[n] = r->s[d];
-            v->depth[n] = (uint16_t)(d + 1);
-            v->tok0[n] = 0;
-            open[++path] = (uint32_t)n;
-            n++;
-        }
-        const uint32_t at = open[path];
-        if (!v->ntok[at])
-            v->tok0[at] = (uint32_t)i;
-        v->ntok[at]++;
-        if ((int)r->n > v->max_len)
-            v->max_len = (int)r->n;
-        prev = r;
-    }
-    for (; path > 0; path--)
-        v->skip[open[path]] = (uint32_t)n;
-    v->n = n;
-    free(open);
+    size_t sub_total;
+    int k = unsafe_refs(refs, m, str_safe, v->safe_str, sub, &sub_total);
+    if (trie_build(&v->not_str, sub, k, sub_total))
+        goto fail;
+    k = unsafe_refs(refs, m, raw_safe, v->safe_raw, sub, &sub_total);
+    if (trie_build(&v->not_raw, sub, k, sub_total))
+        goto fail;
+    free(sub);
     free(refs);
     return v;
 fail:
+    free(sub);
     free(refs);
     dsv4_vocab_trie_free(v);
     if (!err->code)
@@ -148,6 +216,24 @@ fail:
 }
 
 size_t dsv4_vocab_trie_scratch(const dsv4_vocab_trie *v) { return (size_t)(v->max_len + 1) * sizeof(dsv4_gstate); }
+
+/* Sets in mask the tokens of t whose bytes s takes. st: [max_len + 1] states. */
+static void walk(const trie *t, const dsv4_grammar *g, const dsv4_gstate *s, uint64_t *mask, dsv4_gstate *st)
+{
+    memcpy(&st[0], s, dsv4_gstate_size(s)); /* st[d]: the state after the path's first d bytes */
+    for (int i = 0; i < t->n;) {
+        const int d = t->depth[i];
+        if (!dsv4_gstate_feed(g, &st[d - 1], t->byte[i], &st[d])) {
+            i = (int)t->skip[i];
+            continue;
+        }
+        for (int k = 0; k < t->ntok[i]; k++) {
+            const int32_t id = t->ids[t->tok0[i] + k];
+            mask[id >> 6] |= 1ull << (id & 63);
+        }
+        i++;
+    }
+}
 
 int dsv4_vocab_trie_mask(const dsv4_vocab_trie *v, const dsv4_grammar *g, const dsv4_gstate *s, const int32_t *eos,
                          int n_eos, uint64_t *mask, void *scratch, dsv4_err *err)
@@ -158,29 +244,29 @@ int dsv4_vocab_trie_mask(const dsv4_vocab_trie *v, const dsv4_grammar *g, const 
         if (!own)
             return -1;
     }
-    dsv4_gstate *st = scratch; /* st[d]: the state after the path's first d bytes */
-    memset(mask, 0, dsv4_mask_words(v->n_ids) * sizeof *mask);
-    memcpy(&st[0], s, dsv4_gstate_size(s));
-    int allowed = 0;
-    for (int i = 0; i < v->n;) {
-        const int d = v->depth[i];
-        if (!dsv4_gstate_feed(g, &st[d - 1], v->byte[i], &st[d])) {
-            i = (int)v->skip[i];
-            continue;
-        }
-        for (int k = 0; k < v->ntok[i]; k++) {
-            const int32_t id = v->ids[v->tok0[i] + k];
-            mask[id >> 6] |= 1ull << (id & 63);
-        }
-        allowed += v->ntok[i];
-        i++;
+    const size_t W = dsv4_mask_words(v->n_ids);
+    memset(mask, 0, W * sizeof *mask);
+    const int free_text = dsv4_gstate_free_text(g, s);
+    const trie *t = &v->all;
+    if (free_text & DSV4_FREE_STRING) {
+        for (size_t w = 0; w < W; w++)
+            mask[w] |= v->safe_str[w];
+        t = &v->not_str;
     }
+    if (free_text & DSV4_FREE_RAW) {
+        for (size_t w = 0; w < W; w++)
+            mask[w] |= v->safe_raw[w];
+        if (t == &v->all)
+            t = &v->not_raw;
+    }
+    walk(t, g, s, mask, scratch);
     if (dsv4_gstate_accepts(g, s))
         for (int k = 0; k < n_eos; k++)
-            if (eos[k] >= 0 && eos[k] < v->n_ids && !(mask[eos[k] >> 6] >> (eos[k] & 63) & 1)) {
+            if (eos[k] >= 0 && eos[k] < v->n_ids)
                 mask[eos[k] >> 6] |= 1ull << (eos[k] & 63);
-                allowed++;
-            }
+    int allowed = 0;
+    for (size_t w = 0; w < W; w++)
+        allowed += __builtin_popcountll(mask[w]);
     free(own);
     return allowed;
 }

@@ -4,7 +4,11 @@
  * The trie holds every token's bytes (dsv4_tokenizer_id_bytes) except special tokens and empty
  * ones, in preorder with subtree skips. A walk feeds each trie edge's byte to a copy of the
  * matcher state one level up; a refused byte skips the whole subtree, so a state that allows
- * little costs little. A token is allowed when every byte of it is taken; an end-of-sequence
+ * little costs little. Free text is the costly case (nearly every token fits), so it has a
+ * shortcut: inside a JSON string without a maximum length every token of whole UTF-8 characters
+ * without '"', '\\' or control bytes is allowed outright and only the other tokens are walked,
+ * over a second trie of those alone; raw text likewise with tokens free of '<' and NUL (a third
+ * trie). A token is allowed when every byte of it is taken; an end-of-sequence
  * id is allowed exactly when the state accepts (the reply is whole), and is then the only way
  * out when nothing may follow.
  *

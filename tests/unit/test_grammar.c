@@ -309,7 +309,7 @@ static void corpus(fixture *fx, int n)
 static const char *TOOLS =
     "[{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"parameters\":{\"type\":\"object\","
     "\"properties\":{\"city\":{\"type\":\"string\",\"maxLength\":10},\"unit\":{\"enum\":[\"C\",\"F\"]},"
-    "\"days\":{\"type\":\"integer\"},\"hourly\":{\"type\":\"boolean\"}},\"required\":[\"city\",\"unit\"]}}},"
+    "\"days\":{\"type\":\"integer\"},\"hourly\":{\"type\":\"boolean\"},\"note\":{\"type\":\"string\"}},\"required\":[\"city\",\"unit\"]}}},"
     "{\"type\":\"function\",\"function\":{\"name\":\"noop\",\"parameters\":{\"type\":\"object\",\"properties\":{}}}}]";
 
 /* Parses a reply with dsml.c: returns the calls (a cJSON array) or NULL. */
@@ -695,6 +695,17 @@ int main(int argc, char **argv)
             cJSON_Delete(v);
         }
         free(text);
+        /* thinking: free reasoning (raw text up to </think>), then the object */
+        dsv4_grammar_opts th = {.thinking = 1};
+        text = generate(&e, dsv4_grammar_json_object(&th, &err), 6, 1.0, 120, &complete);
+        CHECK(text != NULL, "mini thinking json_object");
+        if (text && complete) {
+            const char *end = strstr(text, "</think>");
+            cJSON *v = end ? cJSON_Parse(end + 8) : NULL;
+            CHECK(cJSON_IsObject(v), "mini thinking json_object: %s", text);
+            cJSON_Delete(v);
+        }
+        free(text);
         for (int i = 0; i < n; i++) {
             const cJSON *m = cJSON_GetObjectItemCaseSensitive(fx[i].doc, "match");
             if (m && m->child)
@@ -710,6 +721,7 @@ int main(int argc, char **argv)
         char model[512];
         snprintf(model, sizeof model, "%s/fixtures/v4/v4-tiny-v", check_shared());
         if (!open_env(&e, model, deepseek, "v4-tiny-v")) {
+            e.brute = 1; /* on the first seed: the mask against every one of the 129k ids */
             static const uint64_t ds_seeds[] = {11, 12};
             fixture sub[64];
             int m = 0;
