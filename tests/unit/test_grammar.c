@@ -610,7 +610,7 @@ static void close_env(gen_env *e)
 /* ---- lanes: constrained solo == constrained beside others ------------------------------ */
 
 typedef struct lane_result {
-    int n;
+    int n, n_cached;
     int32_t id[128];
     double lp[128];
 } lane_result;
@@ -634,24 +634,41 @@ static dsv4_request *constrained_req(gen_env *e, const cJSON *schema, uint64_t s
     return r;
 }
 
+static void run_on(dsv4_lanes *l, dsv4_request **rs, int n, lane_result *out);
+
 static void run_lanes(gen_env *e, dsv4_request **rs, int n, int n_lanes, lane_result *out)
 {
     dsv4_err err = {0};
     dsv4_lanes_opts lo = {.n_lanes = n_lanes};
     dsv4_lanes *l = dsv4_lanes_new(e->m, &lo, &err);
+    run_on(l, rs, n, out);
+    dsv4_lanes_free(l);
+}
+
+static void run_on(dsv4_lanes *l, dsv4_request **rs, int n, lane_result *out)
+{
+    dsv4_err err = {0};
     for (int i = 0; i < n; i++)
         CHECK(!dsv4_lanes_submit(l, rs[i], &err), "submit: %s", err.msg);
     while (dsv4_lanes_step(l, &err) > 0)
         ;
     for (int i = 0; i < n; i++) {
         out[i].n = rs[i]->n_out;
+        out[i].n_cached = rs[i]->n_cached;
         for (int k = 0; k < rs[i]->n_out && k < 128; k++) {
             out[i].id[k] = rs[i]->out[k].id;
             out[i].lp[k] = rs[i]->out[k].logprob;
         }
         dsv4_request_release(rs[i]);
     }
-    dsv4_lanes_free(l);
+}
+
+static int same_result(const lane_result *a, const lane_result *b)
+{
+    int same = a->n == b->n;
+    for (int k = 0; same && k < a->n; k++)
+        same = a->id[k] == b->id[k] && !memcmp(&a->lp[k], &b->lp[k], sizeof(double));
+    return same;
 }
 
 static void lanes_case(gen_env *e, const cJSON *schema)
@@ -661,11 +678,22 @@ static void lanes_case(gen_env *e, const cJSON *schema)
     run_lanes(e, &r, 1, 1, &solo);
     dsv4_request *rs[3] = {constrained_req(e, NULL, 3), constrained_req(e, schema, 7), constrained_req(e, schema, 9)};
     run_lanes(e, rs, 3, 3, mixed);
-    int same = solo.n == mixed[1].n;
-    for (int k = 0; same && k < solo.n; k++)
-        same = solo.id[k] == mixed[1].id[k] && !memcmp(&solo.lp[k], &mixed[1].lp[k], sizeof(double));
-    CHECK(same && solo.n > 0, "lanes: a constrained request differs beside others (%d vs %d tokens)", solo.n, mixed[1].n);
-    CHECK(solo.id[solo.n - 1] == e->eos, "lanes: the constrained reply did not end with EOS");
+    CHECK(same_result(&solo, &mixed[1]) && solo.n > 0, "lanes: a constrained request differs beside others (%d vs %d tokens)",
+          solo.n, mixed[1].n);
+    CHECK(solo.n > 0 && solo.id[solo.n - 1] == e->eos, "lanes: the constrained reply did not end with EOS");
+    /* resumed == fresh: the same request again on lanes with a prompt cache resumes its prompt
+     * from the first run's state, and the constraint starts afresh all the same */
+    dsv4_err err = {0};
+    dsv4_lanes_opts lo = {.n_lanes = 2, .cache_bytes = 64u << 20};
+    dsv4_lanes *l = dsv4_lanes_new(e->m, &lo, &err);
+    lane_result first, again;
+    dsv4_request *a = constrained_req(e, schema, 7);
+    run_on(l, &a, 1, &first);
+    dsv4_request *b = constrained_req(e, schema, 7);
+    run_on(l, &b, 1, &again);
+    CHECK(again.n_cached > 0, "lanes: the second run did not resume from the cache");
+    dsv4_lanes_free(l);
+    CHECK(same_result(&first, &solo) && same_result(&again, &solo), "lanes: a resumed constrained request differs from a fresh one");
 }
 
 int main(int argc, char **argv)
