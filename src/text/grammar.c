@@ -683,18 +683,23 @@ int dsv4_gstate_open(const dsv4_grammar *g, const dsv4_gstate *s)
     return open;
 }
 
-int dsv4_gstate_free_text(const dsv4_grammar *g, const dsv4_gstate *s)
+int dsv4_gstate_free_text(const dsv4_grammar *g, const dsv4_gstate *s, uint32_t *str_room)
 {
     int r = 0;
     size_t at = 0;
+    *str_room = 0;
     for (int t = 0; t < s->nt; t++) {
         at += s->len[t];
         if (!s->len[t])
             continue;
         const dsv4_gframe *f = &s->f[at - 1];
         const gnode *n = &g->nodes[f->node];
-        if (n->kind == G_STR && n->max == G_INF && (f->a & 0xFF) == S_BODY && !((f->a >> 8) & 15))
+        if (n->kind == G_STR && (f->a & 0xFF) == S_BODY && !((f->a >> 8) & 15)) {
+            const uint32_t room = n->max == G_INF ? UINT32_MAX : n->max - f->b;
             r |= DSV4_FREE_STRING;
+            if (room > *str_room)
+                *str_room = room;
+        }
         if (n->kind == G_RAW && n->max == G_INF && !(f->a & 0xFFF) && n->lit[0] == '<')
             r |= DSV4_FREE_RAW;
     }

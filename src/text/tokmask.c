@@ -18,10 +18,17 @@ typedef struct trie {
 /* Free-text shortcut: inside a free JSON string every string-safe token (no '"', '\\' or
  * control byte, whole UTF-8 characters) keeps the state alive, so only the other tokens need a
  * walk, over a trie of those alone; likewise for raw text and tokens without '<' or NUL. */
+enum { SHORT_CHARS = 32 }; /* string-safe tokens of up to this many characters are bucketed */
+
 struct dsv4_vocab_trie {
     int32_t n_ids;
     trie all, not_str, not_raw;
     uint64_t *safe_str, *safe_raw; /* [words] */
+    /* a bounded string (maxLength) with room for k more characters allows the string-safe
+     * tokens of at most k characters: safe_le[k] (k <= SHORT_CHARS) holds them, and not_short
+     * the tokens left to walk (not safe, or longer than SHORT_CHARS characters) */
+    uint64_t *safe_le;             /* [SHORT_CHARS + 1][words] */
+    trie not_short;
     int max_len;
     uint32_t *id_off;   /* [n_ids + 1] each id's bytes in id_bytes (empty: not in the trie) */
     uint8_t *id_bytes;
@@ -63,6 +70,8 @@ void dsv4_vocab_trie_free(dsv4_vocab_trie *v)
     trie_free(&v->all);
     trie_free(&v->not_str);
     trie_free(&v->not_raw);
+    trie_free(&v->not_short);
+    free(v->safe_le);
     free(v->safe_str);
     free(v->safe_raw);
     free(v->id_off);
@@ -133,6 +142,16 @@ static int str_safe(const uint8_t *s, size_t n)
     return whole_utf8(s, n);
 }
 
+static size_t n_chars(const uint8_t *s, size_t n)
+{
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        k += (s[i] & 0xC0) != 0x80;
+    return k;
+}
+
+static int short_safe(const uint8_t *s, size_t n) { return str_safe(s, n) && n_chars(s, n) <= SHORT_CHARS; }
+
 static int raw_safe(const uint8_t *s, size_t n) { return !memchr(s, '<', n) && !memchr(s, 0, n) && whole_utf8(s, n); }
 
 /* The refs (sorted) that `safe` refuses, into out; returns their number and byte total. */
@@ -181,7 +200,8 @@ dsv4_vocab_trie *dsv4_vocab_trie_new(const dsv4_tokenizer *t, int32_t n_ids, dsv
     v->id_bytes = dsv4_xmalloc(total + 1, err);
     v->safe_str = dsv4_xcalloc(dsv4_mask_words(n_ids), sizeof *v->safe_str, err);
     v->safe_raw = dsv4_xcalloc(dsv4_mask_words(n_ids), sizeof *v->safe_raw, err);
-    if (!v->id_off || !v->id_bytes || !v->safe_str || !v->safe_raw)
+    v->safe_le = dsv4_xcalloc((SHORT_CHARS + 1) * dsv4_mask_words(n_ids), sizeof *v->safe_le, err);
+    if (!v->id_off || !v->id_bytes || !v->safe_str || !v->safe_raw || !v->safe_le)
         goto fail;
     uint32_t off = 0;
     for (int i = 0, at = 0; i < n_ids; i++) { /* refs are in id order here */
@@ -203,6 +223,15 @@ dsv4_vocab_trie *dsv4_vocab_trie_new(const dsv4_tokenizer *t, int32_t n_ids, dsv
     k = unsafe_refs(refs, m, raw_safe, v->safe_raw, sub, &sub_total);
     if (trie_build(&v->not_raw, sub, k, sub_total))
         goto fail;
+    const size_t W = dsv4_mask_words(n_ids);
+    k = unsafe_refs(refs, m, short_safe, v->safe_le, sub, &sub_total); /* safe_le[0] as scratch */
+    if (trie_build(&v->not_short, sub, k, sub_total))
+        goto fail;
+    memset(v->safe_le, 0, W * sizeof *v->safe_le);
+    for (int i = 0; i < m; i++)
+        if (short_safe(refs[i].s, refs[i].n))
+            for (size_t c = n_chars(refs[i].s, refs[i].n); c <= SHORT_CHARS; c++)
+                v->safe_le[c * W + (refs[i].id >> 6)] |= 1ull << (refs[i].id & 63);
     free(sub);
     free(refs);
     return v;
@@ -246,14 +275,22 @@ int dsv4_vocab_trie_mask(const dsv4_vocab_trie *v, const dsv4_grammar *g, const 
     }
     const size_t W = dsv4_mask_words(v->n_ids);
     memset(mask, 0, W * sizeof *mask);
-    const int free_text = dsv4_gstate_free_text(g, s);
+    uint32_t room;
+    const int free_text = dsv4_gstate_free_text(g, s, &room);
     const trie *t = &v->all;
-    if (free_text & DSV4_FREE_STRING) {
+    if ((free_text & DSV4_FREE_STRING) && room == UINT32_MAX) {
         for (size_t w = 0; w < W; w++)
             mask[w] |= v->safe_str[w];
         t = &v->not_str;
+    } else if ((free_text & DSV4_FREE_STRING) && s->nt == 1) {
+        /* one thread in a bounded string: the safe tokens that fit its room are allowed and
+         * those that do not are refused (no other thread could take them); the rest is walked */
+        const uint64_t *le = v->safe_le + (size_t)(room < SHORT_CHARS ? room : SHORT_CHARS) * W;
+        for (size_t w = 0; w < W; w++)
+            mask[w] |= le[w];
+        t = &v->not_short;
     }
-    if (free_text & DSV4_FREE_RAW) {
+    if ((free_text & DSV4_FREE_RAW) && (t == &v->all || t == &v->not_str)) {
         for (size_t w = 0; w < W; w++)
             mask[w] |= v->safe_raw[w];
         if (t == &v->all)
