@@ -495,6 +495,7 @@ static int take_token_locked(dsv4_lanes *l, lane *ln, const dsv4_sample_out *o)
     int stop = 0;
     for (int i = 0; i < r->n_stop_ids; i++)
         stop |= o->id == r->stop_ids[i];
+    stop |= r->constraint && dsv4_constraint_ended(r->constraint); /* its end-of-sequence id, stop ids or not */
     /* forced tokens all go through; the last one's being a stop id says why it ended */
     if (stop && (!r->forced || r->n_out == r->n_forced))
         return DSV4_FINISH_STOP;

@@ -610,7 +610,7 @@ static void close_env(gen_env *e)
 /* ---- lanes: constrained solo == constrained beside others ------------------------------ */
 
 typedef struct lane_result {
-    int n, n_cached;
+    int n, n_cached, finish;
     int32_t id[128];
     double lp[128];
 } lane_result;
@@ -655,6 +655,7 @@ static void run_on(dsv4_lanes *l, dsv4_request **rs, int n, lane_result *out)
     for (int i = 0; i < n; i++) {
         out[i].n = rs[i]->n_out;
         out[i].n_cached = rs[i]->n_cached;
+        out[i].finish = rs[i]->finish;
         for (int k = 0; k < rs[i]->n_out && k < 128; k++) {
             out[i].id[k] = rs[i]->out[k].id;
             out[i].lp[k] = rs[i]->out[k].logprob;
@@ -694,6 +695,15 @@ static void lanes_case(gen_env *e, const cJSON *schema)
     CHECK(again.n_cached > 0, "lanes: the second run did not resume from the cache");
     dsv4_lanes_free(l);
     CHECK(same_result(&first, &solo) && same_result(&again, &solo), "lanes: a resumed constrained request differs from a fresh one");
+    /* without stop ids the constraint's end still stops the request */
+    lane_result bare;
+    dsv4_request *c = constrained_req(e, schema, 7);
+    free(c->stop_ids);
+    c->stop_ids = NULL;
+    c->n_stop_ids = 0;
+    run_lanes(e, &c, 1, 1, &bare);
+    CHECK(same_result(&bare, &solo) && bare.finish == DSV4_FINISH_STOP, "lanes: the constraint's end did not stop the request (finish %d)",
+          bare.finish);
 }
 
 int main(int argc, char **argv)
