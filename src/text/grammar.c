@@ -683,11 +683,14 @@ int dsv4_gstate_open(const dsv4_grammar *g, const dsv4_gstate *s)
     return open;
 }
 
-int dsv4_gstate_free_text(const dsv4_grammar *g, const dsv4_gstate *s, uint32_t *str_room)
+int dsv4_gstate_free_text(const dsv4_grammar *g, const dsv4_gstate *s, uint32_t *str_room, const uint8_t **raw_rest,
+                          size_t *raw_rest_n)
 {
     int r = 0;
     size_t at = 0;
     *str_room = 0;
+    *raw_rest = NULL;
+    *raw_rest_n = 0;
     for (int t = 0; t < s->nt; t++) {
         at += s->len[t];
         if (!s->len[t])
@@ -700,8 +703,17 @@ int dsv4_gstate_free_text(const dsv4_grammar *g, const dsv4_gstate *s, uint32_t 
             if (room > *str_room)
                 *str_room = room;
         }
-        if (n->kind == G_RAW && n->max == G_INF && !(f->a & 0xFFF) && n->lit[0] == '<')
-            r |= DSV4_FREE_RAW;
+        if (n->kind == G_RAW && n->max == G_INF && !(f->a & 0xF00) && n->lit[0] == '<') {
+            const uint32_t p = f->a & 0xFF;
+            if (!p)
+                r |= DSV4_FREE_RAW;
+            else if (!*raw_rest || (*raw_rest_n == n->len - p && !memcmp(*raw_rest, n->lit + p, *raw_rest_n))) {
+                r |= DSV4_FREE_RAW_AFTER;
+                *raw_rest = n->lit + p;
+                *raw_rest_n = n->len - p;
+            } else
+                return r & ~DSV4_FREE_RAW_AFTER; /* two different pending rests: no shortcut for them */
+        }
     }
     return r;
 }

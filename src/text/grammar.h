@@ -78,15 +78,18 @@ int dsv4_gstate_accepts(const dsv4_grammar *g, const dsv4_gstate *s);
 /* 1 when some byte may still follow (0 once the reply is complete and nothing can extend it). */
 int dsv4_gstate_open(const dsv4_grammar *g, const dsv4_gstate *s);
 
-/* Where the state sits in free text, for the mask's shortcut: bit DSV4_FREE_STRING when some
- * thread is inside a JSON string at a character boundary (any run of string-safe characters, at
- * most *str_room of them, keeps it alive; *str_room is UINT32_MAX without a maximum length, else
- * the largest number of characters any such thread may still take); bit DSV4_FREE_RAW when some
- * thread is inside raw text without a maximum whose marker starts with '<', at a character
- * boundary and with no marker byte pending (any run of characters without '<' or NUL keeps it
- * alive). */
-enum { DSV4_FREE_STRING = 1, DSV4_FREE_RAW = 2 };
-int dsv4_gstate_free_text(const dsv4_grammar *g, const dsv4_gstate *s, uint32_t *str_room);
+/* Where the state sits in free text, for the mask's shortcut:
+ * - DSV4_FREE_STRING: some thread is inside a JSON string at a character boundary; any run of
+ *   string-safe characters, at most *str_room of them, keeps it alive (*str_room is UINT32_MAX
+ *   without a maximum length, else the most characters any such thread may still take);
+ * - DSV4_FREE_RAW: some thread is inside raw text without a maximum whose marker starts with
+ *   '<', at a character boundary, with no marker byte pending: any run of characters without
+ *   '<' or NUL keeps it alive;
+ * - DSV4_FREE_RAW_AFTER: as FREE_RAW but with part of the marker just read; then such a run
+ *   keeps it alive unless it starts with the rest of the marker (*raw_rest, *raw_rest_n bytes). */
+enum { DSV4_FREE_STRING = 1, DSV4_FREE_RAW = 2, DSV4_FREE_RAW_AFTER = 4 };
+int dsv4_gstate_free_text(const dsv4_grammar *g, const dsv4_gstate *s, uint32_t *str_room, const uint8_t **raw_rest,
+                          size_t *raw_rest_n);
 
 /* Whole-text check: 1 when text[0..n) is a complete reply of g. */
 int dsv4_grammar_matches(const dsv4_grammar *g, const char *text, size_t n);

@@ -246,11 +246,13 @@ fail:
 
 size_t dsv4_vocab_trie_scratch(const dsv4_vocab_trie *v) { return (size_t)(v->max_len + 1) * sizeof(dsv4_gstate); }
 
-/* Sets in mask the tokens of t whose bytes s takes. st: [max_len + 1] states. */
-static void walk(const trie *t, const dsv4_grammar *g, const dsv4_gstate *s, uint64_t *mask, dsv4_gstate *st)
+/* Sets in mask the tokens of t's nodes [from, to) (whole subtrees) whose bytes s takes.
+ * st: [max_len + 1] states. */
+static void walk(const trie *t, int from, int to, const dsv4_grammar *g, const dsv4_gstate *s, uint64_t *mask,
+                 dsv4_gstate *st)
 {
     memcpy(&st[0], s, dsv4_gstate_size(s)); /* st[d]: the state after the path's first d bytes */
-    for (int i = 0; i < t->n;) {
+    for (int i = from; i < to;) {
         const int d = t->depth[i];
         if (!dsv4_gstate_feed(g, &st[d - 1], t->byte[i], &st[d])) {
             i = (int)t->skip[i];
@@ -262,6 +264,22 @@ static void walk(const trie *t, const dsv4_grammar *g, const dsv4_gstate *s, uin
         }
         i++;
     }
+}
+
+/* The node reached by the bytes p[0..n) from the root, or -1. */
+static int trie_find(const trie *t, const uint8_t *p, size_t n)
+{
+    int i = 0, found = -1;
+    for (size_t d = 0; d < n; d++) {
+        /* the children of the node found so far (the root's: depth 1) start at i */
+        const int end = found < 0 ? t->n : (int)t->skip[found];
+        while (i < end && t->byte[i] != p[d])
+            i = (int)t->skip[i];
+        if (i >= end)
+            return -1;
+        found = i++;
+    }
+    return found;
 }
 
 int dsv4_vocab_trie_mask(const dsv4_vocab_trie *v, const dsv4_grammar *g, const dsv4_gstate *s, const int32_t *eos,
@@ -276,7 +294,9 @@ int dsv4_vocab_trie_mask(const dsv4_vocab_trie *v, const dsv4_grammar *g, const 
     const size_t W = dsv4_mask_words(v->n_ids);
     memset(mask, 0, W * sizeof *mask);
     uint32_t room;
-    const int free_text = dsv4_gstate_free_text(g, s, &room);
+    const uint8_t *rest;
+    size_t rest_n;
+    const int free_text = dsv4_gstate_free_text(g, s, &room, &rest, &rest_n);
     const trie *t = &v->all;
     if ((free_text & DSV4_FREE_STRING) && room == UINT32_MAX) {
         for (size_t w = 0; w < W; w++)
@@ -296,7 +316,25 @@ int dsv4_vocab_trie_mask(const dsv4_vocab_trie *v, const dsv4_grammar *g, const 
         if (t == &v->all)
             t = &v->not_raw;
     }
-    walk(t, g, s, mask, scratch);
+    if (t == &v->all && !(free_text & DSV4_FREE_RAW) && (free_text & DSV4_FREE_RAW_AFTER)) {
+        /* raw text with part of its marker read: the safe tokens are allowed but for those
+         * starting with the marker's rest, which are walked (that subtree of the whole trie),
+         * as are the unsafe ones */
+        for (size_t w = 0; w < W; w++)
+            mask[w] |= v->safe_raw[w];
+        const int i0 = trie_find(&v->all, rest, rest_n);
+        if (i0 >= 0) {
+            const int i1 = (int)v->all.skip[i0];
+            for (int i = i0; i < i1; i++)
+                for (int k = 0; k < v->all.ntok[i]; k++) {
+                    const int32_t id = v->all.ids[v->all.tok0[i] + k];
+                    mask[id >> 6] &= ~(1ull << (id & 63));
+                }
+            walk(&v->all, i0, i1, g, s, mask, scratch);
+        }
+        t = &v->not_raw;
+    }
+    walk(t, 0, t->n, g, s, mask, scratch);
     if (dsv4_gstate_accepts(g, s))
         for (int k = 0; k < n_eos; k++)
             if (eos[k] >= 0 && eos[k] < v->n_ids)

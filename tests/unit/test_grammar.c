@@ -421,6 +421,59 @@ static void brute_mask(const dsv4_tokenizer *tok, int32_t n_ids, const dsv4_gram
     free(t);
 }
 
+/* Masks at chosen states (free and bounded strings, raw text with a marker prefix just read,
+ * a character cut in two) against brute force. */
+static void mask_cases(const dsv4_tokenizer *tok, const dsv4_vocab_trie *trie, int32_t n_ids, int32_t eos, const char *label)
+{
+    cJSON *tools = cJSON_Parse(TOOLS);
+    const char *schema_s = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\"},\"b\":{\"type\":\"string\","
+                           "\"maxLength\":3},\"c\":{\"anyOf\":[{\"type\":\"string\",\"maxLength\":2},{\"enum\":[\"abcdefgh\"]}]}},"
+                           "\"required\":[\"a\",\"b\",\"c\"],\"additionalProperties\":false}";
+    cJSON *schema = cJSON_Parse(schema_s);
+    const char *P = "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n<｜DSML｜ parameter name=\"city\" string=\"true\">";
+    const char *N = "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"get_weather\">\n<｜DSML｜ parameter name=\"city\" string=\"true\">"
+                    "x</｜DSML｜ parameter>\n<｜DSML｜ parameter name=\"unit\" string=\"true\">C</｜DSML｜ parameter>\n"
+                    "<｜DSML｜ parameter name=\"note\" string=\"true\">";
+    struct {
+        int kind; /* 0 schema, 1 tools, 2 thinking json_object */
+        const char *head, *tail;
+    } cases[] = {
+        {0, "{\"a\":\"", ""}, {0, "{\"a\":\"x", "\xc3"}, {0, "{\"a\":\"x", "\xe6\x97"}, {0, "{\"a\":\"x\\", ""},
+        {0, "{\"a\":\"\",\"b\":\"", ""}, {0, "{\"a\":\"\",\"b\":\"ab", ""}, {0, "{\"a\":\"\",\"b\":\"abc", ""},
+        {0, "{\"a\":\"\",\"b\":\"\",\"c\":\"", ""}, {0, "{\"a\":\"\",\"b\":\"\",\"c\":\"ab", ""},
+        {1, P, ""}, {1, P, "Par"}, {1, N, ""}, {1, N, "some <"}, {1, N, "a</"}, {1, N, "a</｜"}, {1, N, "a</｜DSM"},
+        {2, "", ""}, {2, "hmm </", ""}, {2, "hmm </th", ""}, {2, "x</think>", ""},
+    };
+    dsv4_err err = {0};
+    dsv4_grammar_opts th = {.thinking = 1};
+    dsv4_grammar *gs[3] = {dsv4_grammar_json_schema(schema, NULL, &err), dsv4_grammar_tool_call(tools, NULL, NULL, &err),
+                           dsv4_grammar_json_object(&th, &err)};
+    CHECK(gs[0] && gs[1] && gs[2], "mask cases: %s", err.msg);
+    const size_t W = dsv4_mask_words(n_ids);
+    uint64_t *a = malloc(W * 8), *b = malloc(W * 8);
+    dsv4_gstate *st = malloc(sizeof *st);
+    for (size_t i = 0; i < sizeof cases / sizeof *cases && gs[0] && gs[1] && gs[2]; i++) {
+        const dsv4_grammar *g = gs[cases[i].kind];
+        dsv4_gstate_init(g, st);
+        int ok = dsv4_gstate_feed_bytes(g, st, cases[i].head, strlen(cases[i].head)) &&
+                 dsv4_gstate_feed_bytes(g, st, cases[i].tail, strlen(cases[i].tail));
+        CHECK(ok, "%s mask case %zu: the prefix is refused", label, i);
+        if (!ok)
+            continue;
+        int n = dsv4_vocab_trie_mask(trie, g, st, &eos, 1, a, NULL, &err);
+        brute_mask(tok, n_ids, g, st, eos, b);
+        CHECK(n >= 0 && !memcmp(a, b, W * 8), "%s mask case %zu (%s|%s): the trie mask differs from brute force", label, i,
+              cases[i].head, cases[i].tail);
+    }
+    free(st);
+    free(a);
+    free(b);
+    for (int k = 0; k < 3; k++)
+        dsv4_grammar_free(gs[k]);
+    cJSON_Delete(schema);
+    cJSON_Delete(tools);
+}
+
 /* ---- generation ------------------------------------------------------------------------ */
 
 typedef struct gen_env {
@@ -721,6 +774,7 @@ int main(int argc, char **argv)
     gen_env e;
     if (!open_env(&e, "models/mini", "models/mini", "mini")) {
         e.brute = 1; /* 4,096 ids: brute force is cheap */
+        mask_cases(e.tok, e.trie, e.vocab, e.eos, "mini");
         gen_schemas(&e, fx, n, seeds, 3, 200);
         /* json_object with the trained model: whatever it writes is a prefix of an object, and
          * when it ends, it is one */
@@ -760,6 +814,7 @@ int main(int argc, char **argv)
         snprintf(model, sizeof model, "%s/fixtures/v4/v4-tiny-v", check_shared());
         if (!open_env(&e, model, deepseek, "v4-tiny-v")) {
             e.brute = 1; /* on the first seed: the mask against every one of the 129k ids */
+            mask_cases(e.tok, e.trie, e.vocab, e.eos, "v4-tiny-v");
             static const uint64_t ds_seeds[] = {11, 12};
             fixture sub[64];
             int m = 0;
