@@ -223,6 +223,47 @@ int g_finish(dsv4_grammar *g, uint32_t root)
             }
         }
     }
+    /* first bytes, to drop a child that cannot take the byte before pushing it */
+    g->first = calloc(g->n ? g->n : 1, sizeof *g->first);
+    if (!g->first)
+        return -1;
+    for (uint32_t i = 0; i < g->n; i++) {
+        const gnode *n = &g->nodes[i];
+        uint64_t *f = g->first[i];
+#define ADD(c) (f[(uint8_t)(c) >> 6] |= 1ull << ((uint8_t)(c) & 63))
+        switch (n->kind) {
+        case G_LIT: if (n->len) ADD(n->lit[0]); break;
+        case G_LITSET:
+            for (uint32_t k = 0; k < n->n_lits; k++)
+                if (n->lens[k])
+                    ADD(n->lits[k][0]);
+            break;
+        case G_WS: ADD(' '); ADD('\n'); ADD('\t'); ADD('\r'); break;
+        case G_CLASS: memcpy(f, n->cls, sizeof n->cls); break;
+        case G_STR: ADD('"'); break;
+        case G_RAW: for (int c = 1; c < 256; c++) ADD(c); break;
+        case G_NUM: ADD('-'); for (int c = '0'; c <= '9'; c++) ADD(c); break;
+        default: break;
+        }
+#undef ADD
+    }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (uint32_t i = 0; i < g->n; i++) {
+            const gnode *n = &g->nodes[i];
+            uint32_t nk = n->kind == G_REP ? 1 : n->kind >= G_SEQ ? n->n_kids : 0;
+            for (uint32_t k = 0; k < nk; k++) {
+                const uint64_t *kf = g->first[n->kids[k]];
+                for (int w = 0; w < 4; w++)
+                    if (kf[w] & ~g->first[i][w]) {
+                        g->first[i][w] |= kf[w];
+                        changed = 1;
+                    }
+                if (n->kind == G_SEQ && !g->nullable[n->kids[k]])
+                    break; /* later children start a match only after this one matched something */
+            }
+        }
+    }
     return 0;
 }
 
@@ -241,6 +282,7 @@ void dsv4_grammar_free(dsv4_grammar *g)
     }
     free(g->nodes);
     free(g->nullable);
+    free(g->first);
     free(g);
 }
 
@@ -606,6 +648,8 @@ static void deliver(emitter *e, dsv4_gframe *stk, int d, uint8_t c)
             s[d - 1] = par;
         if (dd == DSV4_G_MAXD)
             continue;
+        if (!g->nullable[kid] && !(g->first[kid][c >> 6] >> (c & 63) & 1))
+            continue; /* the child cannot start with c */
         s[dd] = (dsv4_gframe){kid, 0, 0};
         deliver(e, s, dd + 1, c);
     }

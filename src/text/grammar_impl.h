@@ -39,6 +39,7 @@ struct dsv4_grammar {
     uint32_t n, cap;
     uint32_t root;
     uint8_t *nullable;         /* [n] the node can match the empty string */
+    uint64_t (*first)[4];      /* [n] the bytes a match of the node can start with */
     int oom;
 };
 
