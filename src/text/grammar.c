@@ -391,7 +391,15 @@ static int leaf_step(const gnode *n, dsv4_gframe *f, uint8_t c)
         }
         return 0;
     case G_CLASS:
-        if (f->a < n->max && (n->cls[c >> 6] >> (c & 63) & 1)) {
+        if (!(n->cls[c >> 6] >> (c & 63) & 1))
+            return 0;
+        /* without a maximum the count stops at min, so a long run's states repeat (and share
+         * cached masks) */
+        if (n->max == G_INF) {
+            f->a += f->a < n->min;
+            return 1;
+        }
+        if (f->a < n->max) {
             f->a++;
             return 1;
         }
