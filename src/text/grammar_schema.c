@@ -203,10 +203,8 @@ static uint32_t enum_node(g_schema_ctx *c, const cJSON *s, unsigned types, int r
     for (; v && !bad; v = e ? v->next : NULL) {
         if (types && !(value_types(v) & types))
             continue;
-        if (raw && !cJSON_IsString(v)) {
-            bad = 1;
-            break;
-        }
+        if (raw && !cJSON_IsString(v))
+            continue; /* raw text can only spell strings */
         lits[m] = raw ? strdup(v->valuestring) : cJSON_PrintUnformatted(v);
         if (!lits[m]) {
             bad = 1;
