@@ -14,9 +14,9 @@
  * Termination: every grammar ends where its value ends; dsv4_gstate_accepts says the bytes so
  * far form a whole reply (end of sequence allowed) and dsv4_gstate_open that more bytes may
  * still follow. Every live thread can be completed: nesting is bounded (generic JSON turns to
- * scalars once a thread is 4·DSV4_G_NEST frames deep: 31 nested arrays), whitespace runs are bounded (max_ws bytes), numbers are
- * bounded in digits, so the only unbounded parts are string and reasoning contents, which
- * max_tokens bounds.
+ * scalars once a thread is 4·DSV4_G_NEST frames deep: 31 nested arrays), whitespace runs are
+ * bounded (max_ws bytes), numbers are bounded in digits, so the only unbounded parts are string
+ * and reasoning contents, which max_tokens bounds.
  *
  * Object members are generated in the schema's property order (a required one must appear, an
  * optional one may be skipped), as OpenAI's structured outputs write them; a JSON text with
