@@ -2,6 +2,8 @@
  *  - the schema corpus (tests/fixtures/schemas): each compiles, accepts its `match` texts whole
  *    and refuses its `no_match` ones; refused.json's schemas are refused naming the keyword;
  *  - the forced DSML tool call: a rendered call matches, and dsml.c parses what it matches;
+ *  - the sampler's mask: greedy ties to the lower allowed id, logprobs of the masked
+ *    distribution, draws only of allowed ids, an empty mask an error;
  *  - the trie mask equals brute force (every id's bytes fed to the state), with and without
  *    the cache, along generated replies;
  *  - generation with models/mini (its 4,096-id tokenizer) under every corpus schema, json_object
@@ -395,6 +397,61 @@ static void tool_calls(void)
     cJSON_Delete(tools);
 }
 
+/* ---- the sampler's mask step ------------------------------------------------------------ */
+
+static void sampler_mask(void)
+{
+    enum { V = 130 };
+    float logits[V];
+    for (int v = 0; v < V; v++)
+        logits[v] = (float)((v * 37) % 11) * 0.5f;
+    logits[3] = 9.0f;  /* the unmasked favourite, masked out below */
+    logits[70] = 4.0f; /* tied best among the allowed ids */
+    logits[90] = 4.0f;
+    logits[5] = 1.0f;
+    logits[129] = -2.0f;
+    uint64_t allow[(V + 63) / 64] = {0};
+    const int ok_ids[] = {5, 70, 90, 129};
+    for (int i = 0; i < 4; i++)
+        allow[ok_ids[i] >> 6] |= 1ull << (ok_ids[i] & 63);
+    dsv4_err err = {0};
+    dsv4_sampler s;
+    dsv4_sampler_init(&s, V, NULL, 0, &err);
+    dsv4_sample_params p;
+    dsv4_sample_params_default(&p);
+    p.temperature = 0;
+    p.n_top_logprobs = 6;
+    p.allow = allow;
+    dsv4_sample_out o;
+    CHECK(!dsv4_sample(&s, &p, logits, 0, &o, &err) && o.id == 70, "mask, greedy: %d (want 70, the lower of a tie)", o.id);
+    /* logprobs are of the masked distribution: the allowed ids' probabilities sum to one, and
+     * only they are listed */
+    double sum = 0;
+    for (int i = 0; i < o.n_top; i++)
+        sum += exp(o.top_logprobs[i]);
+    int listed_ok = o.n_top == 4;
+    for (int i = 0; i < o.n_top; i++)
+        listed_ok &= allow[o.top_ids[i] >> 6] >> (o.top_ids[i] & 63) & 1;
+    CHECK(listed_ok && fabs(sum - 1) < 1e-12, "mask: top alternatives %d, mass %.17g", o.n_top, sum);
+    const double lse = log(exp(logits[5]) + exp(logits[70]) + exp(logits[90]) + exp(logits[129]));
+    CHECK(fabs(o.logprob - (logits[70] - lse)) < 1e-12, "mask: logprob %.17g", o.logprob);
+    /* seeded draws only ever give allowed ids, and the same key the same id */
+    p.temperature = 1.0;
+    p.top_p = 0.9;
+    for (int pos = 0; pos < 200; pos++) {
+        p.seed = 99;
+        dsv4_sample_out a, b;
+        dsv4_sample(&s, &p, logits, pos, &a, &err);
+        dsv4_sample(&s, &p, logits, pos, &b, &err);
+        CHECK((allow[a.id >> 6] >> (a.id & 63) & 1) && a.id == b.id, "mask: draw at %d gave %d", pos, a.id);
+    }
+    /* a mask that allows nothing is an error, not a draw */
+    uint64_t none[(V + 63) / 64] = {0};
+    p.allow = none;
+    CHECK(dsv4_sample(&s, &p, logits, 0, &o, &err) && strstr(err.msg, "allows no token"), "mask: empty: %s", err.msg);
+    dsv4_sampler_free(&s);
+}
+
 /* ---- masks ----------------------------------------------------------------------------- */
 
 /* The mask by brute force: every id's bytes through the state. */
@@ -769,6 +826,7 @@ int main(int argc, char **argv)
     int n = load_corpus(fx, 64);
     corpus(fx, n);
     tool_calls();
+    sampler_mask();
 
     static const uint64_t seeds[] = {0, 1, 2};
     gen_env e;
