@@ -27,6 +27,7 @@ int dsv4_cmd_quantize(int argc, char **argv);
 int dsv4_cmd_info(int argc, char **argv);
 int dsv4_cmd_logits(int argc, char **argv);
 int dsv4_cmd_generate(int argc, char **argv);
+int dsv4_cmd_constrain(int argc, char **argv);
 int dsv4_cmd_bench(int argc, char **argv);
 int dsv4_cmd_synth(int argc, char **argv);
 int dsv4_cmd_engram_bench(int argc, char **argv);

@@ -52,6 +52,7 @@ static const dsv4_cmd commands[] = {
     {"info", "summarise a checkpoint: config, layer schedule, tensors, bytes by storage form", dsv4_cmd_info},
     {"logits", "write float32 logits for every position of an id sequence", dsv4_cmd_logits},
     {"generate", "greedy generation from token ids", dsv4_cmd_generate},
+    {"constrain", "constrained decoding: JSON object, JSON Schema or forced tool call; --check, --bench", dsv4_cmd_constrain},
     {"bench", "load, prefill and decode speed; --synthetic v4-flash for real shapes without a file", dsv4_cmd_bench},
     {"synth", "write a random-weight checkpoint (tiny default, or V4-Flash shapes)", dsv4_cmd_synth},
     {"engram-bench", "Engram table rows/s, resident and streamed, cold and warm, on a synthetic table", dsv4_cmd_engram_bench},

@@ -96,6 +96,7 @@ static void request_free(dsv4_request *r)
     free(r->out);
     free(r->prompt_lp);
     free(r->forced);
+    dsv4_constraint_free(r->constraint);
     free(r);
 }
 
@@ -422,6 +423,8 @@ int dsv4_lanes_submit(dsv4_lanes *l, dsv4_request *r, dsv4_err *err)
             if (r->forced[i] < 0 || r->forced[i] >= l->vocab)
                 return dsv4_fail(err, DSV4_E_ARG, "forced token %d (id %d) is outside the vocabulary of %d", i, r->forced[i], l->vocab);
     }
+    if (r->forced && r->constraint)
+        return dsv4_fail(err, DSV4_E_ARG, "forced tokens and a constraint cannot be combined");
     if (r->prompt_logprobs && !r->prompt_lp) { /* kept over resubmissions after a full queue */
         r->prompt_lp = dsv4_xmalloc((size_t)r->n_prompt * sizeof *r->prompt_lp, err);
         if (!r->prompt_lp)
@@ -506,6 +509,18 @@ static void admit_locked(dsv4_lanes *l)
     }
 }
 
+/* Samples at position pos under the request's constraint (its mask, then its state takes the
+ * token). */
+static int sample_constrained(lane *ln, dsv4_request *r, const float *row, int64_t pos, dsv4_sample_out *o, dsv4_err *err)
+{
+    dsv4_sample_params sp = r->sp;
+    sp.allow = dsv4_constraint_next_mask(r->constraint, err);
+    if (!sp.allow)
+        return err->code;
+    int rc = dsv4_sample(&ln->smp, &sp, row, pos, o, err);
+    return rc ? rc : dsv4_constraint_accept(r->constraint, o->id, err);
+}
+
 /* Records one sampled token; returns a finish reason or NONE. Lock held. */
 static int take_token_locked(dsv4_lanes *l, lane *ln, const dsv4_sample_out *o)
 {
@@ -530,6 +545,7 @@ static int take_token_locked(dsv4_lanes *l, lane *ln, const dsv4_sample_out *o)
     int stop = 0;
     for (int i = 0; i < r->n_stop_ids; i++)
         stop |= o->id == r->stop_ids[i];
+    stop |= r->constraint && dsv4_constraint_ended(r->constraint); /* its end-of-sequence id, stop ids or not */
     /* forced tokens all go through; the last one's being a stop id says why it ended */
     if (stop && (!r->forced || r->n_out == r->n_forced))
         return DSV4_FINISH_STOP;
@@ -562,9 +578,10 @@ static int plan_draft(dsv4_lanes *l, lane *ln, int budget)
 }
 
 /* Draws a drafting lane's rows in order (row t at position L + 1 + t for a sequence of L
- * tokens before the step, as plain steps draw), each recorded in the penalty history before
- * the next, until one differs from the proposal, is a stop id, or is the last token the request
- * may take. Returns 0 or an error code (message in se). */
+ * tokens before the step, as plain steps draw; under the request's constraint when it has one),
+ * each recorded in the penalty history (and the constraint) before the next, until one differs
+ * from the proposal, is a stop id, ends the constraint, or is the last token the request may
+ * take. Returns 0 or an error code (message in se). */
 static int draw_rows(lane *ln, const float *row0, int V, dsv4_err *se)
 {
     dsv4_request *r = ln->req;
@@ -573,12 +590,14 @@ static int draw_rows(lane *ln, const float *row0, int V, dsv4_err *se)
     ln->n_draws = 0;
     for (int t = 0; t <= nd; t++) {
         dsv4_sample_out *o = &ln->draws[t];
-        int rc = dsv4_sample(&ln->smp, &r->sp, row0 + (size_t)t * V, L0 + 1 + t, o, se);
+        const float *row = row0 + (size_t)t * V;
+        int rc = r->constraint ? sample_constrained(ln, r, row, L0 + 1 + t, o, se)
+                               : dsv4_sample(&ln->smp, &r->sp, row, L0 + 1 + t, o, se);
         if (rc)
             return rc;
         dsv4_sampler_accept(&ln->smp, o->id);
         ln->n_draws = t + 1;
-        int stop = 0;
+        int stop = r->constraint && dsv4_constraint_ended(r->constraint);
         for (int i = 0; i < r->n_stop_ids; i++)
             stop |= o->id == r->stop_ids[i];
         if (t == nd || o->id != ln->dfeed[1 + t] || stop || r->n_out + t + 1 >= r->max_tokens)
@@ -727,6 +746,8 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
             dsv4_score(row_of[i], V, ln->smp.work, r->forced[r->n_out], r->sp.n_top_logprobs, &outs[i]);
         else if (ln->decoding && ln->n_feed > 1)
             serr[i] = draw_rows(ln, row0[i], V, &se);
+        else if (r->constraint)
+            serr[i] = sample_constrained(ln, r, row_of[i], dsv4_seq_len(ln->seq), &outs[i], &se);
         else
             serr[i] = dsv4_sample(&ln->smp, &r->sp, row_of[i], dsv4_seq_len(ln->seq), &outs[i], &se);
         if (serr[i])

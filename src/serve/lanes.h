@@ -30,6 +30,7 @@
 #include "dsv4.h"
 #include "serve/draft.h"
 #include "serve/sampler.h"
+#include "text/tokmask.h"
 
 typedef struct dsv4_lanes dsv4_lanes;
 
@@ -50,7 +51,7 @@ typedef struct dsv4_lanes_opts {
 
 enum {
     DSV4_FINISH_NONE = 0,
-    DSV4_FINISH_STOP,      /* a stop id (or EOS) was sampled; it is the last output token */
+    DSV4_FINISH_STOP,      /* a stop id (or EOS, or the constraint's end) was sampled; it is the last output token */
     DSV4_FINISH_LENGTH,    /* max_tokens reached */
     DSV4_FINISH_CANCELLED, /* the client cancelled (disconnect, stop string, shutdown) */
     DSV4_FINISH_ERROR,
@@ -71,6 +72,11 @@ typedef struct dsv4_request {
                             * sampled; max_tokens must equal n_forced */
     int n_forced;
     int draft;             /* prompt-lookup proposal length per step, 0..DSV4_DRAFT_MAX (0: none) */
+    dsv4_constraint *constraint; /* owned; when set, every token is drawn under its mask (sampler
+                            * step 2) and advances it; it starts at its grammar's start (not with
+                            * forced tokens). Its state is the request's alone, so a constrained
+                            * request gives the same tokens solo, beside others and resumed. The
+                            * constraint's end-of-sequence id finishes the request (STOP). */
 
     /* outputs: guarded by the lanes lock; wait with dsv4_request_wait */
     dsv4_sample_out *out;  /* generated tokens */

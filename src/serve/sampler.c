@@ -107,6 +107,8 @@ static void top_n(const double *w, int V, double lse, int n, dsv4_sample_out *ou
     out->n_top = 0;
     for (int v = 0; v < V && n > 0; v++) {
         double x = w[v];
+        if (x == -INFINITY) /* masked out: not an alternative */
+            continue;
         int k = out->n_top;
         if (k == n && !(x > out->top_logprobs[k - 1] + lse))
             continue;
@@ -175,6 +177,18 @@ int dsv4_sample(dsv4_sampler *s, const dsv4_sample_params *p, const float *logit
             w[v] = w[v] > 0 ? w[v] / rp : w[v] * rp;
         if (c)
             w[v] -= p->presence_penalty + p->frequency_penalty * c;
+    }
+
+    if (p->allow) {
+        int any = 0;
+        for (int v = 0; v < V; v++) {
+            if (!(p->allow[v >> 6] >> (v & 63) & 1))
+                w[v] = -INFINITY;
+            else
+                any = 1;
+        }
+        if (!any)
+            return dsv4_fail(err, DSV4_E_ARG, "sampling: the constraint allows no token");
     }
 
     /* logprobs: log-softmax of the adjusted logits, before temperature and truncation */

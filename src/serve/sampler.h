@@ -4,14 +4,16 @@
  *   1. logit bias (added), then penalties: repetition (divides positive logits, multiplies
  *      negative ones, for every id seen in prompt or output), presence and frequency (subtract
  *      per id seen in the output: presence once, frequency times the count);
- *   2. logprobs are taken HERE: log-softmax of the biased/penalised logits, before temperature
- *      and before any truncation (top-k/top-p/min-p), so they describe the model's distribution
- *      as the penalties shaped it, independent of sampling knobs;
- *   3. temperature 0 (or top_k 1): greedy, argmax with ties to the lowest id;
+ *   2. the constraint mask (allow, from constrained decoding): ids it does not allow become
+ *      -inf, so they can neither be drawn nor win greedy, and leave the reported alternatives;
+ *   3. logprobs are taken HERE: log-softmax of the biased/penalised/masked logits, before
+ *      temperature and before any truncation (top-k/top-p/min-p), so they describe the
+ *      distribution actually sampled from, independent of sampling knobs;
+ *   4. temperature 0 (or top_k 1): greedy, argmax with ties to the lowest id;
  *      otherwise divide by temperature, drop ids below min_p times the top probability, keep
  *      the top-k, then top-p (smallest set of most likely ids whose mass reaches top_p of what
  *      is left); orderings by probability break ties to the lower id;
- *   4. draw: a uniform u from the keyed generator below, then the first id (in id order) whose
+ *   5. draw: a uniform u from the keyed generator below, then the first id (in id order) whose
  *      fp64 cumulative probability over the kept ids exceeds u times their total mass.
  *
  * Keyed draw (as DeepInfer's random_sampling describes it, followed as far as described):
@@ -40,6 +42,7 @@ typedef struct dsv4_sample_params {
     int n_bias;
     uint64_t seed;             /* key of the draws */
     int n_top_logprobs;        /* 0..DSV4_MAX_TOP_LOGPROBS */
+    const uint64_t *allow;     /* NULL, or the allowed ids: bit (id & 63) of word id >> 6 */
 } dsv4_sample_params;
 
 void dsv4_sample_params_default(dsv4_sample_params *p);
@@ -64,7 +67,7 @@ void dsv4_sampler_accept(dsv4_sampler *s, int32_t id);
 
 typedef struct dsv4_sample_out {
     int32_t id;
-    double logprob;            /* of id, step 2 above */
+    double logprob;            /* of id, step 3 above */
     int n_top;
     int32_t top_ids[DSV4_MAX_TOP_LOGPROBS];   /* most likely first, ties to the lower id */
     double top_logprobs[DSV4_MAX_TOP_LOGPROBS];
