@@ -102,8 +102,8 @@ for _ in $(seq 1 150); do kill -0 "$pid" 2>/dev/null || break; sleep 0.02; done
 t1=$(date +%s.%N)
 wait "$list"
 code=$(cat "$tmp/list.code")
-secs=$(echo "$t1 - $t0" | bc)
-if ! kill -0 "$pid" 2>/dev/null && [ "$(echo "$secs < 2.5" | bc)" = 1 ]; then ok "SIGTERM with a list of prompts waiting for room: exit in ${secs}s"
+secs=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f", b - a }')
+if ! kill -0 "$pid" 2>/dev/null && awk -v s="$secs" 'BEGIN { exit !(s < 2.5) }'; then ok "SIGTERM with a list of prompts waiting for room: exit in ${secs}s"
 else bad "SIGTERM with a list of prompts waiting for room: still running after ${secs}s"; fi
 if [ "$code" = 503 ] && node -e 'const j=JSON.parse(require("fs").readFileSync(process.argv[1],"utf8")); if(!j.error.message) process.exit(1)' "$tmp/list.json" 2>/dev/null
 then ok "the waiting list of prompts is answered 503 with a JSON error"; else bad "the waiting list of prompts got status '$code': $(head -c 200 "$tmp/list.json")"; fi
