@@ -3,6 +3,10 @@
 #ifndef DSV4_TEST_BYTELEVEL_H
 #define DSV4_TEST_BYTELEVEL_H
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <cjson/cJSON.h>
+
 /* UTF-8 of the byte-level alphabet character for byte b, NUL-terminated (at most 3 bytes). */
 static inline void bytelevel_spell(int b, char *out)
 {
@@ -21,6 +25,19 @@ static inline void bytelevel_spell(int b, char *out)
         out[1] = (char)(0x80 | (cp & 0x3f));
         out[2] = 0;
     }
+}
+
+/* Writes root (consumed) to path as the test's tokenizer.json. */
+static inline void bytelevel_save(cJSON *root, const char *path)
+{
+    char *txt = cJSON_Print(root);
+    FILE *f = fopen(path, "w");
+    if (f && txt)
+        fputs(txt, f);
+    if (f)
+        fclose(f);
+    free(txt);
+    cJSON_Delete(root);
 }
 
 #endif

@@ -14,7 +14,6 @@
 
 static const char *path = "build/tests/tok_bytes.json";
 
-
 /* 256 byte tokens, no merges, one special end token (id 256) */
 static void write_tokenizer(void)
 {
@@ -34,12 +33,7 @@ static void write_tokenizer(void)
     cJSON_AddBoolToObject(t, "special", 1);
     cJSON_AddItemToArray(added, t);
     cJSON_AddItemToObject(root, "added_tokens", added);
-    char *txt = cJSON_Print(root);
-    FILE *f = fopen(path, "w");
-    fputs(txt, f);
-    fclose(f);
-    free(txt);
-    cJSON_Delete(root);
+    bytelevel_save(root, path);
 }
 
 static dsv4_parse_model pm;

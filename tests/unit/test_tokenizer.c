@@ -65,12 +65,7 @@ static void write_tokenizer(int lowercase, int ignore_merges)
     cJSON_AddItemToObject(pt, "pattern", pat);
     cJSON_AddStringToObject(pt, "behavior", "Isolated");
     cJSON_AddItemToObject(root, "pre_tokenizer", pt);
-    char *txt = cJSON_Print(root);
-    FILE *f = fopen(path, "w");
-    fputs(txt, f);
-    fclose(f);
-    free(txt);
-    cJSON_Delete(root);
+    bytelevel_save(root, path);
 }
 
 /* Several threads encode the same texts through one tokenizer (sharing its word cache); each
