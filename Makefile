@@ -98,6 +98,13 @@ test-cuda: all
 	DSV4_TEST_DEVICE=cuda $(BUILD)/tests/test_lanes
 	DSV4_TEST_DEVICE=cuda $(BUILD)/tests/test_mini
 	DSV4_TEST_DEVICE=cuda $(BUILD)/tests/test_draft
+	DSV4_CUDA_TC=1 $(BUILD)/tests/cuda/test_cuda_ops
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v4_fixtures
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v41_fixtures
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 $(BUILD)/tests/test_batch
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 $(BUILD)/tests/test_lanes
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 $(BUILD)/tests/test_mini
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 $(BUILD)/tests/test_draft
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=2.45M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-a
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=1.85M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-b
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=9.004M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-v

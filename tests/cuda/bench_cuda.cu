@@ -165,7 +165,7 @@ int main(void)
     CK(cudaMemset(a, 1, cb));
     cudaGraph_t gr;
     cudaGraphExec_t ge;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
     CK(cudaMemcpyAsync(b, a, cb, cudaMemcpyDeviceToDevice, st));
     CK(cudaStreamEndCapture(st, &gr));
     CK(cudaGraphInstantiate(&ge, gr, 0));
@@ -178,7 +178,7 @@ int main(void)
     CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
     unsigned *sink;
     CK(cudaMalloc((void **)&sink, sizeof *sink));
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
     k_copy<<<sms * 8, 256, 0, st>>>((const uint4 *)a, (uint4 *)b, cb / 16);
     CK(cudaStreamEndCapture(st, &gr));
     CK(cudaGraphInstantiate(&ge, gr, 0));
@@ -187,7 +187,7 @@ int main(void)
     printf("copy kernel    %zu MiB: %.3f ms, %.0f GB/s (read + write)\n", cb >> 20, ms, kcopy_gbs);
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(gr);
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
     k_read<<<sms * 8, 256, 0, st>>>((const uint4 *)a, cb / 16, sink);
     CK(cudaStreamEndCapture(st, &gr));
     CK(cudaGraphInstantiate(&ge, gr, 0));
@@ -203,7 +203,7 @@ int main(void)
 
     float *dx, *dy;
     /* T up to PREFILL_T (the prefill row of the table; the head below runs at T = 1) */
-    enum { PREFILL_T = 512 };
+    enum { PREFILL_T = 4096 };
     CK(cudaMalloc((void **)&dx, (size_t)PREFILL_T * 32768 * sizeof(float)));
     CK(cudaMalloc((void **)&dy, (size_t)PREFILL_T * 131072 * sizeof(float)));
     CK(cudaMemset(dx, 0x3c, (size_t)PREFILL_T * 32768 * sizeof(float)));
@@ -216,8 +216,8 @@ int main(void)
         {"expert w2 FP4", DSV4_WF_FP4, 4096, 2048, 1, 32},
         {"gate BF16", DSV4_WF_BF16, 4096, 4096, 0, 0},
     };
-    printf("%-16s %-14s %3s %10s %9s %8s %8s %8s\n", "weight", "[n, k]", "T", "us/call", "GB/s", "of copy", "of read",
-           "TFLOP/s");
+    printf("%-16s %-14s %4s %10s %7s %9s %8s %8s %8s\n", "weight", "[n, k]", "T", "us/call", "x T=1", "GB/s", "of copy",
+           "of read", "TFLOP/s");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const shape *s = &shapes[si];
         size_t bytes = data_bytes(s) + scale_bytes(s);
@@ -225,11 +225,12 @@ int main(void)
         uint8_t *blk;
         dsv4_weight *w = make_copies(s, count, &blk);
         int calls = count < 64 ? 64 : count;
-        const int Ts[] = {1, 4, 8, PREFILL_T};
-        for (int ti = 0; ti < 4; ti++) {
-            /* a prefill call is compute-bound (fp32 FMA): L2 reuse across calls does not matter */
-            int nc = Ts[ti] > 8 ? 16 : calls;
-            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+        const int Ts[] = {1, 2, 4, 5, 8, 16, 64, 512, PREFILL_T};
+        double us1 = 0;
+        for (int ti = 0; ti < (int)(sizeof Ts / sizeof Ts[0]); ti++) {
+            /* a call over many rows is compute-bound: L2 reuse across calls does not matter */
+            int nc = Ts[ti] > 16 ? 16 : calls;
+            CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
             for (int c = 0; c < nc; c++)
                 if (dsv4_cuda_linear_dev(&w[c % count], 0, s->n, dx, Ts[ti], dy, st, &err)) {
                     fprintf(stderr, "bench_cuda: %s\n", err.msg);
@@ -239,10 +240,12 @@ int main(void)
             CK(cudaGraphInstantiate(&ge, gr, 0));
             ms = time_graph(ge, st, 10);
             double us = ms * 1e3 / nc, gbs = bytes / (us * 1e-6) / 1e9;
+            if (ti == 0)
+                us1 = us;
             double tf = 2.0 * s->n * s->k * Ts[ti] / (us * 1e-6) / 1e12;
             char sh[32];
             snprintf(sh, sizeof sh, "[%lld,%lld]", (long long)s->n, (long long)s->k);
-            printf("%-16s %-14s %3d %10.2f %9.0f %7.1f%% %7.1f%% %8.2f\n", s->name, sh, Ts[ti], us, gbs,
+            printf("%-16s %-14s %4d %10.2f %7.2f %9.0f %7.1f%% %7.1f%% %8.2f\n", s->name, sh, Ts[ti], us, us / us1, gbs,
                    100 * gbs / copy_gbs, 100 * gbs / read_gbs, tf);
             cudaGraphExecDestroy(ge);
             cudaGraphDestroy(gr);
@@ -277,7 +280,7 @@ int main(void)
         lw[nl + e] = make_copies(&ew[e % 3], 1, &lb[nl + e]);
         layer_bytes += lw[nl + e]->bytes;
     }
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
     for (int i = 0; i < nl + 18; i++)
         if (dsv4_cuda_linear_dev(lw[i], 0, lw[i]->n, dx, 1, dy, st, &err)) {
             fprintf(stderr, "bench_cuda: %s\n", err.msg);
@@ -307,7 +310,7 @@ int main(void)
     }
     for (int j = 0; j < 12; j++)
         gx[j] = dx;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
     for (int i = 0; i < nl; i++)
         if (dsv4_cuda_linear_dev(lw[i], 0, lw[i]->n, dx, 1, dy, st, &err)) {
             fprintf(stderr, "bench_cuda: %s\n", err.msg);
@@ -325,7 +328,7 @@ int main(void)
     shape hs = {"head BF16", DSV4_WF_BF16, 129280, 4096, 0, 0};
     uint8_t *hb;
     dsv4_weight *hw = make_copies(&hs, 1, &hb);
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
     if (dsv4_cuda_linear_dev(hw, 0, hw->n, dx, 1, dy, st, &err)) {
         fprintf(stderr, "bench_cuda: %s\n", err.msg);
         return 1;

@@ -31,8 +31,11 @@ if [ "$mode" = bench ]; then
     # the benchmark table (docs/bench.md), ours: all 43 layers' shapes with the experts of 8
     # layers shared round-robin (same bytes read per token), a 64- and a 4096-token prefill,
     # batch-1 decode with and without graph replay, 4 and 8 lanes
+    # the same with the tensor cores on (DSV4_CUDA_TC=1)
     run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --prefill 64,4096 --decode 32 \
         --lanes 1,4,8 --graphs both
+    DSV4_CUDA_TC=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --prefill 64,4096 \
+        --decode 32 --lanes 1,4,8,16,32,64 --graphs on
     exit 0
 fi
 if [ "$mode" = ncu ]; then
@@ -77,6 +80,14 @@ ok batch $B/tests/test_batch
 ok lanes $B/tests/test_lanes
 ok mini $B/tests/test_mini
 ok draft $B/tests/test_draft
+# the tensor-core path (DSV4_CUDA_TC=1): the op test and the end-to-end contracts again
+ok ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ops
+ok v4-tc env DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $B/tests/test_v4_fixtures
+ok v41-tc env DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $B/tests/test_v41_fixtures
+ok batch-tc env DSV4_CUDA_TC=1 $B/tests/test_batch
+ok lanes-tc env DSV4_CUDA_TC=1 $B/tests/test_lanes
+ok mini-tc env DSV4_CUDA_TC=1 $B/tests/test_mini
+ok draft-tc env DSV4_CUDA_TC=1 $B/tests/test_draft
 ok spill-v4a env DSV4_CUDA_BUDGET=2.45M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
 ok spill-v4b env DSV4_CUDA_BUDGET=1.85M $B/tests/test_v4_fixtures $F/v4/v4-tiny-b
 ok spill-v4v env DSV4_CUDA_BUDGET=9.004M $B/tests/test_v4_fixtures $F/v4/v4-tiny-v
@@ -84,7 +95,7 @@ ok spill-v41 env DSV4_CUDA_BUDGET=2.2M $B/tests/test_v41_fixtures $F/v41/v41-tin
 ok refuse bash -c "DSV4_CUDA_BUDGET=1M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a 2>&1 | grep 'the hot path does not fit'"
 unset DSV4_TEST_DEVICE
 [ -s "$T/failed" ] && rc=1
-for n in ops exl3ops v4 v41 batch lanes mini draft spill-v4a spill-v4b spill-v4v spill-v41 refuse; do
+for n in ops exl3ops v4 v41 batch lanes mini draft ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc spill-v4a spill-v4b spill-v4v spill-v41 refuse; do
     echo "== $n"
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done

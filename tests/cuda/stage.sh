@@ -26,5 +26,5 @@ cp tests/tools/exl3_gen.py "$D/tests/tools/"
 ln -sfn ../../../tests/fixtures "$D/tests/fixtures"
 ln -sfn ../../models "$D/models"
 # the binaries carry every kernel (about 3.5 MB each) and compress about 25x: the run unpacks them
-tar -C "$D" -cJf "$D/prebuilt.tar.xz" prebuilt lib && rm -rf "$D/prebuilt" "$D/lib"
+XZ_OPT=-9 tar -C "$D" -cJf "$D/prebuilt.tar.xz" prebuilt lib && rm -rf "$D/prebuilt" "$D/lib"
 du -sh "$D"

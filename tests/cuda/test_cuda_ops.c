@@ -237,7 +237,7 @@ static void test_linear(const lin_case *c, int where)
     CHECK(pad_ok, "%s: wrote outside its output columns", what);
 
     /* control 1, one index off: the reference computed with x[T-1][j] and x[T-1][j+1] swapped */
-    float *xs = falloc((size_t)T * ldx), *wr = falloc((size_t)T * ldy), *wp = falloc((size_t)T * nr);
+    float *xs = falloc((size_t)T * ldx), *wr = falloc((size_t)T * ldy), *wp = calloc((size_t)T * nr, sizeof(float));
     memcpy(xs, x, (size_t)T * ldx * sizeof(float));
     int64_t j = rnd() % (k - 1);
     /* a pair that differs (x within 1e-3 of its neighbour would hide the swap) */
@@ -819,6 +819,90 @@ static int dev_equal(const void *d, const void *host, size_t bytes)
     int same = !memcmp(h, host, bytes);
     free(h);
     return same;
+}
+
+/* ---- batch invariance ------------------------------------------------------------------------ */
+
+/* A row's bits never depend on T, on the other rows or on where the row sits: the weight
+ * resident, x and y on the device, every T in 1..64 and some large T (the first T rows of one
+ * x, then the last T rows, so each row also runs at other positions), each row against the
+ * same row run alone. One row's result also agrees with the CPU's (1e-5 * sum|w x|), and a
+ * control runs a copy of the weight with one element changed: that row must change. */
+static void test_invariance(const lin_case *c, int Tmax)
+{
+    char what[128];
+    snprintf(what, sizeof what, "invariance %s [%lld,%lld]%s T=1..64,%d", dsv4_wform_name(c->form), (long long)c->n,
+             (long long)c->k, c->bn && !c->e8m0 ? " f32 scales" : "", Tmax);
+    dsv4_weight w;
+    make_weight(c, &w);
+    dsv4_err err = {0};
+    CHECK(!dsv4_cuda_put_weight(&w, &err), "%s: put: %s", what, err.msg);
+    int64_t n = c->n, k = c->k;
+    size_t xb = (size_t)Tmax * k * sizeof(float), yb = (size_t)Tmax * n * sizeof(float);
+    float *x = falloc((size_t)Tmax * k), *solo = falloc((size_t)Tmax * n);
+    fill(x, (size_t)Tmax * k, -1, 1);
+    float *dx = to_dev(x, xb), *dy = to_dev(NULL, yb);
+    for (int t = 0; t < Tmax; t++)
+        gpu->linear(&w, 0, n, dx + (size_t)t * k, 1, k, dy + (size_t)t * n, n);
+    gpu->download(solo, dy, yb);
+    CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
+    /* the solo rows against the CPU */
+    float *ref = falloc(n), *row = falloc(k);
+    double *mag = malloc(n * sizeof(double));
+    int t1 = Tmax / 3;
+    cpu->linear(&w, 0, n, x + (size_t)t1 * k, 1, k, ref, n);
+    for (int64_t i = 0; i < n; i++) {
+        dsv4_weight_row(&w, i, row);
+        double s = 0;
+        for (int64_t j = 0; j < k; j++)
+            s += fabs((double)row[j] * x[(size_t)t1 * k + j]);
+        mag[i] = s;
+    }
+    CHECK(agree(what, solo + (size_t)t1 * n, ref, mag, n, 0), "%s: a solo row differs from the CPU beyond 1e-5 * sum|w x|", what);
+    int Ts[70], nT = 0;
+    for (int T = 1; T <= 64 && T <= Tmax; T++)
+        Ts[nT++] = T;
+    if (Tmax > 64) {
+        Ts[nT++] = 100 < Tmax ? 100 : Tmax;
+        Ts[nT++] = Tmax;
+    }
+    float *got = falloc((size_t)Tmax * n);
+    int bad_T = 0, runs = 0;
+    for (int i = 0; i < nT && !bad_T; i++)
+        for (int end = 0; end < 2; end++) {
+            int T = Ts[i], t0 = end ? Tmax - T : 0;
+            poison(got, (size_t)T * n);
+            gpu->upload(dy, got, (size_t)T * n * sizeof(float));
+            gpu->linear(&w, 0, n, dx + (size_t)t0 * k, T, k, dy, n);
+            gpu->download(got, dy, (size_t)T * n * sizeof(float));
+            runs++;
+            if (memcmp(got, solo + (size_t)t0 * n, (size_t)T * n * sizeof(float))) {
+                bad_T = T;
+                break;
+            }
+        }
+    CHECK(!bad_T, "%s: at T=%d a row differs from the same row alone", what, bad_T);
+    printf("  %-56s %d runs, every row bitwise equal to itself alone: %s\n", what, runs, bad_T ? "NO" : "yes");
+    /* control: one weight element changed (a copy, uploaded per call) must change its row */
+    dsv4_weight w2 = w;
+    size_t nk = (size_t)n * k, e = (size_t)k / 2; /* row 0's element k / 2 */
+    size_t nbytes = c->form == DSV4_WF_F32 ? nk * 4 : c->form == DSV4_WF_FP8 ? nk : c->form == DSV4_WF_FP4 ? nk / 2 : nk * 2;
+    size_t byte = c->form == DSV4_WF_F32 ? 4 * e + 3 : c->form == DSV4_WF_FP8 ? e : c->form == DSV4_WF_FP4 ? e / 2 : 2 * e + 1;
+    uint8_t *d2 = malloc(nbytes);
+    memcpy(d2, w.data, nbytes);
+    d2[byte] ^= 0x10; /* an exponent bit (FP4: a magnitude bit) */
+    w2.data = d2;
+    float *g2 = falloc(n);
+    poison(g2, n);
+    gpu->linear(&w2, 0, n, x, 1, k, g2, n);
+    int changed = memcmp(g2, solo, sizeof(float)) != 0;
+    CHECK(changed, "control %s: a changed weight element left its row's bits unchanged", what);
+    printf("  control %-48s %s\n", "invariance: one weight element changed", changed ? "caught" : "NOT CAUGHT");
+    dsv4_cuda_drop_weight(&w);
+    gpu->free(dx);
+    gpu->free(dy);
+    free((void *)w.data), free((void *)w.scale), free(d2), free(g2);
+    free(x), free(solo), free(ref), free(row), free(mag), free(got);
 }
 
 /* ---- embedding ------------------------------------------------------------------------------ */
@@ -1815,13 +1899,17 @@ int main(void)
     rng = seed ? strtoull(seed, NULL, 10) : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
     if (!rng)
         rng = 1;
-    printf("cuda ops on %s, seed %llu (DSV4_SEED to repeat)\n", dsv4_cuda_device_name(), (unsigned long long)rng);
+    printf("cuda ops on %s, seed %llu (DSV4_SEED to repeat), tensor cores %s (DSV4_CUDA_TC)\n", dsv4_cuda_device_name(),
+           (unsigned long long)rng, dsv4_cuda_tensor_cores() ? "on" : "off");
     cpu = dsv4_backend_cpu();
     gpu = dsv4_backend_cuda();
     dsv4_cuda_set_poison(1);
 
     const lin_case lc[] = {
         {DSV4_WF_FP8, 256, 512, 128, 128, 1, 0, 256, 9, 0, 0},
+        {DSV4_WF_FP8, 256, 2048, 128, 128, 1, 0, 256, 130, 0, 0},  /* several token blocks */
+        {DSV4_WF_FP4, 512, 2048, 1, 32, 1, 0, 512, 70, 0, 0},
+        {DSV4_WF_BF16, 130, 1024, 0, 0, 0, 0, 130, 64, 0, 0},
         {DSV4_WF_FP8, 200, 320, 64, 64, 1, 37, 173, 3, 5, 3},    /* sub-range, strided in and out */
         {DSV4_WF_FP8, 70, 100, 64, 64, 0, 0, 70, 5, 0, 0},       /* k % 16 != 0: element path, f32 scales */
         {DSV4_WF_FP8, 96, 2048, 128, 128, 0, 0, 96, 1, 0, 0},    /* f32 scales, long rows */
@@ -1847,6 +1935,15 @@ int main(void)
         test_embed(&ec[i], 7, 4, i % 3 == 0 ? RESIDENT : i % 3 == 1 ? PINNED : PER_CALL, 1);
         test_embed(&ec[i], 3, 1, PER_CALL, 0);
     }
+    const lin_case ic[] = {
+        {DSV4_WF_FP8, 384, 1024, 128, 128, 1, 0, 0, 0, 0, 0}, {DSV4_WF_FP8, 200, 512, 64, 64, 0, 0, 0, 0, 0, 0},
+        {DSV4_WF_FP8, 256, 4096, 128, 128, 1, 0, 0, 0, 0, 0}, /* 16 k slices: the register path split */
+        {DSV4_WF_FP4, 256, 1024, 1, 32, 1, 0, 0, 0, 0, 0},    {DSV4_WF_BF16, 300, 768, 0, 0, 0, 0, 0, 0, 0, 0},
+        {DSV4_WF_FP8, 70, 100, 64, 64, 0, 0, 0, 0, 0, 0},     {DSV4_WF_F16, 64, 256, 0, 0, 0, 0, 0, 0, 0, 0},
+        {DSV4_WF_F32, 50, 132, 0, 0, 0, 0, 0, 0, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof ic / sizeof ic[0]; i++)
+        test_invariance(&ic[i], i < 5 ? 4096 : 300);
     test_linear_group(DSV4_WF_FP4, 96, 512, 1, 32, 6, 1);
     test_linear_group(DSV4_WF_FP8, 128, 384, 128, 128, 3, 3);
     test_linear_blocks(DSV4_WF_FP8, 8, 128, 512, 1);

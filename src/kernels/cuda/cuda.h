@@ -56,6 +56,14 @@ const char *dsv4_cuda_graph_why(void);
  * an element a kernel forgets to write comes back as NaN (tests). */
 void dsv4_cuda_set_poison(int on);
 
+/* on: the linear and expert ops run BF16, FP8 and FP4 weights on the tensor cores (mma.cuh), at
+ * every row count; off: on the fp32 FMA row kernels (linear.cuh). Either way a row's bits do not
+ * depend on the batch; the two differ from each other in rounding. Set it before the first op
+ * and leave it (a process's rows must all come from one path). DSV4_CUDA_TC=1 in the
+ * environment turns it on at the first op; the default is off. */
+void dsv4_cuda_set_tensor_cores(int on);
+int dsv4_cuda_tensor_cores(void);
+
 /* The linear op over device buffers, queued on `stream` (a cudaStream_t; NULL: the default
  * stream) without waiting, for benchmarks and graph capture:
  * dy[t, i] = sum_k W[r0 + i, k] dx[t, k]; dx: [T, w->k] dense, dy: [T, r1 - r0] dense.

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/cuda/internal.h"
-#include "kernels/cuda/linear.cuh"
+#include "kernels/cuda/mma.cuh"
 
 using namespace dsv4cu;
 
@@ -195,6 +195,40 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_d
     linear_rows<F, VEC, TT>(w, 0, D, m, n, blockIdx.y);
 }
 
+/* The tensor-core builds of the two (mma.cuh): the register path (NT = 1) for tiles of up to 8
+ * pairs, the tile path (NT = 0) for tiles of up to TC_TN. Split (part != NULL): W1's slabs at
+ * part, W3's after them (S1 slabs of [RK, I] each), W2's at part; blockIdx.z is W1 / W3 in its
+ * low bit and the tile path's slice above it. */
+template <int F, int NT>
+__global__ void TC_BOUNDS(NT) k_tc_ex_up(const wdev *t1, const wdev *t3, const int *tiles, const int *ntiles,
+                                         const int *ord, const float *x, float *G, float *U, int K, int D, int I,
+                                         float *part, int64_t slab, int S1)
+{
+    PDL_WAIT();
+    int tl = blockIdx.x, z = blockIdx.z & 1;
+    if (tl >= *ntiles)
+        return;
+    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
+    wdev w = z ? t3[e] : t1[e];
+    pair_map m = {x, z ? U : G, ord + s0, K, D, I};
+    tc_any<F, NT>(w, 0, I, m, n, blockIdx.y, part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, I, slab,
+                  (int)(blockIdx.z >> 1));
+}
+
+template <int F, int NT>
+__global__ void TC_BOUNDS(NT) k_tc_ex_down(const wdev *t2, const int *tiles, const int *ntiles, const int *ord,
+                                           const float *G, float *Y, int D, int I, float *part, int64_t slab)
+{
+    PDL_WAIT();
+    int tl = blockIdx.x;
+    if (tl >= *ntiles)
+        return;
+    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
+    wdev w = t2[e];
+    pair_map m = {G, Y, ord + s0, 1, I, D};
+    tc_any<F, NT>(w, 0, D, m, n, blockIdx.y, part, D, slab, (int)blockIdx.z);
+}
+
 /* h = swiglu(g, u), times the pair's weight when pre_weight; into G. */
 __global__ void k_ex_act(float *G, const float *U, const float *wts, int64_t n, int I, float limit, int pre_weight)
 {
@@ -231,12 +265,63 @@ __global__ void k_ex_sum(const float *Y, const float *wts, const int32_t *eid, i
     y[i] = s;
 }
 
+/* Pairs a tile holds on the tensor-core path above EX_SOLO_PAIRS pairs (8 below). */
+enum { EX_TC_TILE = TC_TN };
+
+/* The tensor-core path: W1/W3, the activation, W2, each tile's rows in one pass; a launch split
+ * into slice partials (tc_split, from the weight and the tile grid) is folded after it. The
+ * grids cover the tile bound NT; tiles past the count exit. */
+template <int F, int NTT>
+static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const wdev *t2, const wdev *t3, int NT,
+                              const int *tiles, const int *ntiles, const int *ord, float *G, float *U, float *Y)
+{
+    wdev d1 = wdev_of_n(&a->w1[0], NULL, NULL, a->K), d2 = wdev_of_n(&a->w2[0], NULL, NULL, a->K);
+    int K = a->K, D = a->D, I = a->I, threads = NTT ? TC_RW * 32 : TC_TW * 32;
+    int64_t RK = (int64_t)a->R * K, slab1 = RK * I, slab2 = RK * D;
+    int rb1 = tc_blocks(d1, NTT, I), rb2 = tc_blocks(d2, NTT, D);
+    bool sp1 = tc_split(d1, NTT, (int64_t)NT * rb1 * 2), sp2 = tc_split(d2, NTT, (int64_t)NT * rb2);
+    float *p1 = sp1 ? tc_part_buf((size_t)2 * d1.tcs * slab1 + (sp2 ? (size_t)d2.tcs * slab2 : 0)) : NULL;
+    float *p2 = sp2 ? (sp1 ? p1 + (size_t)2 * d1.tcs * slab1 : tc_part_buf((size_t)d2.tcs * slab2)) : NULL;
+    if ((sp1 && !p1) || (sp2 && !p2))
+        return;
+    dim3 g1((unsigned)NT, (unsigned)rb1, sp1 && !NTT ? 2u * d1.tcs : 2u);
+    dim3 g2((unsigned)NT, (unsigned)rb2, sp2 && !NTT ? (unsigned)d2.tcs : 1u);
+    launch_k(k_tc_ex_up<F, NTT>, g1, threads, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
+             d1.tcs);
+    if (sp1) {
+        tc_fold(p1, d1.tcs, RK, I, I, slab1, G, I, stream);
+        tc_fold(p1 + (size_t)d1.tcs * slab1, d1.tcs, RK, I, I, slab1, U, I, stream);
+    }
+    if (!launched("experts w1/w3"))
+        return;
+    prof_split("experts: w1, w3");
+    int64_t nh = RK * I;
+    launch_k(k_ex_act, (unsigned)cdiv(nh, 256), 256, 0, stream, G, U, a->wts, nh, I, a->limit, a->pre_weight);
+    if (!launched("experts swiglu"))
+        return;
+    prof_split("experts: swiglu");
+    launch_k(k_tc_ex_down<F, NTT>, g2, threads, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);
+    if (sp2)
+        tc_fold(p2, d2.tcs, RK, D, D, slab2, Y, D, stream);
+    launched("experts w2");
+    prof_split("experts: w2");
+}
+
 template <int F>
 static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wdev *t2, const wdev *t3, bool vec1,
-                           bool vec2, int tile, int NT, const int *tiles, const int *ntiles, const int *ord, float *G,
+                           bool vec2, bool tc, int tile, int NT, const int *tiles, const int *ntiles, const int *ord, float *G,
                            float *U, float *Y)
 {
     const dsv4_weight *w1 = &a->w1[0], *w2 = &a->w2[0];
+    if constexpr (F == DSV4_WF_BF16 || F == DSV4_WF_FP8 || F == DSV4_WF_FP4) {
+        if (tc) {
+            if (tile <= 8)
+                launch_tc_experts<F, 1>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+            else
+                launch_tc_experts<F, 0>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+            return;
+        }
+    }
     int wpr1 = wdev_of_n(w1, NULL, NULL, a->K).wpr, wpr2 = wdev_of_n(w2, NULL, NULL, a->K).wpr;
     int rpb1 = vec1 ? LIN_WARPS / wpr1 * chunk_shape(F).R : LIN_WARPS;
     int rpb2 = vec2 ? LIN_WARPS / wpr2 * chunk_shape(F).R : LIN_WARPS;
@@ -419,13 +504,14 @@ static void experts_run(const dsv4_experts_args *a)
     const wdev *t1 = ok ? expert_table(a->w1, E, K) : NULL, *t2 = ok ? expert_table(a->w2, E, K) : NULL;
     const wdev *t3 = ok ? expert_table(a->w3, E, K) : NULL;
     bool vec1 = ok && vec_ok(&a->w1[0]) && vec_ok(&a->w3[0]), vec2 = ok && vec_ok(&a->w2[0]);
-    if (t1 && t2 && t3 && (vec1 || vec2) &&
+    bool tc = ok && tc_ok(&a->w1[0]) && tc_ok(&a->w3[0]) && tc_ok(&a->w2[0]);
+    if (t1 && t2 && t3 && (vec1 || vec2 || tc) &&
         (((uintptr_t)a->x & 15) || ((uintptr_t)a->work & 15) || (vec1 && D % 4) || (vec2 && I % 4))) {
         fail(DSV4_E_ARG, "cuda: experts: x and work must be 16-byte aligned");
         t1 = NULL;
     }
     if (t1 && t2 && t3) {
-        int tile = RK <= EX_SOLO_PAIRS ? 1 : LIN_TT;
+        int tile = tc ? (RK <= EX_SOLO_PAIRS ? 8 : EX_TC_TILE) : RK <= EX_SOLO_PAIRS ? 1 : LIN_TT;
         int64_t NT = tile == 1 ? RK : (RK / tile + E < RK ? RK / tile + E : RK);
         float *G = a->work, *U = G + RK * I, *Y = U + RK * I;
         int *ord = (int *)(Y + RK * D), *tiles = ord + RK, *cnt = tiles + 3 * NT, *off = cnt + E, *ntiles = off + E;
@@ -436,11 +522,11 @@ static void experts_run(const dsv4_experts_args *a)
         prof_split("experts: grouping");
         if (launched("experts grouping")) {
             switch (a->w1[0].form) {
-            case DSV4_WF_F32: launch_experts<DSV4_WF_F32>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
-            case DSV4_WF_BF16: launch_experts<DSV4_WF_BF16>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
-            case DSV4_WF_F16: launch_experts<DSV4_WF_F16>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
-            case DSV4_WF_FP8: launch_experts<DSV4_WF_FP8>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
-            default: launch_experts<DSV4_WF_FP4>(a, t1, t2, t3, vec1, vec2, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            case DSV4_WF_F32: launch_experts<DSV4_WF_F32>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            case DSV4_WF_BF16: launch_experts<DSV4_WF_BF16>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            case DSV4_WF_F16: launch_experts<DSV4_WF_F16>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            case DSV4_WF_FP8: launch_experts<DSV4_WF_FP8>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            default: launch_experts<DSV4_WF_FP4>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
             }
             launch_k(k_ex_sum, (unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream, Y, a->wts, a->eid, E, K, D,
                                                                                (int64_t)R * D, a->pre_weight, a->y);

@@ -32,6 +32,8 @@ struct wdev {
     int64_t sk;                 /* scale blocks along a row: FP8 ceil(k / bk), FP4 k / bk */
     int cpb, cshift;            /* 8-element chunks per scale block, its log2 (-1: not a power of two) */
     int wpr;                    /* warps per output row (chunk path) */
+    int tcs;                    /* run slices of a 16-row group (tensor-core path, mma.cuh) */
+    int kss;                    /* log2 of its runs per scale block (-1: not a power of two) */
 };
 
 

@@ -9,7 +9,7 @@
 #include <string.h>
 #include "kernels/cuda/internal.h"
 #include "kernels/cuda/exl3_cuda.h"
-#include "kernels/cuda/linear.cuh"
+#include "kernels/cuda/mma.cuh"
 
 using namespace dsv4cu;
 
@@ -47,6 +47,217 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 0) k_line
         j++;
     dense_map m = {J.x[j], J.y[j], J.ldx, J.nrj[j]};
     linear_rows<F, VEC, TT>(J.w[j], J.r0[j], J.nrj[j], m, T, b - J.b0[j]);
+}
+
+/* The tensor-core builds of the three (mma.cuh): NT n-tiles a pass on the register path, or
+ * NT = 0 for the tile path; blockIdx.y takes tokens y TB .. y TB + TB - 1. */
+template <int F, int NT>
+__global__ void TC_BOUNDS(NT) k_tc_linear(wdev w, int64_t r0, int nr, dense_map m, int T, int TB, float *part)
+{
+    PDL_WAIT();
+    int tb = (int)blockIdx.y * TB;
+    /* a split launch's slabs are [T, nr] dense, shifted with the tokens */
+    tc_any<F, NT>(w, r0, nr, m.at(tb), min(TB, T - tb), blockIdx.x, part ? part + (int64_t)tb * nr : NULL, nr,
+                  (int64_t)T * nr, (int)blockIdx.z);
+}
+
+template <int F, int NT>
+__global__ void TC_BOUNDS(NT) k_tc_group(lin_jobs J, int T, int TB)
+{
+    PDL_WAIT();
+    int j = blockIdx.x / J.bpj, tb = (int)blockIdx.y * TB;
+    dense_map m = {J.x[j], J.y[j], J.ldx, J.ldy};
+    float *pt = J.part[j];
+    tc_any<F, NT>(J.w[j], J.r0[j], J.nr, m.at(tb), min(TB, T - tb), blockIdx.x % J.bpj, pt ? pt + (int64_t)tb * J.nr : NULL,
+                  J.nr, (int64_t)T * J.nr, (int)blockIdx.z);
+}
+
+template <int F, int NT>
+__global__ void TC_BOUNDS(NT) k_tc_multi(lin_jobs J, int T, int TB)
+{
+    PDL_WAIT();
+    int j = 0, b = (int)blockIdx.x, tb = (int)blockIdx.y * TB;
+    while (j + 1 < J.n && b >= J.b0[j + 1])
+        j++;
+    dense_map m = {J.x[j], J.y[j], J.ldx, J.nrj[j]};
+    float *pt = J.part[j];
+    tc_any<F, NT>(J.w[j], J.r0[j], J.nrj[j], m.at(tb), min(TB, T - tb), b - J.b0[j],
+                  pt ? pt + (int64_t)tb * J.nrj[j] : NULL, J.nrj[j], (int64_t)T * J.nrj[j], (int)blockIdx.z);
+}
+
+/* y = the left-to-right sum of S slabs (mma.cuh, tc_fold). */
+__global__ void k_tc_fold(const float *part, int S, int64_t rows, int nr, int64_t pld, int64_t slab, float *y,
+                          int64_t ldy)
+{
+    PDL_WAIT();
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= rows * nr)
+        return;
+    int64_t r = e / nr, i = e % nr;
+    const float *p = part + r * pld + i;
+    float v = p[0];
+    for (int s = 1; s < S; s++)
+        v += p[s * slab];
+    y[r * ldy + i] = v;
+}
+
+void dsv4cu::tc_fold(const float *part, int S, int64_t rows, int nr, int64_t pld, int64_t slab, float *y, int64_t ldy,
+                     cudaStream_t st)
+{
+    launch_k(k_tc_fold, (unsigned)cdiv(rows * nr, 256), 256, 0, st, part, S, rows, nr, pld, slab, y, ldy);
+}
+
+int dsv4cu::tc_blocks(const wdev &w, int nt, int64_t nr)
+{
+    return nt ? (int)cdiv(cdiv(nr, 16) * w.tcs, TC_RW) : (int)cdiv(nr, TC_TW * 16);
+}
+
+/* The device's multiprocessors (device 0: the backend runs on one). */
+static int sm_count(void)
+{
+    static int n;
+    if (!n && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
+        n = 132;
+    return n;
+}
+
+/* The tile path splits below two blocks a multiprocessor. */
+bool dsv4cu::tc_split(const wdev &w, int nt, int64_t blocks)
+{
+    return nt ? w.tcs > TC_RW : w.tcs > 1 && blocks < 2 * (int64_t)sm_count();
+}
+
+/* Slice partials: grows, never freed (a recorded graph may still read an outgrown one). */
+static float *g_part;
+static size_t g_part_cap;
+
+float *dsv4cu::tc_part_buf(size_t n)
+{
+    if (n > g_part_cap) {
+        float *p = NULL;
+        if (CK(cudaMalloc((void **)&p, n * sizeof(float))))
+            return NULL;
+        g_part = p;
+        g_part_cap = n;
+    }
+    return g_part;
+}
+
+/* A form's run (mma.cuh, tcf): k-steps a run (G) and runs loaded together (U). */
+static void tc_run_shape(int form, int *G, int *U)
+{
+    *G = form == DSV4_WF_FP8 ? (int)tcf<DSV4_WF_FP8>::G : form == DSV4_WF_FP4 ? (int)tcf<DSV4_WF_FP4>::G : (int)tcf<DSV4_WF_BF16>::G;
+    *U = form == DSV4_WF_FP8 ? (int)tcf<DSV4_WF_FP8>::U : form == DSV4_WF_FP4 ? (int)tcf<DSV4_WF_FP4>::U : (int)tcf<DSV4_WF_BF16>::U;
+}
+
+/* The tensor-core switch (cuda.h): -1 until read from DSV4_CUDA_TC or set. */
+static int g_tc = -1;
+
+extern "C" void dsv4_cuda_set_tensor_cores(int on) { g_tc = on ? 1 : 0; }
+
+extern "C" int dsv4_cuda_tensor_cores(void)
+{
+    if (g_tc < 0) {
+        const char *e = getenv("DSV4_CUDA_TC");
+        g_tc = e && !strcmp(e, "1");
+    }
+    return g_tc;
+}
+
+/* Whether a weight takes the tensor-core path: the switch on, a form exact in bf16, rows whose
+ * thread chunks (4 G elements) tile them, and each run inside one scale block. */
+bool dsv4cu::tc_ok(const dsv4_weight *w)
+{
+    if (!dsv4_cuda_tensor_cores())
+        return false;
+    if (w->form != DSV4_WF_BF16 && w->form != DSV4_WF_FP8 && w->form != DSV4_WF_FP4)
+        return false;
+    int G, U;
+    tc_run_shape(w->form, &G, &U);
+    if (w->k <= 0 || w->k % (4 * G) || w->k > INT32_MAX / 2)
+        return false;
+    return w->form == DSV4_WF_BF16 || (w->scale && w->bk > 0 && w->bk % (16 * G) == 0 && w->bn > 0);
+}
+
+/* The register path's n-tiles of 8 tokens for T tokens, or 0: the tile path (either gives a
+ * token the same bits). */
+int dsv4cu::tc_nt(int T)
+{
+    return T <= 8 ? 1 : T <= 16 ? 2 : 0;
+}
+
+/* Whether the weight's path reads x with float4 loads (x rows must be 16-byte aligned). */
+static bool reads_x4(const dsv4_weight *w)
+{
+    return tc_ok(w) || vec_ok(w);
+}
+
+/* A tensor-core launch of J: the register path (NT n-tiles) or the tile path (NT = 0), each job
+ * split into slice partials where tc_split says so, then folded into its y. */
+template <int F, int NT>
+static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
+{
+    const int TB = NT ? 8 * NT : TC_TN, threads = NT ? TC_RW * 32 : TC_TW * 32;
+    unsigned ty = (unsigned)cdiv(T, TB);
+    int nb = 0, S = J.w[0].tcs;
+    bool split = false;
+    size_t need = 0;
+    int64_t nrj[DSV4_CUDA_GROUP_MAX];
+    for (int j = 0; j < J.n; j++) {
+        nrj[j] = J.multi ? J.nrj[j] : J.nr;
+        nb += tc_blocks(J.w[j], NT, nrj[j]);
+    }
+    /* one split decision a launch, from its whole grid (the multi launch's weights may differ in
+     * tcs: the tile path's grid.z is the largest, blocks past a job's slices exit) */
+    for (int j = 0; j < J.n; j++)
+        if (tc_split(J.w[j], NT, (int64_t)nb * ty))
+            split = true;
+    for (int j = 0; j < J.n; j++)
+        S = J.w[j].tcs > S ? J.w[j].tcs : S;
+    J.part[0] = NULL;
+    if (split) {
+        for (int j = 0; j < J.n; j++)
+            need += (size_t)J.w[j].tcs * T * nrj[j];
+        float *p = tc_part_buf(need);
+        if (!p)
+            return;
+        for (int j = 0; j < J.n; j++) {
+            J.part[j] = p;
+            p += (size_t)J.w[j].tcs * T * nrj[j];
+        }
+    } else
+        for (int j = 0; j < J.n; j++)
+            J.part[j] = NULL;
+    dim3 grid(0, ty, NT || !split ? 1 : (unsigned)S);
+    if (J.multi) {
+        J.b0[0] = 0;
+        for (int j = 0; j < J.n; j++)
+            J.b0[j + 1] = J.b0[j] + tc_blocks(J.w[j], NT, J.nrj[j]);
+        grid.x = (unsigned)J.b0[J.n];
+        launch_k(k_tc_multi<F, NT>, grid, threads, 0, st, J, T, TB);
+    } else if (J.n > 1) {
+        J.bpj = tc_blocks(J.w[0], NT, J.nr);
+        grid.x = (unsigned)(J.bpj * J.n);
+        launch_k(k_tc_group<F, NT>, grid, threads, 0, st, J, T, TB);
+    } else {
+        dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy};
+        grid.x = (unsigned)tc_blocks(J.w[0], NT, J.nr);
+        launch_k(k_tc_linear<F, NT>, grid, threads, 0, st, J.w[0], J.r0[0], J.nr, m, T, TB, J.part[0]);
+    }
+    if (split)
+        for (int j = 0; j < J.n; j++)
+            tc_fold(J.part[j], J.w[j].tcs, T, (int)nrj[j], nrj[j], (int64_t)T * nrj[j], J.y[j],
+                    J.multi ? nrj[j] : J.ldy, st);
+}
+
+template <int F>
+static void launch_tc(lin_jobs &J, int T, cudaStream_t st)
+{
+    switch (tc_nt(T)) {
+    case 1: launch_tc_nt<F, 1>(J, T, st); break;
+    case 2: launch_tc_nt<F, 2>(J, T, st); break;
+    default: launch_tc_nt<F, 0>(J, T, st); break;
+    }
 }
 
 /* Whether the 8-element chunk path tiles this weight's rows (and its scale blocks). */
@@ -112,6 +323,14 @@ static void launch_form(lin_jobs &J, bool vec, int T, cudaStream_t st)
  * shape). */
 static void launch_linear(const dsv4_weight *w, lin_jobs &J, int T, cudaStream_t st)
 {
+    if (tc_ok(w)) {
+        switch (w->form) {
+        case DSV4_WF_BF16: launch_tc<DSV4_WF_BF16>(J, T, st); break;
+        case DSV4_WF_FP8: launch_tc<DSV4_WF_FP8>(J, T, st); break;
+        default: launch_tc<DSV4_WF_FP4>(J, T, st); break;
+        }
+        return;
+    }
     bool vec = vec_ok(w);
     switch (w->form) {
     case DSV4_WF_F32: launch_form<DSV4_WF_F32>(J, vec, T, st); break;
@@ -164,6 +383,16 @@ wdev dsv4cu::wdev_of_n(const dsv4_weight *w, const void *q, const void *s, int m
     d.wpr = 1;
     while (d.wpr < LIN_WARPS && groups * d.wpr < LIN_MIN_WARPS && nch >= (int64_t)32 * chunk_shape(w->form).U * d.wpr * 2)
         d.wpr *= 2;
+    /* the tensor-core path: run slices of a 16-row group, doubled while the launch would have
+     * too few warps and each slice keeps two loads of U runs */
+    int G, U;
+    tc_run_shape(w->form, &G, &U);
+    int64_t nrun = cdiv(w->k, 16 * G), g16 = cdiv(w->n, 16) * (mats > 0 ? mats : 1);
+    d.tcs = 1;
+    while (d.tcs < TC_SMAX && g16 * d.tcs < 4096 && nrun >= (int64_t)U * d.tcs * 2)
+        d.tcs *= 2;
+    int rps = d.bk / (16 * G); /* runs a scale block */
+    d.kss = d.bk % (16 * G) == 0 && rps > 0 && !(rps & (rps - 1)) ? __builtin_ctz((unsigned)rps) : -1;
     return d;
 }
 
@@ -232,7 +461,7 @@ void dsv4cu::cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float
     int64_t dldx = w->k;
     if (ok && xdev) {
         bool aligned = ((uintptr_t)x & 15) == 0 && (T == 1 || ldx % 4 == 0);
-        if (aligned || !vec_ok(w)) {
+        if (aligned || !reads_x4(w)) {
             dx = x;
             dldx = ldx;
         } else {
@@ -270,7 +499,7 @@ void dsv4cu::cu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T
     int64_t rk = w->n / G;
     if (T <= 0 || G < 1)
         return;
-    bool one = G <= DSV4_CUDA_GROUP_MAX && w->form < DSV4_WF_EXL3 && on_dev(x) && on_dev(y) && vec_ok(w) &&
+    bool one = G <= DSV4_CUDA_GROUP_MAX && w->form < DSV4_WF_EXL3 && on_dev(x) && on_dev(y) && reads_x4(w) &&
                ((uintptr_t)x & 15) == 0 && (w->k * G) % 4 == 0 && w->k % 4 == 0;
     if (!one) {
         for (int g = 0; g < G; g++)
@@ -331,20 +560,20 @@ void dsv4cu::cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x
         const dsv4_weight *a = w[j];
         const void *q = a->form < DSV4_WF_EXL3 && a->n > 0 ? dev_known(a->data) : NULL;
         const void *s = q && a->scale ? dev_known(a->scale) : NULL;
-        state[j] = q && (s || !a->scale) && (aligned || !vec_ok(a)) ? 0 : -1;
+        state[j] = q && (s || !a->scale) && (aligned || !reads_x4(a)) ? 0 : -1;
         if (!state[j])
             wd[j] = wdev_of(a, q, s);
     }
     for (int j0 = 0; j0 < nw; j0++) {
         if (state[j0])
             continue;
-        bool vec = vec_ok(w[j0]);
+        bool vec = vec_ok(w[j0]), tc = tc_ok(w[j0]);
         lin_jobs J;
         memset(&J, 0, sizeof J);
         J.multi = 1;
         J.ldx = ldx;
         for (int j = j0; j < nw; j++) {
-            if (state[j] || w[j]->form != w[j0]->form || vec_ok(w[j]) != vec)
+            if (state[j] || w[j]->form != w[j0]->form || vec_ok(w[j]) != vec || tc_ok(w[j]) != tc)
                 continue;
             state[j] = 1;
             if (dsv4cu::poison && CK(cudaMemsetAsync(y[j], 0xff, (size_t)T * w[j]->n * sizeof(float), stream))) {

@@ -21,6 +21,7 @@ struct lin_jobs {
     float *y[DSV4_CUDA_GROUP_MAX];
     int nrj[DSV4_CUDA_GROUP_MAX];
     int b0[DSV4_CUDA_GROUP_MAX + 1];
+    float *part[DSV4_CUDA_GROUP_MAX]; /* tensor-core path: the job's slice partials, or NULL (mma.cuh) */
     int n, nr, bpj, multi;
     int64_t ldx, ldy;           /* a single job's row strides (groups are dense), x's in a multi launch */
 };
@@ -41,6 +42,10 @@ struct dense_map {
     const float *x;
     float *y;
     int64_t ldx, ldy;
+    /* the map of tokens t0, t0 + 1, ... */
+    __device__ __forceinline__ dense_map at(int t0) const { return dense_map{x + (int64_t)t0 * ldx, y + (int64_t)t0 * ldy, ldx, ldy}; }
+    /* the same rows written to p with row stride ld */
+    __device__ __forceinline__ dense_map with_y(float *p, int64_t ld) const { return dense_map{x, p, ldx, ld}; }
     __device__ __forceinline__ const float *xr(int t) const { return x + (int64_t)t * ldx; }
     __device__ __forceinline__ float *yr(int t) const { return y + (int64_t)t * ldy; }
 };
@@ -53,6 +58,7 @@ struct pair_map {
     int64_t ldx, ldy;
     __device__ __forceinline__ const float *xr(int t) const { return x + (int64_t)(__ldg(ord + t) / xdiv) * ldx; }
     __device__ __forceinline__ float *yr(int t) const { return y + (int64_t)__ldg(ord + t) * ldy; }
+    __device__ __forceinline__ pair_map with_y(float *p, int64_t ld) const { return pair_map{x, p, ord, xdiv, ldx, ld}; }
 };
 
 template <int F, bool VEC, int TT, class M>
