@@ -38,9 +38,12 @@
 #include "text/buf.h"
 #include "text/chat.h"
 #include "text/dsml.h"
+#include "text/grammar.h"
 #include "text/tokenizer.h"
+#include "text/tokmask.h"
 
 enum { MAX_BODY = 16 << 20, MAX_STOPS = 16, TAKE = 64, MAX_BATCH = 1024, N_BUCKETS = 12,
+       CONSTRAINT_CACHE = 16, /* masks a constrained request keeps (its recent grammar states) */
        HTTP_THREADS = 4,     /* libmicrohttpd's polling threads */
        REFUSED_SLACK = 128,  /* connections past max_connections that can still be told 503 */
        TICK_MS = 50 };       /* the waker's longest sleep: batch retries, disconnect checks */
@@ -84,6 +87,7 @@ typedef struct waiter {
 typedef struct server {
     dsv4_model *m;
     dsv4_tokenizer *tok;
+    const dsv4_vocab_trie *trie; /* the vocabulary's byte trie, built once: constrained requests' masks */
     dsv4_lanes *lanes;
     const char *name, *api_key;
     const char *family;       /* "deepseek_v4" or "deepseek_v41": the chat format and DSML tags */
@@ -1198,8 +1202,8 @@ static int client_gone(struct MHD_Connection *c)
 }
 
 /* tools: [{"type": "function", "function": {"name": str, "description"?: str, "parameters"?: object}}];
- * tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name": one of them}}.
- * "required" and a named choice are accepted but not enforced (decoding is not constrained). */
+ * tool_choice: "none" | "auto" | "required" | {"type": "function", "function": {"name": one of them}}
+ * ("required" and a named choice constrain the reply: parse_constraint). */
 static int check_tools(const cJSON *tools, const cJSON *choice, bad *b)
 {
     if (tools && !cJSON_IsNull(tools)) {
@@ -1249,6 +1253,71 @@ static int check_tools(const cJSON *tools, const cJSON *choice, bad *b)
     return fail_bad(b, "tool_choice", "'tool_choice' names '%s', which is not among the tools", name->valuestring);
 }
 
+/* The grammar a chat reply must follow, from tool_choice and response_format (*out NULL: none).
+ * A forced tool choice ("required" or a named function) wins over response_format: the reply is
+ * the call. response_format: {"type": "text"} or absent: none; "json_object": any JSON object;
+ * "json_schema" with json_schema.schema: a value valid for it. A schema outside the supported
+ * subset is refused when json_schema.strict is true; without strict (where OpenAI promises no
+ * validation either) it falls back to any JSON object when its type is object or not given, and
+ * to no constraint otherwise. thinking: the reply starts inside reasoning; v4: the V4 tags. */
+static int parse_constraint(const cJSON *j, int thinking, int v4, dsv4_grammar **out, bad *b)
+{
+    *out = NULL;
+    dsv4_err err = {0};
+    dsv4_grammar_opts go = {.thinking = thinking, .dsml_v4 = v4};
+    const cJSON *tools = cJSON_GetObjectItemCaseSensitive(j, "tools");
+    const cJSON *choice = cJSON_GetObjectItemCaseSensitive(j, "tool_choice");
+    const char *forced = NULL;
+    int required = cJSON_IsString(choice) && !strcmp(choice->valuestring, "required");
+    if (cJSON_IsObject(choice))
+        forced = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(choice, "function"), "name")->valuestring;
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(j, "response_format");
+    const cJSON *type = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    const cJSON *js = cJSON_GetObjectItemCaseSensitive(rf, "json_schema");
+    const cJSON *schema = cJSON_GetObjectItemCaseSensitive(js, "schema");
+    int strict = 0;
+    if (rf && !cJSON_IsNull(rf)) {
+        if (!cJSON_IsObject(rf) || !cJSON_IsString(type))
+            return fail_bad(b, "response_format", "'response_format' must be an object with a 'type'");
+        const char *t = type->valuestring;
+        if (!strcmp(t, "json_schema")) {
+            if (!cJSON_IsObject(js))
+                return fail_bad(b, "response_format", "response_format json_schema needs a 'json_schema' object");
+            if (!cJSON_IsObject(schema))
+                return fail_bad(b, "response_format", "'response_format.json_schema.schema' must be a JSON Schema object");
+            if (get_bool(js, "strict", &strict, b)) {
+                b->param = "response_format";
+                return -1;
+            }
+        } else if (strcmp(t, "text") && strcmp(t, "json_object")) {
+            return fail_bad(b, "response_format", "response_format type '%s' is not one of text, json_object, json_schema", t);
+        }
+    }
+    if (required || forced) {
+        *out = dsv4_grammar_tool_call(tools, forced, &go, &err);
+        if (!*out)
+            return fail_bad(b, "tools", "cannot force the tool call: %s", err.msg);
+        return 0;
+    }
+    if (!rf || cJSON_IsNull(rf) || !strcmp(type->valuestring, "text"))
+        return 0;
+    if (!strcmp(type->valuestring, "json_object")) {
+        *out = dsv4_grammar_json_object(&go, &err);
+    } else {
+        *out = dsv4_grammar_json_schema(schema, &go, &err);
+        if (!*out && !strict) {
+            const cJSON *st = cJSON_GetObjectItemCaseSensitive(schema, "type");
+            if (!st || (cJSON_IsString(st) && !strcmp(st->valuestring, "object")))
+                *out = dsv4_grammar_json_object(&go, &err);
+            else
+                return 0;
+        }
+    }
+    if (!*out)
+        return fail_bad(b, "response_format", "%s", err.msg);
+    return 0;
+}
+
 /* Parses a generation request (prompt: the completions prompt to use, NULL for chat; raw: the
  * body's text), renders and tokenizes it. Returns the generation, not yet queued, or NULL with
  * *b set. */
@@ -1275,6 +1344,7 @@ static gen *gen_parse(server *s, const cJSON *j, const char *raw, size_t raw_n, 
     dsv4_detok_init(&g->dt, s->tok, 1);
     dsv4_ids ids = {0};
     dsv4_err err = {0};
+    dsv4_grammar *grammar = NULL;
     int rc = -1;
 
     const cJSON *model = cJSON_GetObjectItemCaseSensitive(j, "model");
@@ -1326,6 +1396,11 @@ static gen *gen_parse(server *s, const cJSON *j, const char *raw, size_t raw_n, 
             fail_bad(b, NULL, "%s", err.msg);
             goto out;
         }
+        if (parse_constraint(j, cJSON_IsString(tm) && !strcmp(tm->valuestring, "thinking"),
+                             cJSON_IsString(fam) && !strcmp(fam->valuestring, "deepseek_v4"), &grammar, b)) {
+            cJSON_Delete(rq);
+            goto out;
+        }
         char *text = NULL;
         size_t len = 0;
         int r = dsv4_chat_render(rq, &text, &len, &err);
@@ -1369,6 +1444,19 @@ static gen *gen_parse(server *s, const cJSON *j, const char *raw, size_t raw_n, 
     if (parse_sampling(s, g, j, raw, raw_n, g->r, b))
         goto out;
     g->r->sp.n_top_logprobs = g->n_logprobs > 0 ? g->n_logprobs : 0;
+    if (grammar) {
+        if (g->r->forced) {
+            fail_bad(b, "forced_tokens", "'forced_tokens' cannot be combined with response_format or a forced tool_choice");
+            goto out;
+        }
+        g->r->constraint = dsv4_constraint_new(grammar, s->trie, &s->eos, 1, CONSTRAINT_CACHE, &err);
+        grammar = NULL; /* the constraint owns it, or freed it */
+        if (!g->r->constraint) {
+            fail_bad(b, NULL, "%s", err.msg);
+            b->status = 500;
+            goto out;
+        }
+    }
     if (g->echo) {
         if (!g->prompt_text) {
             char *t = NULL;
@@ -1381,6 +1469,7 @@ static gen *gen_parse(server *s, const cJSON *j, const char *raw, size_t raw_n, 
     rc = 0;
 out:
     dsv4_ids_free(&ids);
+    dsv4_grammar_free(grammar);
     if (rc) {
         if (!b->status)
             b->status = 400;
@@ -2079,6 +2168,13 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     }
     dsv4_model_info mi;
     dsv4_model_get_info(s.m, &mi);
+    dsv4_vocab_trie *trie = dsv4_vocab_trie_new(s.tok, mi.vocab_size, err);
+    if (!trie) {
+        dsv4_tokenizer_free(s.tok);
+        dsv4_model_free(s.m);
+        return err->code;
+    }
+    s.trie = trie;
     s.vocab = mi.vocab_size;
     s.eos = mi.eos_id;
     s.ctx = mi.max_position;
@@ -2191,6 +2287,7 @@ fail:
     pthread_mutex_destroy(&s.smu);
     pthread_mutex_destroy(&s.wmu);
     free(clean_name);
+    dsv4_vocab_trie_free(trie); /* after the lanes: constraints of requests refer to it */
     dsv4_tokenizer_free(s.tok);
     dsv4_model_free(s.m);
     return err->code;
@@ -2199,11 +2296,21 @@ fail:
 int dsv4_serve_parse(const dsv4_parse_model *pm, const char *path, const char *body, size_t n, dsv4_request **first, char *msg,
                      size_t cap)
 {
-    server s = {.tok = pm->tok, .name = pm->name ? pm->name : "model", .family = pm->family ? pm->family : "deepseek_v4",
+    server s = {.tok = pm->tok, .trie = pm->trie, .name = pm->name ? pm->name : "model", .family = pm->family ? pm->family : "deepseek_v4",
                 .vocab = pm->vocab, .eos = pm->eos, .ctx = pm->ctx,
                 .max_score_tokens = pm->max_score_tokens > 0 ? pm->max_score_tokens : DSV4_DEFAULT_MAX_SCORE_TOKENS};
     if (first)
         *first = NULL;
+    dsv4_vocab_trie *own = NULL;
+    if (!s.trie) {
+        dsv4_err err = {0};
+        s.trie = own = dsv4_vocab_trie_new(pm->tok, pm->vocab, &err);
+        if (!own) {
+            if (msg && cap)
+                snprintf(msg, cap, "%s", err.msg);
+            return 500;
+        }
+    }
     int chat = !strcmp(path, "/v1/chat/completions");
     bad b = {0};
     if (!chat && strcmp(path, "/v1/completions")) {
@@ -2227,5 +2334,10 @@ int dsv4_serve_parse(const dsv4_parse_model *pm, const char *path, const char *b
         b.status = 400;
     if (msg && cap)
         snprintf(msg, cap, "%s", b.status == 200 ? "" : b.msg);
+    if (own && first && *first) { /* its constraint would outlive this call's trie */
+        dsv4_constraint_free((*first)->constraint);
+        (*first)->constraint = NULL;
+    }
+    dsv4_vocab_trie_free(own);
     return b.status;
 }

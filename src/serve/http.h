@@ -43,6 +43,8 @@ typedef struct dsv4_parse_model {
     int vocab, eos;
     int64_t ctx;
     int max_score_tokens;      /* 0: the default */
+    const struct dsv4_vocab_trie *trie; /* the tokenizer's vocabulary trie (constrained requests); NULL: one is
+                                * built for the call, and the returned request's constraint is dropped */
 } dsv4_parse_model;
 
 /* Returns the HTTP status the server would answer before generating: 200 when the request is

@@ -1,6 +1,7 @@
 /* The server's request parser without the network (dsv4_serve_parse), on a byte-level
  * tokenizer written here: seeds are read exactly over [-2^63, 2^64); a chat's default
- * max_tokens fits an int whatever the context; the body must be UTF-8; scoring is capped. */
+ * max_tokens fits an int whatever the context; the body must be UTF-8; scoring is capped;
+ * response_format and tool_choice give the request its constraint, or a 400. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include "serve/http.h"
 #include "serve/lanes.h"
 #include "text/tokenizer.h"
+#include "text/tokmask.h"
 #include "bytelevel.h"
 
 static const char *path = "build/tests/tok_bytes.json";
@@ -140,6 +142,74 @@ int main(void)
         CHECK(parse("/v1/completions", body, NULL, msg) == 400, "the cap counts every prompt of a list");
         snprintf(body, sizeof body, "{\"prompt\":\"%.300s\",\"echo\":true,\"max_tokens\":0}", p);
         CHECK(parse("/v1/completions", body, NULL, msg) == 200, "echo without logprobs scores nothing");
+    }
+
+    /* response_format and tool_choice: the request's constraint, or a 400 naming the field */
+    {
+        dsv4_vocab_trie *trie = dsv4_vocab_trie_new(pm.tok, pm.vocab, &err);
+        CHECK(trie != NULL, "trie: %s", err.msg);
+        pm.trie = trie;
+        const char *msgs = "\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]";
+        const char *tools = "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                            "\"properties\":{\"x\":{\"type\":\"integer\"}},\"required\":[\"x\"]}}}]";
+        struct { const char *extra; int status; int constrained; const char *what; } cases[] = {
+            {"", 200, 0, "no response_format"},
+            {",\"response_format\":null", 200, 0, "response_format null"},
+            {",\"response_format\":{\"type\":\"text\"}", 200, 0, "text"},
+            {",\"response_format\":{\"type\":\"json_object\"}", 200, 1, "json_object"},
+            {",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"strict\":true,"
+             "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"}}}}}", 200, 1, "strict json_schema"},
+            {",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+             "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":1}}}}}", 200, 1,
+             "non-strict json_schema outside the subset: any object"},
+            {",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\","
+             "\"schema\":{\"type\":\"array\",\"items\":{\"pattern\":\"a\"}}}}", 200, 0,
+             "non-strict json_schema outside the subset, not an object: unconstrained"},
+            {",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"n\",\"strict\":true,"
+             "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\",\"minimum\":1}}}}}", 400, 0,
+             "strict json_schema outside the subset"},
+            {",\"response_format\":{\"type\":\"bogus\"}", 400, 0, "unknown type"},
+            {",\"response_format\":{\"type\":\"json_schema\"}", 400, 0, "json_schema without json_schema"},
+            {",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"schema\":3}}", 400, 0, "schema not an object"},
+            {",\"response_format\":\"json_object\"", 400, 0, "response_format a string"},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+            char body[1024], msg[512];
+            snprintf(body, sizeof body, "{%s%s}", msgs, cases[i].extra);
+            dsv4_request *r = NULL;
+            int st = parse("/v1/chat/completions", body, &r, msg);
+            CHECK(st == cases[i].status && (st != 200 || (r && !!r->constraint == cases[i].constrained)),
+                  "response_format, %s: %d (%s)", cases[i].what, st, msg);
+            CHECK(st == 200 || strstr(msg, "response_format") || strstr(msg, "schema"), "the error names the field: %s", msg);
+            dsv4_request_release(r);
+        }
+        struct { const char *choice; int status; int constrained; } tc[] = {
+            {"\"auto\"", 200, 0}, {"\"none\"", 200, 0}, {"\"required\"", 200, 1},
+            {"{\"type\":\"function\",\"function\":{\"name\":\"f\"}}", 200, 1},
+            {"{\"type\":\"function\",\"function\":{\"name\":\"g\"}}", 400, 0}, {"\"always\"", 400, 0},
+        };
+        for (size_t i = 0; i < sizeof tc / sizeof *tc; i++) {
+            char body[1024], msg[512];
+            snprintf(body, sizeof body, "{%s,%s,\"tool_choice\":%s}", msgs, tools, tc[i].choice);
+            dsv4_request *r = NULL;
+            int st = parse("/v1/chat/completions", body, &r, msg);
+            CHECK(st == tc[i].status && (st != 200 || (r && !!r->constraint == tc[i].constrained)), "tool_choice %s: %d (%s)",
+                  tc[i].choice, st, msg);
+            dsv4_request_release(r);
+        }
+        /* a forced call wins over response_format; a forced call cannot take forced tokens */
+        {
+            char body[1024], msg[512];
+            dsv4_request *r = NULL;
+            snprintf(body, sizeof body, "{%s,%s,\"tool_choice\":\"required\",\"response_format\":{\"type\":\"json_object\"}}", msgs, tools);
+            CHECK(parse("/v1/chat/completions", body, &r, msg) == 200 && r && r->constraint &&
+                  !dsv4_grammar_matches(dsv4_constraint_grammar(r->constraint), "{}", 2), "tool_choice required wins over json_object");
+            dsv4_request_release(r);
+            snprintf(body, sizeof body, "{%s,\"response_format\":{\"type\":\"json_object\"},\"forced_tokens\":[1,2]}", msgs);
+            CHECK(parse("/v1/chat/completions", body, NULL, msg) == 400 && strstr(msg, "forced_tokens"), "constraint with forced tokens: %s", msg);
+        }
+        pm.trie = NULL;
+        dsv4_vocab_trie_free(trie);
     }
     dsv4_tokenizer_free(pm.tok);
     return check_summary("serve_parse");
