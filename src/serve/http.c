@@ -63,6 +63,7 @@ typedef struct gen gen;
 /* One open connection (libmicrohttpd's socket context). */
 typedef struct sock {
     struct sock *prev, *next;
+    const struct server *srv;
     int fd;
     uint32_t ip;              /* the client's IPv4 address, network order */
     double t_last;            /* end of its last request, or its opening */
@@ -98,6 +99,12 @@ typedef struct server {
     histo ttft, duration;     /* time to first token and whole request, of successful generations */
     uint64_t seed_base;
     int max_score_tokens;
+    int max_tokens;           /* a chat's default max_tokens (--max-tokens) */
+    long started;             /* when the server started (the model's "created") */
+    /* CORS (--cors): any origin, none (no headers), or the origins listed */
+    enum { CORS_ANY, CORS_NONE, CORS_LIST } cors;
+    char **cors_origins;
+    int n_cors;
     int draft;                /* requests' default proposal length (--draft) */
     /* open connections */
     pthread_mutex_t smu;
@@ -146,7 +153,9 @@ struct gen {
     dsv4_dsml *dsml;           /* chat: splits text into reasoning, content and tool calls */
     dsv4_dsml_out dout;        /* its output not yet sent (buffers reset after each send) */
     size_t parsed;             /* text bytes fed to the parser */
-    int n_calls_sent;
+    int n_calls_sent;          /* tool calls streamed whole */
+    int call_head_sent;        /* the next call's name went out (its arguments follow in fragments) */
+    dsv4_buf args_sent;        /* the next call's argument text streamed so far */
     char *prompt_text;         /* echo */
     dsv4_buf sse;
     size_t sse_pos;
@@ -160,6 +169,38 @@ struct gen {
 
 /* ---- responses ------------------------------------------------------------------- */
 
+static sock *sock_of(struct MHD_Connection *c);
+
+/* The Access-Control-Allow-Origin a reply to origin gets: "*" (any), the origin itself (listed),
+ * or NULL (none). */
+static const char *cors_allow(const server *s, const char *origin)
+{
+    if (s->cors == CORS_ANY)
+        return "*";
+    if (s->cors == CORS_NONE || !origin)
+        return NULL;
+    for (int i = 0; i < s->n_cors; i++)
+        if (!strcmp(s->cors_origins[i], origin))
+            return origin;
+    return NULL;
+}
+
+/* Queues rs (consumed) with the CORS headers the request's origin gets. */
+static enum MHD_Result respond(struct MHD_Connection *c, unsigned status, struct MHD_Response *rs)
+{
+    const sock *k = sock_of(c);
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    const char *allow = k && k->srv ? cors_allow(k->srv, origin) : NULL;
+    if (allow) {
+        MHD_add_response_header(rs, "Access-Control-Allow-Origin", allow);
+        if (strcmp(allow, "*"))
+            MHD_add_response_header(rs, "Vary", "Origin");
+    }
+    enum MHD_Result ok = MHD_queue_response(c, status, rs);
+    MHD_destroy_response(rs);
+    return ok;
+}
+
 /* Queues a response owning body[0..n) (freed by libmicrohttpd). */
 static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type, char *body, size_t n)
 {
@@ -167,9 +208,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, int status, const cha
         return MHD_NO;
     struct MHD_Response *rs = MHD_create_response_from_buffer(n, body, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(rs, "Content-Type", type);
-    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, rs);
-    MHD_destroy_response(rs);
-    return ok;
+    return respond(c, (unsigned)status, rs);
 }
 
 /* Queues j (consumed) as a JSON response. */
@@ -212,9 +251,7 @@ static enum MHD_Result send_error_close(server *s, struct MHD_Connection *c, int
     struct MHD_Response *rs = MHD_create_response_from_buffer(strlen(b), b, MHD_RESPMEM_MUST_FREE);
     MHD_add_response_header(rs, "Content-Type", "application/json");
     MHD_add_response_header(rs, "Connection", "close");
-    enum MHD_Result ok = MHD_queue_response(c, (unsigned)status, rs);
-    MHD_destroy_response(rs);
-    return ok;
+    return respond(c, (unsigned)status, rs);
 }
 
 /* OpenAI's error body: {"error": {"message", "type", "param", "code"}}. The message may quote
@@ -248,6 +285,7 @@ typedef struct bad {
     int status;
     const char *param, *code;
     char msg[512];
+    char param_buf[64];       /* a param naming a place in the request (messages[2].content[0]) */
 } bad;
 
 static int fail_bad(bad *b, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -443,6 +481,9 @@ static int parse_sampling(server *s, gen *g, const cJSON *j, const char *raw, si
         parse_seed(j, raw, raw_n, &have_seed, &seed, b) || get_int(j, "max_tokens", 0, 1e9, &max_tokens, b) ||
         get_int(j, "max_completion_tokens", 0, 1e9, &max_tokens, b) || get_int(j, "draft", 0, DSV4_DRAFT_MAX, &draft, b))
         return -1;
+    const cJSON *bo = cJSON_GetObjectItemCaseSensitive(j, "best_of");
+    if (bo && !cJSON_IsNull(bo) && (!cJSON_IsNumber(bo) || bo->valuedouble != 1))
+        return fail_bad(b, "best_of", "'best_of' must be 1: this server returns the one sequence it samples");
     r->draft = (int)draft;
     if (top_p == 0)
         return fail_bad(b, "top_p", "'top_p' must be greater than 0");
@@ -479,8 +520,8 @@ static int parse_sampling(server *s, gen *g, const cJSON *j, const char *raw, si
         r->n_forced = (int)f.n;
         max_tokens = r->n_forced;
     }
-    if (max_tokens < 0) /* a chat may fill the context; the request counts tokens in an int */
-        max_tokens = g->chat ? (room < INT_MAX - r->n_prompt ? room : INT_MAX - r->n_prompt) : 16;
+    if (max_tokens < 0) /* a chat: --max-tokens, as far as the context allows */
+        max_tokens = g->chat ? (room < s->max_tokens ? room : s->max_tokens) : 16;
     if (max_tokens > room) {
         b->code = "context_length_exceeded";
         return fail_bad(b, "max_tokens", "the prompt (%d tokens) plus max_tokens (%lld) exceeds the context of %lld tokens",
@@ -586,6 +627,7 @@ static void gen_free(gen *g)
     dsv4_dsml_out_free(&g->dout);
     dsv4_buf_free(&g->text);
     dsv4_buf_free(&g->sse);
+    dsv4_buf_free(&g->args_sent);
     free(g->off);
     free(g->tok);
     free(g->prompt_text);
@@ -753,10 +795,22 @@ static cJSON *top_map(server *s, const dsv4_sample_out *t)
     return m;
 }
 
-/* Completions logprobs: {tokens, token_logprobs, top_logprobs, text_offset}, with the prompt's
- * tokens first when echoing. base: text offset of the generated text. */
-static cJSON *completion_logprobs(gen *g, int from, int to, size_t base, int with_prompt)
+/* Characters (code points) of valid UTF-8 p[0..n): the bytes that do not continue one. */
+static size_t n_chars(const char *p, size_t n)
 {
+    size_t c = 0;
+    for (size_t i = 0; i < n; i++)
+        c += ((unsigned char)p[i] & 0xC0) != 0x80;
+    return c;
+}
+
+/* Completions logprobs: {tokens, token_logprobs, top_logprobs, text_offset}, with the prompt's
+ * tokens first when with_prompt. text_offset counts characters (code points, as OpenAI and vLLM
+ * count them) from the start of the choice's text: the echoed prompt, when echoing, then the
+ * generated text. */
+static cJSON *completion_logprobs(gen *g, int from, int to, int with_prompt)
+{
+    size_t base = g->echo && g->prompt_text ? n_chars(g->prompt_text, strlen(g->prompt_text)) : 0;
     cJSON *lp = cJSON_CreateObject();
     cJSON *toks = cJSON_AddArrayToObject(lp, "tokens"), *tlp = cJSON_AddArrayToObject(lp, "token_logprobs");
     cJSON *top = cJSON_AddArrayToObject(lp, "top_logprobs"), *off = cJSON_AddArrayToObject(lp, "text_offset");
@@ -773,7 +827,7 @@ static cJSON *completion_logprobs(gen *g, int from, int to, size_t base, int wit
             cJSON_AddItemToArray(toks, cJSON_CreateString(t ? t : ""));
             free(t);
             cJSON_AddItemToArray(off, cJSON_CreateNumber((double)at));
-            at += len;
+            at += n_chars(p ? p : "", len);
             if (i == 0 || i >= r->n_prompt_lp) {
                 cJSON_AddItemToArray(tlp, cJSON_CreateNull());
                 cJSON_AddItemToArray(top, cJSON_CreateNull());
@@ -784,11 +838,15 @@ static cJSON *completion_logprobs(gen *g, int from, int to, size_t base, int wit
         }
         dsv4_detok_free(&d);
     }
+    size_t at_byte = 0, at_char = 0; /* a position in the generated text, in bytes and characters */
     for (int k = from; k < to; k++) {
         const dsv4_sample_out *t = &g->tok[k];
+        size_t ob = g->off[k] < g->text.n ? g->off[k] : g->text.n;
+        at_char += n_chars(g->text.p ? g->text.p + at_byte : "", ob - at_byte);
+        at_byte = ob;
         cJSON_AddItemToArray(toks, piece_string(g, k));
         cJSON_AddItemToArray(tlp, cJSON_CreateNumber(t->logprob));
-        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(base + g->off[k])));
+        cJSON_AddItemToArray(off, cJSON_CreateNumber((double)(base + at_char)));
         cJSON_AddItemToArray(top, top_map(g->s, t));
     }
     return lp;
@@ -846,11 +904,18 @@ static void chat_parse(gen *g, size_t upto)
         g->parsed = upto;
     }
     if (g->finish && g->parsed == g->text.n && g->dsml) {
-        dsv4_dsml_finish(g->dsml, &g->dout, &err);
+        /* cut by max_tokens: a call being written is kept as far as it parsed */
+        if (g->finish == DSV4_FINISH_LENGTH)
+            dsv4_dsml_finish_cut(g->dsml, &g->dout, &err);
+        else
+            dsv4_dsml_finish(g->dsml, &g->dout, &err);
         dsv4_dsml_free(g->dsml);
         g->dsml = NULL;
     }
 }
+
+/* The call id of tool call i. */
+static void call_id(const gen *g, int i, char *out, size_t cap) { snprintf(out, cap, "call_%s_%d", g->id, i); }
 
 /* OpenAI tool_calls from the parser's calls [from, n); with_index for stream deltas. */
 static cJSON *tool_calls_json(gen *g, int from, int with_index)
@@ -861,7 +926,7 @@ static cJSON *tool_calls_json(gen *g, int from, int with_index)
         const cJSON *c = cJSON_GetArrayItem(g->dout.calls, i);
         cJSON *t = cJSON_CreateObject(), *f;
         char id[sizeof g->id + 24];
-        snprintf(id, sizeof id, "call_%s_%d", g->id, i);
+        call_id(g, i, id, sizeof id);
         if (with_index)
             cJSON_AddNumberToObject(t, "index", i);
         cJSON_AddStringToObject(t, "id", id);
@@ -939,8 +1004,79 @@ static void sse_event(gen *g, cJSON *j)
     free(s);
 }
 
+/* A stream's tool-call delta: call i's head (id, type, name, empty arguments), or a fragment of
+ * its arguments (name NULL). */
+static cJSON *call_delta(const gen *g, int i, const char *name, const char *args, size_t n)
+{
+    cJSON *t = cJSON_CreateObject(), *f;
+    cJSON_AddNumberToObject(t, "index", i);
+    if (name) {
+        char id[sizeof g->id + 24];
+        call_id(g, i, id, sizeof id);
+        cJSON_AddStringToObject(t, "id", id);
+        cJSON_AddStringToObject(t, "type", "function");
+    }
+    f = cJSON_AddObjectToObject(t, "function");
+    if (name)
+        cJSON_AddStringToObject(f, "name", name);
+    char *a = strndup(args, n);
+    cJSON_AddStringToObject(f, "arguments", a ? a : "");
+    free(a);
+    return t;
+}
+
+/* Appends to frags the tool-call deltas that are new, as OpenAI streams them: a call's name as
+ * soon as its opening tag is read, then its arguments in fragments as each parameter closes. */
+static void call_deltas(gen *g, cJSON *frags)
+{
+    int n = cJSON_GetArraySize(g->dout.calls);
+    while (g->n_calls_sent < n) {
+        const cJSON *c = cJSON_GetArrayItem(g->dout.calls, g->n_calls_sent);
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(c, "name");
+        if (!g->call_head_sent)
+            cJSON_AddItemToArray(frags, call_delta(g, g->n_calls_sent, cJSON_IsString(name) ? name->valuestring : "", "", 0));
+        char *a = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(c, "arguments"));
+        const char *full = a ? a : "{}";
+        size_t have = g->args_sent.n < strlen(full) ? g->args_sent.n : strlen(full);
+        if (strlen(full) > have) /* the parser keeps what was streamed a prefix (dsv4_dsml_open_call) */
+            cJSON_AddItemToArray(frags, call_delta(g, g->n_calls_sent, NULL, full + have, strlen(full) - have));
+        free(a);
+        g->call_head_sent = 0;
+        g->args_sent.n = 0;
+        g->n_calls_sent++;
+    }
+    const cJSON *open = g->dsml ? dsv4_dsml_open_call(g->dsml) : NULL;
+    if (!open)
+        return;
+    if (!g->call_head_sent) {
+        const cJSON *name = cJSON_GetObjectItemCaseSensitive(open, "name");
+        cJSON_AddItemToArray(frags, call_delta(g, g->n_calls_sent, cJSON_IsString(name) ? name->valuestring : "", "", 0));
+        g->call_head_sent = 1;
+    }
+    char *a = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(open, "arguments"));
+    size_t k = a && *a ? strlen(a) - 1 : 0; /* all but the closing brace */
+    if (k > g->args_sent.n) {
+        cJSON_AddItemToArray(frags, call_delta(g, g->n_calls_sent, NULL, a + g->args_sent.n, k - g->args_sent.n));
+        dsv4_buf_put(&g->args_sent, a + g->args_sent.n, k - g->args_sent.n);
+    }
+    free(a);
+}
+
+/* A chunk with one choice holding delta (consumed; chat) or text (completions). */
+static cJSON *chunk(gen *g, cJSON **c0_out)
+{
+    cJSON *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
+    cJSON *ch = cJSON_AddArrayToObject(j, "choices"), *c0 = cJSON_CreateObject();
+    cJSON_AddItemToArray(ch, c0);
+    cJSON_AddNumberToObject(c0, "index", 0);
+    *c0_out = c0;
+    return j;
+}
+
 /* Appends the events for what is new: a delta with the streamable text (and its tokens'
- * logprobs and ids), then on the end the finish chunk, the usage chunk and [DONE]. */
+ * logprobs and ids), then on the end the finish chunk, the usage chunk and [DONE]. A chat
+ * sends a delta only when it has something: the role first, text, tool-call deltas, or (when
+ * asked for) new tokens' logprobs and ids; never an empty content string. */
 static void stream_events(gen *g)
 {
     size_t safe = gen_safe_len(g);
@@ -952,55 +1088,66 @@ static void stream_events(gen *g)
     int to = g->n_streamed;
     while (to < g->n_tok && (g->off[to] < safe || g->finish))
         to++;
-    /* the first chunk: a chat's role, or an echoed prompt once its scores exist (after the
-     * first token or the end: both come after the prompt was read) */
-    int fresh_role = !g->role_sent && (g->chat || (g->echo && (g->n_tok > 0 || g->finish)));
-    int new_calls = g->chat && cJSON_GetArraySize(g->dout.calls) > g->n_calls_sent;
-    int chat_text = g->chat && (g->dout.content.n || g->dout.reasoning.n);
-    if ((!g->chat && safe > g->emitted) || chat_text || new_calls || to > g->n_streamed || fresh_role) {
-        cJSON *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
-        cJSON *ch = cJSON_AddArrayToObject(j, "choices"), *c0 = cJSON_CreateObject();
-        cJSON_AddItemToArray(ch, c0);
-        cJSON_AddNumberToObject(c0, "index", 0);
-        if (g->chat) {
-            cJSON *d = cJSON_AddObjectToObject(c0, "delta");
-            if (fresh_role)
-                cJSON_AddStringToObject(d, "role", "assistant");
-            if (g->dout.reasoning.n)
-                cJSON_AddStringToObject(d, "reasoning_content", g->dout.reasoning.p);
-            if (g->dout.content.n || !g->dout.reasoning.n)
-                cJSON_AddStringToObject(d, "content", g->dout.content.n ? g->dout.content.p : "");
-            if (new_calls) {
-                cJSON_AddItemToObject(d, "tool_calls", tool_calls_json(g, g->n_calls_sent, 1));
-                g->n_calls_sent = cJSON_GetArraySize(g->dout.calls);
+    const int per_token = (g->n_logprobs >= 0 || g->want_ids) && to > g->n_streamed;
+    if (g->chat) {
+        cJSON *frags = cJSON_CreateArray();
+        call_deltas(g, frags);
+        const int fresh_role = !g->role_sent;
+        const int text = g->dout.content.n || g->dout.reasoning.n;
+        int nf = cJSON_GetArraySize(frags);
+        /* one chunk for the role, the text and the tokens' extras, then one per call delta */
+        for (int i = -1; i < nf; i++) {
+            if (i < 0 && !fresh_role && !text && !(per_token && nf == 0))
+                continue;
+            cJSON *c0, *j = chunk(g, &c0), *d = cJSON_AddObjectToObject(c0, "delta");
+            if (i < 0) {
+                if (fresh_role)
+                    cJSON_AddStringToObject(d, "role", "assistant");
+                if (g->dout.reasoning.n)
+                    cJSON_AddStringToObject(d, "reasoning_content", g->dout.reasoning.p);
+                if (g->dout.content.n)
+                    cJSON_AddStringToObject(d, "content", g->dout.content.p);
+                g->dout.content.n = g->dout.reasoning.n = 0;
+            } else {
+                cJSON *tc = cJSON_AddArrayToObject(d, "tool_calls");
+                cJSON_AddItemToArray(tc, cJSON_DetachItemFromArray(frags, 0));
             }
-            g->dout.content.n = g->dout.reasoning.n = 0;
             if (g->n_logprobs >= 0 && to > g->n_streamed)
                 cJSON_AddItemToObject(c0, "logprobs", chat_logprobs(g, g->n_streamed, to));
             else
                 cJSON_AddNullToObject(c0, "logprobs");
-        } else {
-            size_t a = g->emitted, b = safe > a ? safe : a;
-            dsv4_buf t = {0};
-            if (!g->role_sent && g->echo && g->prompt_text)
-                dsv4_buf_puts(&t, g->prompt_text);
-            dsv4_buf_put(&t, g->text.p ? g->text.p + a : "", b - a);
-            cJSON_AddStringToObject(c0, "text", t.p ? t.p : "");
-            dsv4_buf_free(&t);
-            /* echo: the prompt (and its scores) lead the first chunk; offsets count from its start */
-            int lead = !g->role_sent && g->echo;
-            size_t base = g->echo && g->prompt_text ? strlen(g->prompt_text) : 0;
-            if (g->n_logprobs >= 0)
-                cJSON_AddItemToObject(c0, "logprobs", completion_logprobs(g, g->n_streamed, to, base, lead));
-            else
-                cJSON_AddNullToObject(c0, "logprobs");
+            cJSON_AddNullToObject(c0, "finish_reason");
+            if (g->want_ids)
+                cJSON_AddItemToObject(c0, "token_ids", ids_json(g, g->n_streamed, to));
+            sse_event(g, j);
+            g->role_sent = 1;
+            g->n_streamed = to;
         }
+        cJSON_Delete(frags);
+        g->emitted = safe > g->emitted ? safe : g->emitted;
+    } else if (safe > g->emitted || to > g->n_streamed || (!g->role_sent && g->echo && (g->n_tok > 0 || g->finish))) {
+        /* the first chunk of an echo: the prompt once its scores exist (after the first token or
+         * the end: both come after the prompt was read) */
+        cJSON *c0, *j = chunk(g, &c0);
+        size_t a = g->emitted, b = safe > a ? safe : a;
+        dsv4_buf t = {0};
+        if (!g->role_sent && g->echo && g->prompt_text)
+            dsv4_buf_puts(&t, g->prompt_text);
+        dsv4_buf_put(&t, g->text.p ? g->text.p + a : "", b - a);
+        cJSON_AddStringToObject(c0, "text", t.p ? t.p : "");
+        dsv4_buf_free(&t);
+        /* echo: the prompt (and its scores) lead the first chunk; offsets count from its start */
+        int lead = !g->role_sent && g->echo;
+        if (g->n_logprobs >= 0)
+            cJSON_AddItemToObject(c0, "logprobs", completion_logprobs(g, g->n_streamed, to, lead));
+        else
+            cJSON_AddNullToObject(c0, "logprobs");
         cJSON_AddNullToObject(c0, "finish_reason");
         if (g->want_ids)
             cJSON_AddItemToObject(c0, "token_ids", ids_json(g, g->n_streamed, to));
         sse_event(g, j);
         g->role_sent = 1;
-        g->emitted = safe > g->emitted ? safe : g->emitted;
+        g->emitted = b;
         g->n_streamed = to;
     }
     if (g->finish && !g->final_sent) {
@@ -1318,6 +1465,34 @@ static int parse_constraint(const cJSON *j, int thinking, int v4, dsv4_grammar *
     return 0;
 }
 
+/* Refuses what a chat cannot take honestly: image content parts (there is no vision path; the
+ * encoder would leave only a placeholder). */
+static int check_messages(const cJSON *msgs, bad *b)
+{
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs)
+    {
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content"), *part;
+        int k = 0;
+        if (cJSON_IsArray(content))
+            cJSON_ArrayForEach(part, content)
+            {
+                const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+                const char *t = cJSON_IsString(type) ? type->valuestring : "";
+                if (!strcmp(t, "image_url") || !strcmp(t, "input_image") || !strcmp(t, "image")) {
+                    snprintf(b->param_buf, sizeof b->param_buf, "messages[%d].content[%d]", i, k);
+                    fail_bad(b, b->param_buf, "messages[%d].content[%d]: image parts are not supported (this model has no vision input)",
+                             i, k);
+                    return -1;
+                }
+                k++;
+            }
+        i++;
+    }
+    return 0;
+}
+
 /* Parses a generation request (prompt: the completions prompt to use, NULL for chat; raw: the
  * body's text), renders and tokenizes it. Returns the generation, not yet queued, or NULL with
  * *b set. */
@@ -1364,7 +1539,7 @@ static gen *gen_parse(server *s, const cJSON *j, const char *raw, size_t raw_n, 
         }
         const cJSON *tools = cJSON_GetObjectItemCaseSensitive(j, "tools");
         const cJSON *choice = cJSON_GetObjectItemCaseSensitive(j, "tool_choice");
-        if (check_tools(tools, choice, b))
+        if (check_messages(msgs, b) || check_tools(tools, choice, b))
             goto out;
         /* the render request: the client's fields, defaulting to non-thinking chat */
         cJSON *rq = cJSON_Duplicate(j, 1);
@@ -1586,16 +1761,13 @@ static cJSON *choice_json(gen *g, int index)
             cJSON_AddNullToObject(c0, "logprobs");
     } else {
         dsv4_buf t = {0};
-        size_t base = 0;
-        if (g->echo && g->prompt_text) {
+        if (g->echo && g->prompt_text)
             dsv4_buf_puts(&t, g->prompt_text);
-            base = t.n;
-        }
         dsv4_buf_put(&t, g->text.p ? g->text.p : "", g->text.n);
         cJSON_AddStringToObject(c0, "text", t.p ? t.p : "");
         dsv4_buf_free(&t);
         if (g->n_logprobs >= 0)
-            cJSON_AddItemToObject(c0, "logprobs", completion_logprobs(g, 0, g->n_tok, base, g->echo));
+            cJSON_AddItemToObject(c0, "logprobs", completion_logprobs(g, 0, g->n_tok, g->echo));
         else
             cJSON_AddNullToObject(c0, "logprobs");
     }
@@ -1703,9 +1875,7 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, conn *k, co
         struct MHD_Response *rs = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, stream_done);
         MHD_add_response_header(rs, "Content-Type", "text/event-stream");
         MHD_add_response_header(rs, "Cache-Control", "no-cache");
-        enum MHD_Result ok = MHD_queue_response(c, 200, rs);
-        MHD_destroy_response(rs);
-        return ok;
+        return respond(c, 200, rs);
     }
     k->gs = gs;
     k->n = n;
@@ -1819,7 +1989,7 @@ static cJSON *model_json(const server *s)
     cJSON *m = cJSON_CreateObject();
     cJSON_AddStringToObject(m, "id", s->name);
     cJSON_AddStringToObject(m, "object", "model");
-    cJSON_AddNumberToObject(m, "created", 0);
+    cJSON_AddNumberToObject(m, "created", (double)s->started);
     cJSON_AddStringToObject(m, "owned_by", "dsv4");
     cJSON_AddNumberToObject(m, "max_model_len", (double)s->ctx);
     cJSON_AddStringToObject(m, "family", s->family);
@@ -1907,7 +2077,7 @@ static sock *sock_of(struct MHD_Connection *c)
  * connection over the limits and a request whose framing is ambiguous (two lengths, or a
  * length beside Transfer-Encoding: a proxy in front may read it otherwise) at once; a bad
  * credential is answered once the body is read (and dropped). */
-static enum MHD_Result request_start(server *s, struct MHD_Connection *c, const char *url, conn *k)
+static enum MHD_Result request_start(server *s, struct MHD_Connection *c, const char *url, const char *method, conn *k)
 {
     sock *sk = sock_of(c);
     int refused = 0;
@@ -1931,13 +2101,32 @@ static enum MHD_Result request_start(server *s, struct MHD_Connection *c, const 
      * taken, as libmicrohttpd reads it (it ignores "chunked " with a space) */
     if (h.n_te && strcasecmp(h.te, "chunked"))
         return send_error_close(s, c, 400, "bad_framing", "Transfer-Encoding other than chunked is not supported");
-    if (s->api_key && strcmp(url, "/health") && strcmp(url, "/") && !auth_ok(s, &h)) {
+    /* a CORS preflight never carries credentials (Fetch standard): it is answered without them */
+    int preflight = !strcmp(method, "OPTIONS") && s->cors != CORS_NONE;
+    if (s->api_key && !preflight && strcmp(url, "/health") && strcmp(url, "/") && !auth_ok(s, &h)) {
         k->deny_status = 401;
         k->deny_code = "invalid_api_key";
         k->deny_msg = h.n_auth > 1 ? "send one Authorization header, not several"
                                    : "a valid API key is required (Authorization: Bearer ...)";
     }
     return MHD_YES;
+}
+
+/* A CORS preflight (OPTIONS): 204 with the methods and the headers asked for, when the origin
+ * is allowed; 403 otherwise. Any route is answered: the request that follows gets its own
+ * status. */
+static enum MHD_Result preflight(server *s, struct MHD_Connection *c)
+{
+    const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
+    if (!cors_allow(s, origin))
+        return send_error(s, c, 403, NULL, "cors_origin_not_allowed", "the origin '%s' is not allowed (--cors)",
+                          origin ? origin : "");
+    struct MHD_Response *rs = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+    const char *want = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
+    MHD_add_response_header(rs, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+    MHD_add_response_header(rs, "Access-Control-Allow-Headers", want && *want ? want : "Authorization, Content-Type");
+    MHD_add_response_header(rs, "Access-Control-Max-Age", "600");
+    return respond(c, 204, rs);
 }
 
 /* libmicrohttpd's request handler: collects the body over calls, then routes; a suspended
@@ -1954,7 +2143,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             return MHD_NO;
         *con_cls = k;
         atomic_fetch_add(&s->http_requests, 1);
-        return request_start(s, c, url, k);
+        return request_start(s, c, url, method, k);
     }
     if (k->gs)
         return gen_continue(s, c, k);
@@ -1970,6 +2159,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
     if (k->deny_status)
         return send_error(s, c, k->deny_status, NULL, k->deny_code, "%s", k->deny_msg);
+    if (!strcmp(method, "OPTIONS") && s->cors != CORS_NONE)
+        return preflight(s, c);
     int get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (!strcmp(url, "/") && get) /* the page is public; its API calls carry the key */
         return send_text(c, 200, "text/html; charset=utf-8", strdup(dsv4_webui_html), strlen(dsv4_webui_html));
@@ -2077,6 +2268,7 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     if (ci && ci->client_addr && ci->client_addr->sa_family == AF_INET)
         k->ip = ((const struct sockaddr_in *)ci->client_addr)->sin_addr.s_addr;
     k->t_last = dsv4_now();
+    k->srv = s;
     pthread_mutex_lock(&s->smu);
     int total = 0, mine = 0;
     sock *idlest = NULL, *idlest_mine = NULL;
@@ -2141,6 +2333,46 @@ static int raise_fd_limit(int *max_conns, int given, dsv4_err *err)
     return 0;
 }
 
+/* --cors: NULL or "*" any origin, "none", or origins separated by commas. */
+static int cors_parse(server *s, const char *spec, dsv4_err *err)
+{
+    if (!spec || !strcmp(spec, "*"))
+        return s->cors = CORS_ANY, 0;
+    if (!strcmp(spec, "none"))
+        return s->cors = CORS_NONE, 0;
+    s->cors = CORS_LIST;
+    for (const char *p = spec; *p;) {
+        size_t n = strcspn(p, ",");
+        while (n && p[n - 1] == ' ')
+            n--;
+        if (n) {
+            char **v = realloc(s->cors_origins, (size_t)(s->n_cors + 1) * sizeof *v);
+            if (!v || !(v[s->n_cors] = strndup(p, n))) {
+                s->cors_origins = v ? v : s->cors_origins;
+                return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
+            }
+            s->cors_origins = v;
+            if (!strstr(v[s->n_cors], "://") || !strcmp(v[s->n_cors], "*"))
+                return dsv4_fail(err, DSV4_E_ARG, "--cors: '%s' is not an origin (scheme://host[:port]), * or none",
+                                 v[s->n_cors++]);
+            s->n_cors++;
+        }
+        p += strcspn(p, ",");
+        while (*p == ',' || *p == ' ')
+            p++;
+    }
+    if (!s->n_cors)
+        return dsv4_fail(err, DSV4_E_ARG, "--cors names no origin");
+    return 0;
+}
+
+static void cors_free(server *s)
+{
+    for (int i = 0; i < s->n_cors; i++)
+        free(s->cors_origins[i]);
+    free(s->cors_origins);
+}
+
 int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
 {
     if (o->api_key && !*o->api_key)
@@ -2149,7 +2381,9 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     s.max_conns = o->max_connections > 0 ? o->max_connections : DSV4_DEFAULT_MAX_CONNECTIONS;
     s.client_conns = o->client_connections > 0 ? o->client_connections : DSV4_DEFAULT_CLIENT_CONNECTIONS;
     s.max_score_tokens = o->max_score_tokens > 0 ? o->max_score_tokens : DSV4_DEFAULT_MAX_SCORE_TOKENS;
+    s.max_tokens = o->max_tokens > 0 ? o->max_tokens : DSV4_DEFAULT_CHAT_MAX_TOKENS;
     s.draft = o->draft;
+    s.started = (long)time(NULL);
     unsigned idle = o->idle_timeout_s > 0 ? (unsigned)o->idle_timeout_s : DSV4_DEFAULT_IDLE_TIMEOUT;
     if (s.max_conns > 1 << 20)
         return dsv4_fail(err, DSV4_E_ARG, "--max-connections %d is over 1048576", s.max_conns);
@@ -2191,10 +2425,12 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     s.seed_base = (uint64_t)time(NULL) * 0x9E3779B97F4A7C15ull ^ (uint64_t)(dsv4_now() * 1e9);
     pthread_mutex_init(&s.smu, NULL);
     pthread_mutex_init(&s.wmu, NULL);
-    s.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     pthread_t waker;
     int waker_started = 0;
     struct MHD_Daemon *d = NULL;
+    if (cors_parse(&s, o->cors, err))
+        goto fail;
+    s.efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (s.efd < 0) {
         dsv4_fail(err, DSV4_E_IO, "eventfd: %s", strerror(errno));
         goto fail;
@@ -2287,6 +2523,7 @@ fail:
     pthread_mutex_destroy(&s.smu);
     pthread_mutex_destroy(&s.wmu);
     free(clean_name);
+    cors_free(&s);
     dsv4_vocab_trie_free(trie); /* after the lanes: constraints of requests refer to it */
     dsv4_tokenizer_free(s.tok);
     dsv4_model_free(s.m);
@@ -2298,7 +2535,8 @@ int dsv4_serve_parse(const dsv4_parse_model *pm, const char *path, const char *b
 {
     server s = {.tok = pm->tok, .trie = pm->trie, .name = pm->name ? pm->name : "model", .family = pm->family ? pm->family : "deepseek_v4",
                 .vocab = pm->vocab, .eos = pm->eos, .ctx = pm->ctx,
-                .max_score_tokens = pm->max_score_tokens > 0 ? pm->max_score_tokens : DSV4_DEFAULT_MAX_SCORE_TOKENS};
+                .max_score_tokens = pm->max_score_tokens > 0 ? pm->max_score_tokens : DSV4_DEFAULT_MAX_SCORE_TOKENS,
+                .max_tokens = pm->max_tokens > 0 ? pm->max_tokens : DSV4_DEFAULT_CHAT_MAX_TOKENS};
     if (first)
         *first = NULL;
     dsv4_vocab_trie *own = NULL;

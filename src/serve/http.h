@@ -25,10 +25,13 @@ typedef struct dsv4_server_opts {
     int idle_timeout_s;       /* a connection with nothing to send or receive is closed; 0: 15 */
     int max_score_tokens;     /* given tokens one request may score (echoed prompt, forced); 0: 16384 */
     int draft;                /* prompt-lookup proposal length of requests that give no "draft"; 0: none */
+    int max_tokens;           /* a chat's max_tokens when the request gives none (bounded by the context); 0: 4096 */
+    const char *cors;         /* allowed browser origins: NULL or "*": any; "none": no CORS headers; else a
+                               * comma-separated list of origins (scheme://host[:port]) */
 } dsv4_server_opts;
 
 enum { DSV4_DEFAULT_MAX_CONNECTIONS = 1024, DSV4_DEFAULT_CLIENT_CONNECTIONS = 128, DSV4_DEFAULT_IDLE_TIMEOUT = 15,
-       DSV4_DEFAULT_MAX_SCORE_TOKENS = 16384 };
+       DSV4_DEFAULT_MAX_SCORE_TOKENS = 16384, DSV4_DEFAULT_CHAT_MAX_TOKENS = 4096 };
 
 /* Loads the model and tokenizer, serves until SIGTERM or SIGINT, then cancels what is in
  * flight and returns 0. The caller must have blocked SIGTERM and SIGINT in every thread
@@ -43,6 +46,7 @@ typedef struct dsv4_parse_model {
     int vocab, eos;
     int64_t ctx;
     int max_score_tokens;      /* 0: the default */
+    int max_tokens;            /* a chat's default max_tokens; 0: the default */
     const struct dsv4_vocab_trie *trie; /* the tokenizer's vocabulary trie (constrained requests); NULL: one is
                                 * built for the call, and the returned request's constraint is dropped */
 } dsv4_parse_model;

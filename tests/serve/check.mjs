@@ -174,7 +174,10 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
     const c = ch.choices[0];
     if (!c) continue;
     content += c.delta.content ?? '';
-    for (const t of c.delta.tool_calls ?? []) calls[t.index] = t;
+    for (const t of c.delta.tool_calls ?? []) {
+      if (t.id) calls[t.index] = { id: t.id, function: { name: t.function.name, arguments: '' } };
+      calls[t.index].function.arguments += t.function.arguments ?? '';
+    }
     if (c.logprobs) lps.push(...c.logprobs.content.map((x) => x.logprob));
     if (c.finish_reason) finish = c.finish_reason;
   }
@@ -319,6 +322,62 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
   check(auto.text === dflt.text, 'tool_choice auto: unconstrained, as without it', { auto, dflt });
 }
 
+// ---- details clients rely on: tool calls stream their name, then argument fragments, and no
+// chunk carries an empty content string; a call cut by max_tokens comes back as far as it
+// parsed (finish length); text_offset counts characters; created times are real
+async function rawStream(body) {
+  const r = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}` },
+    body: JSON.stringify({ model, ...body, stream: true }) });
+  const t = await r.text();
+  return t.split('\n').filter((l) => l.startsWith('data: ') && l !== 'data: [DONE]').map((l) => JSON.parse(l.slice(6)));
+}
+{
+  const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, days: { type: 'integer' } }, required: ['city', 'days'] } } }];
+  const p = { messages: [{ role: 'user', content: 'Weather?' }], tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, temperature: 1, seed: 3 };
+  // the cut: the first token count whose text has begun the "days" parameter (a seeded draw
+  // does not depend on max_tokens, so the cut reply is a prefix of the whole one)
+  const whole = await client.chat.completions.create({ model, ...p, max_tokens: 400, return_token_ids: true });
+  const ids = whole.choices[0].token_ids;
+  let lo = 1, hi = ids.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if ((await post('/detokenize', { tokens: ids.slice(0, mid) })).json.prompt.includes('name="days"')) hi = mid; else lo = mid + 1;
+  }
+  for (const [what, max_tokens, finish] of [['whole', 400, 'tool_calls'], ['cut by max_tokens', lo + 1, 'length']]) {
+    const a = await client.chat.completions.create({ model, ...p, max_tokens });
+    const chunks = await rawStream({ ...p, max_tokens });
+    const deltas = chunks.flatMap((c) => c.choices[0]?.delta?.tool_calls ?? []);
+    const args = deltas.map((d) => d.function.arguments).join('');
+    const tc = a.choices[0].message.tool_calls?.[0];
+    const emptyContent = chunks.filter((c) => c.choices[0]?.delta && 'content' in c.choices[0].delta && !c.choices[0].delta.content).length;
+    check(tc && a.choices[0].finish_reason === finish && chunks.at(-1).choices[0].finish_reason === finish && deltas.length >= 3 &&
+      /^call_/.test(deltas[0].id) && deltas[0].function.name === 'get_weather' && deltas[0].function.arguments === '' &&
+      deltas.slice(1).every((d) => d.index === 0 && !d.id && !d.function.name) && args === tc.function.arguments && emptyContent === 0,
+      `tool call streamed (${what}): the name, then argument fragments equal to the whole reply's; no empty content`, { a: a.choices[0], deltas, emptyContent });
+    if (finish === 'length') {
+      const w = JSON.parse(whole.choices[0].message.tool_calls[0].function.arguments), c = JSON.parse(tc.function.arguments);
+      check(same(c, { city: w.city }), 'a call cut by max_tokens keeps the parameters complete so far', { tc, w });
+    }
+  }
+  const plain = await rawStream({ messages: [{ role: 'user', content: 'Hello there.' }], max_tokens: 12, temperature: 0 });
+  check(plain.every((c) => !c.choices[0]?.delta || !('content' in c.choices[0].delta) || c.choices[0].delta.content.length > 0) && plain[0].choices[0].delta.role === 'assistant',
+    'chat stream: no empty content deltas', plain.map((c) => c.choices[0]?.delta));
+
+  const r = await client.completions.create({ model, prompt: 'Ünïcödé 🎉 日本', max_tokens: 8, echo: true, logprobs: 0, temperature: 0 });
+  const lp = r.choices[0].logprobs;
+  let at = 0, offs = [];
+  for (const t of lp.tokens) { offs.push(at); at += Array.from(t).length; }
+  check(same(lp.text_offset, offs) && Array.from(r.choices[0].text).length === at, 'text_offset counts characters (code points), echo included', { lp, offs });
+  const now = Date.now() / 1000;
+  const m = (await client.models.list()).data[0];
+  check(m.created > now - 86400 && m.created <= now + 5 && Math.abs(r.created - now) < 60, 'created: real times (the model: when the server started)', { m, created: r.created });
+  const o = await fetch(`${base}/v1/chat/completions`, { method: 'OPTIONS', headers: { Origin: 'http://app.example', 'Access-Control-Request-Method': 'POST', 'Access-Control-Request-Headers': 'authorization,content-type' } });
+  const g = await fetch(`${base}/v1/models`, { headers: { Origin: 'http://app.example', Authorization: `Bearer ${key}` } });
+  check(o.status === 204 && o.headers.get('access-control-allow-origin') === '*' && /authorization/i.test(o.headers.get('access-control-allow-headers')) &&
+    /POST/.test(o.headers.get('access-control-allow-methods')) && g.status === 200 && g.headers.get('access-control-allow-origin') === '*',
+    'CORS by default: preflight answered (no key needed), any origin allowed', { o: o.status, g: g.status });
+}
+
 // ---- bad inputs: 4xx with an OpenAI-style error body, and the server keeps serving
 {
   const cases = [
@@ -350,6 +409,8 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
     ['response_format not an object', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], response_format: 'json' }, null, 400],
     ['json_schema without a schema', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema', json_schema: { name: 'n' } } }, null, 400],
     ['strict json_schema outside the subset', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema', json_schema: { name: 'n', strict: true, schema: { type: 'object', properties: { a: { type: 'integer', minimum: 3 } } } } } }, null, 400],
+    ['best_of 2', '/v1/completions', { model, prompt: 'x', best_of: 2 }, null, 400],
+    ['an image part', '/v1/chat/completions', { model, messages: [{ role: 'user', content: [{ type: 'text', text: 'x' }, { type: 'image_url', image_url: { url: 'data:image/png;base64,AA==' } }] }] }, null, 400],
     ['tool_choice required without tools', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], tool_choice: 'required' }, null, 400],
   ];
   for (const [name, path, body, raw, want] of cases) {

@@ -119,6 +119,34 @@ int main(void)
         pm.ctx = 4096;
     }
 
+    /* a chat's default max_tokens: --max-tokens (4096 unless set), bounded by the room left */
+    {
+        dsv4_request *r = NULL;
+        char msg[512];
+        const char *body = "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}";
+        pm.ctx = 100000;
+        CHECK(parse("/v1/chat/completions", body, &r, msg) == 200 && r->max_tokens == DSV4_DEFAULT_CHAT_MAX_TOKENS,
+              "chat default max_tokens %d", r ? r->max_tokens : -1);
+        dsv4_request_release(r);
+        pm.max_tokens = 50;
+        CHECK(parse("/v1/chat/completions", body, &r, msg) == 200 && r->max_tokens == 50, "--max-tokens 50: %d", r ? r->max_tokens : -1);
+        int np = r ? r->n_prompt : 0;
+        dsv4_request_release(r);
+        pm.ctx = np + 20;
+        CHECK(parse("/v1/chat/completions", body, &r, msg) == 200 && r->max_tokens == 20, "bounded by the context: %d (%s)",
+              r ? r->max_tokens : -1, msg);
+        dsv4_request_release(r);
+        pm.ctx = 4096;
+        pm.max_tokens = 0;
+        CHECK(parse("/v1/completions", "{\"prompt\":\"x\"}", &r, msg) == 200 && r->max_tokens == 16, "completions default 16");
+        dsv4_request_release(r);
+        CHECK(parse("/v1/completions", "{\"prompt\":\"x\",\"best_of\":3}", NULL, msg) == 400 && strstr(msg, "best_of"), "best_of 3: %s", msg);
+        CHECK(parse("/v1/completions", "{\"prompt\":\"x\",\"best_of\":1}", NULL, msg) == 200, "best_of 1 accepted");
+        CHECK(parse("/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},"
+                    "{\"type\":\"image_url\",\"image_url\":{\"url\":\"x\"}}]}]}", NULL, msg) == 400 &&
+              strstr(msg, "messages[0].content[1]"), "an image part is refused, naming it: %s", msg);
+    }
+
     /* the body is UTF-8; error messages quote the request */
     {
         char msg[512];
