@@ -1,6 +1,8 @@
 /* http — the OpenAI-compatible server over the lanes (libmicrohttpd: a few polling threads over
- * epoll; a request waiting for tokens is suspended, not a blocked thread). Endpoints: GET / (a chat page), GET /health, GET /v1/models, POST /v1/completions,
- * POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET /metrics. */
+ * epoll; a request waiting for tokens is suspended, not a blocked thread; the API itself is
+ * serve/openai.c's). Endpoints: GET / (a chat page), GET /health, GET /v1/models,
+ * POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize,
+ * GET /metrics; OPTIONS (CORS preflight) on any route. */
 #ifndef DSV4_SERVE_HTTP_H
 #define DSV4_SERVE_HTTP_H
 
@@ -38,7 +40,7 @@ enum { DSV4_DEFAULT_MAX_CONNECTIONS = 1024, DSV4_DEFAULT_CLIENT_CONNECTIONS = 12
  * (this function waits for them with sigwait). */
 int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err);
 
-/* The request parser alone (tests, fuzzing): what the server does with a POST body to path
+/* The request parser alone (tests, fuzzing; serve/openai.c): what the server does with a POST body to path
  * (/v1/completions or /v1/chat/completions) up to, not including, queueing it. */
 typedef struct dsv4_parse_model {
     struct dsv4_tokenizer *tok;

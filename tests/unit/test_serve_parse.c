@@ -147,6 +147,16 @@ int main(void)
               strstr(msg, "messages[0].content[1]"), "an image part is refused, naming it: %s", msg);
     }
 
+    /* every field is checked before the prompt is rendered or tokenized: a bad field is named
+     * even when the messages would not render */
+    {
+        char msg[512];
+        CHECK(parse("/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}],\"temperature\":\"hot\"}", NULL,
+                    msg) == 400 && strstr(msg, "temperature"), "fields before rendering: %s", msg);
+        CHECK(parse("/v1/chat/completions", "{\"messages\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", NULL, msg) == 400 &&
+              !strstr(msg, "temperature"), "then the render: %s", msg);
+    }
+
     /* the body is UTF-8; error messages quote the request */
     {
         char msg[512];
