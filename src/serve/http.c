@@ -115,7 +115,6 @@ typedef struct conn {
     const char *deny_code, *deny_msg;
     oai_gen **gs;                 /* a non-streamed generation request: its prompts, n_sub of them queued */
     int n, n_sub;
-    int chat;
     waiter w;
 } conn;
 
@@ -509,15 +508,15 @@ static enum MHD_Result gen_continue(server *s, struct MHD_Connection *c, conn *k
     return res;
 }
 
-/* /v1/completions (chat 0) and /v1/chat/completions (chat 1): parse and queue the generation,
- * then answer with a stream, or wait (suspended) for the whole reply. A completions prompt may
- * be a list of prompts (strings or id lists): one choice each, not streamed; when the queue
- * fills, the later ones wait for room (a first one is refused with 503). */
-static enum MHD_Result generate(server *s, struct MHD_Connection *c, conn *k, const cJSON *j, int chat, const char *path)
+/* /v1/completions, /v1/chat/completions and /v1/responses (api: OAI_*): parse and queue the
+ * generation, then answer with a stream, or wait (suspended) for the whole reply. A completions
+ * prompt may be a list of prompts (strings or id lists): one choice each, not streamed; when
+ * the queue fills, the later ones wait for room (a first one is refused with 503). */
+static enum MHD_Result generate(server *s, struct MHD_Connection *c, conn *k, const cJSON *j, int api, const char *path)
 {
     oai_bad b = {0};
     oai_gen **gs = NULL;
-    int n = oai_parse_all(&s->a, j, k->body.p, k->body.n, chat, path, &gs, &b);
+    int n = oai_parse_all(&s->a, j, k->body.p, k->body.n, api, path, &gs, &b);
     if (n > 0 && gen_submit(gs[0], &b) != 0) {
         gens_free(gs, n, b.status);
         n = 0;
@@ -549,7 +548,6 @@ static enum MHD_Result generate(server *s, struct MHD_Connection *c, conn *k, co
     k->gs = gs;
     k->n = n;
     k->n_sub = 1;
-    k->chat = chat;
     return gen_continue(s, c, k);
 }
 
@@ -829,9 +827,9 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     }
     if (!strcmp(url, "/metrics") && get)
         return metrics(s, c);
-    static const char *posts[] = {"/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"};
+    static const char *posts[] = {"/v1/completions", "/v1/chat/completions", "/v1/responses", "/tokenize", "/detokenize"};
     int which = -1;
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         if (!strcmp(url, posts[i]))
             which = i;
     if (which < 0) {
@@ -847,9 +845,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     cJSON *j = oai_parse_body(k->body.p, k->body.n, &b);
     if (!j)
         return send_error(s, c, 400, NULL, "invalid_json", "%s", b.msg);
-    enum MHD_Result res = which == 0   ? generate(s, c, k, j, 0, posts[0])
-                          : which == 1 ? generate(s, c, k, j, 1, posts[1])
-                          : which == 2 ? tokenize(s, c, j)
+    enum MHD_Result res = which <= 2   ? generate(s, c, k, j, which, posts[which])
+                          : which == 3 ? tokenize(s, c, j)
                                        : detokenize(s, c, j);
     cJSON_Delete(j);
     return res;

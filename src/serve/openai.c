@@ -391,6 +391,10 @@ void oai_gen_free(oai_gen *g)
     dsv4_buf_free(&g->text);
     dsv4_buf_free(&g->sse);
     dsv4_buf_free(&g->args_sent);
+    cJSON_Delete(g->echo);
+    dsv4_buf_free(&g->rs.text);
+    dsv4_buf_free(&g->rs.name);
+    cJSON_Delete(g->rs.output);
     free(g->off);
     free(g->tok);
     free(g->prompt_text);
@@ -471,7 +475,7 @@ static int gen_pull(oai_gen *g, double timeout_s)
 
 /* Bytes of text safe to stream: all once finished, else all but the longest suffix that
  * could still grow into a stop string. */
-static size_t gen_safe_len(const oai_gen *g)
+size_t oai_safe_len(const oai_gen *g)
 {
     if (g->finish)
         return g->text.n;
@@ -573,7 +577,7 @@ static size_t n_chars(const char *p, size_t n)
  * generated text. */
 static cJSON *completion_logprobs(oai_gen *g, int from, int to, int with_prompt)
 {
-    size_t base = g->echo && g->prompt_text ? n_chars(g->prompt_text, strlen(g->prompt_text)) : 0;
+    size_t base = g->echo_prompt && g->prompt_text ? n_chars(g->prompt_text, strlen(g->prompt_text)) : 0;
     cJSON *lp = cJSON_CreateObject();
     cJSON *toks = cJSON_AddArrayToObject(lp, "tokens"), *tlp = cJSON_AddArrayToObject(lp, "token_logprobs");
     cJSON *top = cJSON_AddArrayToObject(lp, "top_logprobs"), *off = cJSON_AddArrayToObject(lp, "text_offset");
@@ -659,7 +663,7 @@ static cJSON *envelope(const oai_gen *g, const char *object)
 }
 
 /* Feeds the parser the text up to `upto` (and ends it when the generation has ended). */
-static void chat_parse(oai_gen *g, size_t upto)
+void oai_chat_parse(oai_gen *g, size_t upto)
 {
     dsv4_err err = {0};
     if (upto > g->parsed) {
@@ -678,7 +682,7 @@ static void chat_parse(oai_gen *g, size_t upto)
 }
 
 /* The call id of tool call i. */
-static void call_id(const oai_gen *g, int i, char *out, size_t cap) { snprintf(out, cap, "call_%s_%d", g->id, i); }
+void oai_call_id(const oai_gen *g, int i, char *out, size_t cap) { snprintf(out, cap, "call_%s_%d", g->id, i); }
 
 /* OpenAI tool_calls from the parser's calls [from, n); with_index for stream deltas. */
 static cJSON *tool_calls_json(oai_gen *g, int from, int with_index)
@@ -689,7 +693,7 @@ static cJSON *tool_calls_json(oai_gen *g, int from, int with_index)
         const cJSON *c = cJSON_GetArrayItem(g->dout.calls, i);
         cJSON *t = cJSON_CreateObject(), *f;
         char id[sizeof g->id + 24];
-        call_id(g, i, id, sizeof id);
+        oai_call_id(g, i, id, sizeof id);
         if (with_index)
             cJSON_AddNumberToObject(t, "index", i);
         cJSON_AddStringToObject(t, "id", id);
@@ -707,11 +711,15 @@ static cJSON *tool_calls_json(oai_gen *g, int from, int with_index)
 
 /* ---- streaming ------------------------------------------------------------------- */
 
-/* Appends j (consumed) to the pending SSE bytes as one data event. */
-static void sse_event(oai_gen *g, cJSON *j)
+void oai_sse(oai_gen *g, const char *name, cJSON *j)
 {
     char *s = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
+    if (name) {
+        dsv4_buf_puts(&g->sse, "event: ");
+        dsv4_buf_puts(&g->sse, name);
+        dsv4_buf_puts(&g->sse, "\n");
+    }
     dsv4_buf_puts(&g->sse, "data: ");
     dsv4_buf_puts(&g->sse, s ? s : "{}");
     dsv4_buf_puts(&g->sse, "\n\n");
@@ -726,7 +734,7 @@ static cJSON *call_delta(const oai_gen *g, int i, const char *name, const char *
     cJSON_AddNumberToObject(t, "index", i);
     if (name) {
         char id[sizeof g->id + 24];
-        call_id(g, i, id, sizeof id);
+        oai_call_id(g, i, id, sizeof id);
         cJSON_AddStringToObject(t, "id", id);
         cJSON_AddStringToObject(t, "type", "function");
     }
@@ -741,7 +749,7 @@ static cJSON *call_delta(const oai_gen *g, int i, const char *name, const char *
 
 /* Appends to frags the tool-call deltas that are new, as OpenAI streams them: a call's name as
  * soon as its opening tag is read, then its arguments in fragments as each parameter closes. */
-static void call_deltas(oai_gen *g, cJSON *frags)
+void oai_call_deltas(oai_gen *g, cJSON *frags)
 {
     int n = cJSON_GetArraySize(g->dout.calls);
     while (g->n_calls_sent < n) {
@@ -793,9 +801,13 @@ static cJSON *chunk(oai_gen *g, cJSON **c0_out)
  * asked for) new tokens' logprobs and ids; never an empty content string. */
 void oai_stream_events(oai_gen *g)
 {
-    size_t safe = gen_safe_len(g);
+    if (g->api == OAI_RESPONSES) {
+        oai_responses_events(g);
+        return;
+    }
+    size_t safe = oai_safe_len(g);
     if (g->chat)
-        chat_parse(g, safe);
+        oai_chat_parse(g, safe);
     /* tokens whose piece starts before `safe` go out with this chunk; at the end, all of them,
      * as the whole reply lists them: the one that completed a stop string too, though its piece
      * lies past the cut */
@@ -805,7 +817,7 @@ void oai_stream_events(oai_gen *g)
     const int per_token = (g->n_logprobs >= 0 || g->want_ids) && to > g->n_streamed;
     if (g->chat) {
         cJSON *frags = cJSON_CreateArray();
-        call_deltas(g, frags);
+        oai_call_deltas(g, frags);
         const int fresh_role = !g->role_sent;
         const int text = g->dout.content.n || g->dout.reasoning.n;
         int nf = cJSON_GetArraySize(frags);
@@ -833,25 +845,25 @@ void oai_stream_events(oai_gen *g)
             cJSON_AddNullToObject(c0, "finish_reason");
             if (g->want_ids)
                 cJSON_AddItemToObject(c0, "token_ids", ids_json(g, g->n_streamed, to));
-            sse_event(g, j);
+            oai_sse(g, NULL, j);
             g->role_sent = 1;
             g->n_streamed = to;
         }
         cJSON_Delete(frags);
         g->emitted = safe > g->emitted ? safe : g->emitted;
-    } else if (safe > g->emitted || to > g->n_streamed || (!g->role_sent && g->echo && (g->n_tok > 0 || g->finish))) {
+    } else if (safe > g->emitted || to > g->n_streamed || (!g->role_sent && g->echo_prompt && (g->n_tok > 0 || g->finish))) {
         /* the first chunk of an echo: the prompt once its scores exist (after the first token or
          * the end: both come after the prompt was read) */
         cJSON *c0, *j = chunk(g, &c0);
         size_t a = g->emitted, b = safe > a ? safe : a;
         dsv4_buf t = {0};
-        if (!g->role_sent && g->echo && g->prompt_text)
+        if (!g->role_sent && g->echo_prompt && g->prompt_text)
             dsv4_buf_puts(&t, g->prompt_text);
         dsv4_buf_put(&t, g->text.p ? g->text.p + a : "", b - a);
         cJSON_AddStringToObject(c0, "text", t.p ? t.p : "");
         dsv4_buf_free(&t);
         /* echo: the prompt (and its scores) lead the first chunk; offsets count from its start */
-        int lead = !g->role_sent && g->echo;
+        int lead = !g->role_sent && g->echo_prompt;
         if (g->n_logprobs >= 0)
             cJSON_AddItemToObject(c0, "logprobs", completion_logprobs(g, g->n_streamed, to, lead));
         else
@@ -859,7 +871,7 @@ void oai_stream_events(oai_gen *g)
         cJSON_AddNullToObject(c0, "finish_reason");
         if (g->want_ids)
             cJSON_AddItemToObject(c0, "token_ids", ids_json(g, g->n_streamed, to));
-        sse_event(g, j);
+        oai_sse(g, NULL, j);
         g->role_sent = 1;
         g->emitted = b;
         g->n_streamed = to;
@@ -870,7 +882,7 @@ void oai_stream_events(oai_gen *g)
             cJSON *e = cJSON_CreateObject(), *o = cJSON_AddObjectToObject(e, "error");
             cJSON_AddStringToObject(o, "message", g->r->errmsg[0] ? g->r->errmsg : "generation failed");
             cJSON_AddStringToObject(o, "type", "server_error");
-            sse_event(g, e);
+            oai_sse(g, NULL, e);
         } else {
             cJSON *j = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
             cJSON *ch = cJSON_AddArrayToObject(j, "choices"), *c0 = cJSON_CreateObject();
@@ -882,12 +894,12 @@ void oai_stream_events(oai_gen *g)
                 cJSON_AddStringToObject(c0, "text", "");
             cJSON_AddNullToObject(c0, "logprobs");
             cJSON_AddStringToObject(c0, "finish_reason", oai_finish_name(g));
-            sse_event(g, j);
+            oai_sse(g, NULL, j);
             if (g->include_usage) {
                 cJSON *u = envelope(g, g->chat ? "chat.completion.chunk" : "text_completion");
                 cJSON_AddArrayToObject(u, "choices");
                 cJSON_AddItemToObject(u, "usage", usage_json(g));
-                sse_event(g, u);
+                oai_sse(g, NULL, u);
             }
         }
         dsv4_buf_puts(&g->sse, "data: [DONE]\n\n");
@@ -1054,7 +1066,7 @@ static int check_messages(const cJSON *msgs, oai_bad *b)
 /* Parses a generation request (prompt: the completions prompt to use, NULL for chat; raw: the
  * body's text), renders and tokenizes it. Returns the generation, not yet queued, or NULL with
  * *b set. */
-static oai_gen *gen_parse(oai_api *s, const cJSON *j, const char *raw, size_t raw_n, int chat, const cJSON *prompt, const char *path,
+oai_gen *oai_gen_parse(oai_api *s, const cJSON *j, const char *raw, size_t raw_n, int chat, const cJSON *prompt, const char *path,
                       oai_bad *b)
 {
     oai_gen *g = calloc(1, sizeof *g);
@@ -1066,6 +1078,7 @@ static oai_gen *gen_parse(oai_api *s, const cJSON *j, const char *raw, size_t ra
     g->s = s;
     atomic_fetch_add(&s->active, 1);
     g->chat = chat;
+    g->api = chat ? OAI_CHAT : OAI_COMPLETIONS;
     g->path = path;
     g->t0 = dsv4_now();
     dsv4_dsml_out_init(&g->dout);
@@ -1149,7 +1162,7 @@ static oai_gen *gen_parse(oai_api *s, const cJSON *j, const char *raw, size_t ra
         render = rq;
     } else {
         int64_t lp = -1;
-        if (get_int(j, "logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &lp, b) || get_bool(j, "echo", &g->echo, b))
+        if (get_int(j, "logprobs", 0, DSV4_MAX_TOP_LOGPROBS, &lp, b) || get_bool(j, "echo", &g->echo_prompt, b))
             goto out;
         g->n_logprobs = (int)lp;
         if (!cJSON_IsString(prompt) && !cJSON_IsArray(prompt)) {
@@ -1207,7 +1220,7 @@ static oai_gen *gen_parse(oai_api *s, const cJSON *j, const char *raw, size_t ra
             goto out;
         }
     }
-    if (g->echo) {
+    if (g->echo_prompt) {
         if (!g->prompt_text) {
             char *t = NULL;
             size_t tl;
@@ -1240,8 +1253,23 @@ static void gens_drop(oai_gen **gs, int n)
 
 /* Parses a generation request into its prompts' generations: one, or one per prompt of a
  * completions list. Returns their number with *out set, or 0 with *b set. */
-int oai_parse_all(oai_api *s, const cJSON *j, const char *raw, size_t raw_n, int chat, const char *path, oai_gen ***out, oai_bad *b)
+int oai_parse_all(oai_api *s, const cJSON *j, const char *raw, size_t raw_n, int api, const char *path, oai_gen ***out, oai_bad *b)
 {
+    const int chat = api != OAI_COMPLETIONS;
+    if (api == OAI_RESPONSES) {
+        oai_gen **gs = calloc(1, sizeof *gs);
+        if (!gs) {
+            oai_fail(b, NULL, "out of memory");
+            b->status = 500;
+            return 0;
+        }
+        if (!(gs[0] = oai_responses_parse(s, j, raw, raw_n, path, b))) {
+            free(gs);
+            return 0;
+        }
+        *out = gs;
+        return 1;
+    }
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(j, "prompt");
     if (!chat && !p) {
         oai_fail(b, "prompt", "'prompt' is required");
@@ -1268,7 +1296,7 @@ int oai_parse_all(oai_api *s, const cJSON *j, const char *raw, size_t raw_n, int
     const cJSON *pi = n > 1 ? p->child : p;
     int64_t scored = 0;
     for (int i = 0; i < n; i++, pi = pi ? pi->next : NULL) {
-        if (!(gs[i] = gen_parse(s, j, raw, raw_n, chat, pi, path, b))) {
+        if (!(gs[i] = oai_gen_parse(s, j, raw, raw_n, chat, pi, path, b))) {
             gens_drop(gs, i);
             return 0;
         }
@@ -1291,7 +1319,7 @@ static cJSON *choice_json(oai_gen *g, int index)
 {
     const int chat = g->chat;
     if (chat)
-        chat_parse(g, g->text.n);
+        oai_chat_parse(g, g->text.n);
     cJSON *c0 = cJSON_CreateObject();
     cJSON_AddNumberToObject(c0, "index", index);
     if (chat) {
@@ -1312,13 +1340,13 @@ static cJSON *choice_json(oai_gen *g, int index)
             cJSON_AddNullToObject(c0, "logprobs");
     } else {
         dsv4_buf t = {0};
-        if (g->echo && g->prompt_text)
+        if (g->echo_prompt && g->prompt_text)
             dsv4_buf_puts(&t, g->prompt_text);
         dsv4_buf_put(&t, g->text.p ? g->text.p : "", g->text.n);
         cJSON_AddStringToObject(c0, "text", t.p ? t.p : "");
         dsv4_buf_free(&t);
         if (g->n_logprobs >= 0)
-            cJSON_AddItemToObject(c0, "logprobs", completion_logprobs(g, 0, g->n_tok, g->echo));
+            cJSON_AddItemToObject(c0, "logprobs", completion_logprobs(g, 0, g->n_tok, g->echo_prompt));
         else
             cJSON_AddNullToObject(c0, "logprobs");
     }
@@ -1330,6 +1358,8 @@ static cJSON *choice_json(oai_gen *g, int index)
 
 cJSON *oai_reply(oai_gen **gs, int n)
 {
+    if (gs[0]->api == OAI_RESPONSES)
+        return oai_responses_reply(gs[0]);
     cJSON *resp = envelope(gs[0], gs[0]->chat ? "chat.completion" : "text_completion");
     cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
     int prompt = 0, cached = 0, completion = 0;
@@ -1394,15 +1424,15 @@ int dsv4_serve_parse(const dsv4_parse_model *pm, const char *path, const char *b
             return 500;
         }
     }
-    int chat = !strcmp(path, "/v1/chat/completions");
+    int api = !strcmp(path, "/v1/chat/completions") ? OAI_CHAT : !strcmp(path, "/v1/responses") ? OAI_RESPONSES : OAI_COMPLETIONS;
     oai_bad b = {0};
-    if (!chat && strcmp(path, "/v1/completions")) {
+    if (api == OAI_COMPLETIONS && strcmp(path, "/v1/completions")) {
         b.status = 404;
         snprintf(b.msg, sizeof b.msg, "no route for POST %s", path);
     } else {
         cJSON *j = oai_parse_body(body, n, &b);
         oai_gen **gs = NULL;
-        int ng = j ? oai_parse_all(&s, j, body, n, chat, path, &gs, &b) : 0;
+        int ng = j ? oai_parse_all(&s, j, body, n, api, path, &gs, &b) : 0;
         cJSON_Delete(j);
         if (ng > 0) {
             if (first) {

@@ -23,6 +23,9 @@
 
 enum { OAI_MAX_STOPS = 16, OAI_MAX_BATCH = 1024, OAI_MAX_BODY = 16 << 20 };
 
+/* The API surfaces: POST /v1/completions, /v1/chat/completions, /v1/responses. */
+enum { OAI_COMPLETIONS = 0, OAI_CHAT = 1, OAI_RESPONSES = 2 };
+
 /* What the API knows of the served model and the server's defaults. */
 typedef struct oai_api {
     dsv4_tokenizer *tok;
@@ -46,11 +49,27 @@ typedef struct oai_bad {
     char param_buf[64];          /* a param naming a place in the request (messages[2].content[0]) */
 } oai_bad;
 
-/* One generation (a completion or a chat), from parse to the last byte sent. */
+/* A Responses stream's progress (serve/responses.c): the output item being written. */
+typedef struct oai_resp_stream {
+    int seq;                   /* the next event's sequence_number */
+    int started;               /* response.created and response.in_progress went out */
+    int n_items;               /* output items added so far */
+    int kind;                  /* the open item: 0 none, 1 reasoning, 2 message, 3 function call */
+    int call;                  /* a function call item: its call's index */
+    int had_message;           /* a message item was opened */
+    char item_id[96];
+    dsv4_buf text, name;       /* its text or arguments so far; a call's name */
+    cJSON *output;             /* the items done, for the final response */
+} oai_resp_stream;
+
+/* One generation (a completion, a chat, or a response), from parse to the last byte sent. */
 typedef struct oai_gen {
     oai_api *s;
     dsv4_request *r;
-    int chat, stream, include_usage, want_ids, echo;
+    int api;                   /* OAI_COMPLETIONS, OAI_CHAT or OAI_RESPONSES (which is a chat underneath) */
+    cJSON *echo;               /* responses: the request's fields that the Response object repeats */
+    oai_resp_stream rs;
+    int chat, stream, include_usage, want_ids, echo_prompt;
     int n_logprobs;            /* -1: none; else top_logprobs per token */
     char id[48];
     long created;
@@ -86,10 +105,10 @@ int oai_fail(oai_bad *b, const char *param, const char *fmt, ...) __attribute__(
 /* The body as a JSON object: valid UTF-8, well-formed, one object and nothing after it but
  * white space. NULL with b set otherwise. */
 cJSON *oai_parse_body(const char *p, size_t n, oai_bad *b);
-/* A completions (chat 0) or chat (chat 1) request j (raw[0..raw_n): its text) checked whole,
- * rendered and tokenized: its generations, one, or one per prompt of a completions list, not
- * yet queued. Returns their number with *out set, or 0 with *b set. */
-int oai_parse_all(oai_api *s, const cJSON *j, const char *raw, size_t raw_n, int chat, const char *path, oai_gen ***out,
+/* A request j of api (raw[0..raw_n): its text) checked whole, rendered and tokenized: its
+ * generations, one, or one per prompt of a completions list, not yet queued. Returns their
+ * number with *out set, or 0 with *b set. */
+int oai_parse_all(oai_api *s, const cJSON *j, const char *raw, size_t raw_n, int api, const char *path, oai_gen ***out,
                   oai_bad *b);
 /* Releases the request (cancelling it if still running) and everything g holds. */
 void oai_gen_free(oai_gen *g);
@@ -104,5 +123,31 @@ void oai_stream_events(oai_gen *g);
 cJSON *oai_reply(oai_gen **gs, int n);
 /* OpenAI's finish_reason for how g ended. */
 const char *oai_finish_name(const oai_gen *g);
+
+/* Shared with serve/responses.c. */
+/* A chat request j (chat completions fields) as one generation; prompt: a completion's. */
+oai_gen *oai_gen_parse(oai_api *s, const cJSON *j, const char *raw, size_t raw_n, int chat, const cJSON *prompt,
+                       const char *path, oai_bad *b);
+/* Bytes of g->text safe to send (all once finished, else all but what may grow into a stop string). */
+size_t oai_safe_len(const oai_gen *g);
+/* Feeds a chat's DSML parser the text up to upto (and ends it once the generation has). */
+void oai_chat_parse(oai_gen *g, size_t upto);
+/* Appends the new tool-call deltas in chat form: a head {index, id, type, function: {name,
+ * arguments: ""}} when a call's name is read, then {index, function: {arguments: fragment}};
+ * g->n_calls_sent counts the calls whose deltas are all out. */
+void oai_call_deltas(oai_gen *g, cJSON *frags);
+/* The call id of tool call i. */
+void oai_call_id(const oai_gen *g, int i, char *out, size_t cap);
+/* Appends one SSE event: "event: NAME" (when name) and "data: JSON" (j consumed). */
+void oai_sse(oai_gen *g, const char *name, cJSON *j);
+
+/* serve/responses.c: POST /v1/responses. */
+/* The request as a chat generation (input items to messages, tools, text.format, reasoning,
+ * max_output_tokens). NULL with *b set on refusal. */
+oai_gen *oai_responses_parse(oai_api *s, const cJSON *j, const char *raw, size_t raw_n, const char *path, oai_bad *b);
+/* The Response object of a finished generation. */
+cJSON *oai_responses_reply(oai_gen *g);
+/* The stream's new events (response.created, output items and their deltas, response.completed). */
+void oai_responses_events(oai_gen *g);
 
 #endif
