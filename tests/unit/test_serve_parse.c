@@ -246,6 +246,50 @@ int main(void)
             snprintf(body, sizeof body, "{%s,\"response_format\":{\"type\":\"json_object\"},\"forced_tokens\":[1,2]}", msgs);
             CHECK(parse("/v1/chat/completions", body, NULL, msg) == 400 && strstr(msg, "forced_tokens"), "constraint with forced tokens: %s", msg);
         }
+        /* /v1/responses: input items and instructions are the chat's messages, tools and
+         * text.format its constraint, max_output_tokens its max_tokens; what needs storage or
+         * another input kind is refused, naming the field */
+        {
+            char msg[512];
+            dsv4_request *a = NULL, *c = NULL;
+            CHECK(parse("/v1/responses", "{\"input\":\"hi\",\"instructions\":\"Be brief.\",\"max_output_tokens\":5}", &a, msg) == 200 &&
+                      parse("/v1/chat/completions", "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                            "{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":5}", &c, msg) == 200 &&
+                      a->n_prompt == c->n_prompt && !memcmp(a->prompt, c->prompt, (size_t)a->n_prompt * sizeof *a->prompt) &&
+                      a->max_tokens == 5 && !a->constraint,
+                  "responses: instructions and input as the chat's messages (%s)", msg);
+            dsv4_request_release(a);
+            dsv4_request_release(c);
+            a = c = NULL;
+            char body[2048];
+            snprintf(body, sizeof body, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"w?\"}]},"
+                     "{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\",\"call_id\":\"c1\"},"
+                     "{\"type\":\"function_call_output\",\"call_id\":\"c1\",\"output\":\"ok\"}],"
+                     "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{\"x\":{\"type\":\"integer\"}}}}],"
+                     "\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}");
+            CHECK(parse("/v1/responses", body, &a, msg) == 200 && a->constraint, "responses: a tool round trip, a named tool forced (%s)", msg);
+            dsv4_request_release(a);
+            a = NULL;
+            CHECK(parse("/v1/responses", "{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"json_schema\",\"name\":\"n\",\"strict\":true,"
+                        "\"schema\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"}}}}}}", &a, msg) == 200 && a->constraint,
+                  "responses: text.format json_schema (%s)", msg);
+            dsv4_request_release(a);
+            struct { const char *body, *param; } bad[] = {
+                {"{}", "input"},
+                {"{\"input\":\"x\",\"previous_response_id\":\"resp_1\"}", "stores no responses"},
+                {"{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\",\"image_url\":\"x\"}]}]}", "input[0].content[0]"},
+                {"{\"input\":[{\"type\":\"item_reference\",\"id\":\"x\"}]}", "input[0]"},
+                {"{\"input\":[{\"role\":\"wizard\",\"content\":\"x\"}]}", "input[0]"},
+                {"{\"input\":[{\"type\":\"function_call\",\"name\":\"f\"}]}", "input[0]: 'arguments'"},
+                {"{\"input\":\"x\",\"tools\":[{\"type\":\"web_search\"}]}", "tools[0]"},
+                {"{\"input\":\"x\",\"text\":{\"format\":{\"type\":\"bogus\"}}}", "text.format"},
+                {"{\"input\":\"x\",\"max_output_tokens\":0}", "max_output_tokens"},
+                {"{\"input\":5}", "input"},
+            };
+            for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+                CHECK(parse("/v1/responses", bad[i].body, NULL, msg) == 400 && strstr(msg, bad[i].param), "responses refuses %s: %s", bad[i].body,
+                      msg);
+        }
         pm.trie = NULL;
         dsv4_vocab_trie_free(trie);
     }
