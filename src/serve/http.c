@@ -16,7 +16,6 @@
 #include <cjson/cJSON.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <limits.h>
 #include <math.h>
 #include <poll.h>
 #include <microhttpd.h>

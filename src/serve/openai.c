@@ -2,7 +2,6 @@
  * into replies and stream events. See openai.h. */
 #include <cjson/cJSON.h>
 #include <inttypes.h>
-#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
