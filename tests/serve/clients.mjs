@@ -149,6 +149,15 @@ for (const [name, m] of [['openai-compatible', compat.chatModel(model)], ['opena
       added?.name === 'get_weather' && args === call.arguments && argsDone?.arguments === call.arguments &&
       next.usage.input_tokens > a.usage.input_tokens && typeof next.output_text === 'string', { a: a.output, args, next: next.output }];
   });
+  await check('responses.create: reasoning gives a reasoning item (whole == streamed), its tokens counted', async () => {
+    const p = { model, input: 'Think first.', reasoning: { effort: 'high' }, max_output_tokens: 6, temperature: 0 };
+    const a = await client.responses.create(p);
+    let thought = '';
+    for await (const e of await client.responses.create({ ...p, stream: true })) if (e.type === 'response.reasoning_text.delta') thought += e.delta;
+    const r = a.output[0];
+    return [r?.type === 'reasoning' && r.content[0].text.length > 0 && r.content[0].text === thought &&
+      a.usage.output_tokens_details.reasoning_tokens === 6 && a.reasoning?.effort === 'high', { out: a.output, usage: a.usage, thought }];
+  });
   await check('responses.create: text.format json_schema validates', async () => {
     const r = await client.responses.create({ model, input: 'Give a, b and c.', text: { format: { type: 'json_schema', name: 'abc', schema: objSchema, strict: true } }, max_output_tokens: 300, temperature: 1, seed: 5 });
     return [r.status === 'completed' && validObj(JSON.parse(r.output_text)), r.output_text];
