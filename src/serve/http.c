@@ -73,7 +73,7 @@ typedef struct waiter {
     struct waiter *next;
     struct MHD_Connection *c;
     int fd;
-    oai_gen **gs;                 /* the generations it waits on */
+    oai_gen **gs;             /* the generations it waits on */
     int n;
     double wake_at;           /* resume by then in any case (a stream's keep-alive, a list of prompts
                                * retrying for queue room); 0: none */
@@ -112,7 +112,7 @@ typedef struct conn {
     int too_big;
     int deny_status;          /* answered with this error once the body is in (auth), body discarded */
     const char *deny_code, *deny_msg;
-    oai_gen **gs;                 /* a non-streamed generation request: its prompts, n_sub of them queued */
+    oai_gen **gs;             /* a non-streamed generation request: its prompts, n_sub of them queued */
     int n, n_sub;
     waiter w;
 } conn;
@@ -719,7 +719,7 @@ static sock *sock_of(struct MHD_Connection *c)
 
 /* A request's first call (its headers are in): marks its connection busy, and refuses a
  * connection over the limits and a request whose framing is ambiguous (two lengths, or a
- * length beside Transfer-Encoding: a proxy in front may read it otherwise) at once; a oai_bad
+ * length beside Transfer-Encoding: a proxy in front may read it otherwise) at once; a bad
  * credential is answered once the body is read (and dropped). */
 static enum MHD_Result request_start(server *s, struct MHD_Connection *c, const char *url, const char *method, conn *k)
 {
