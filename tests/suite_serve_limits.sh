@@ -7,6 +7,7 @@
 #    matrix, auth, UTF-8, seeds, the scoring cap); then SIGTERM while a list of prompts waits for
 #    queue room: it is answered and the server exits at once;
 #  - a server with --api-key-file: tests/serve/soak.mjs (concurrent streams, RSS flat);
+#  - CORS: --cors with a list of origins, --cors none, a bad list refused; --max-tokens;
 #  - a model whose context is 2^32 tokens: a long chat without max_tokens is served.
 # Prints "serve_limits: N passed, M failed"; exits non-zero on any failure. Kills its servers.
 set -u
@@ -116,6 +117,40 @@ start_server "$tmp/soak.log" --lanes 4 --queue 64 --api-key-file "$tmp/api.key"
 run_node tests/serve/soak.mjs --port "$port" --key "$key" --pid "$pid" --streams 16 --seconds 20
 kill -TERM "$pid"
 wait "$pid" && ok "the soak server stops cleanly" || bad "the soak server's exit status"
+
+# ---- CORS: --cors lists the origins allowed (the preflight of another is refused, its replies
+# carry no allow header); --cors none sends no CORS headers and answers OPTIONS 405; a bad list
+# is refused at start. --max-tokens: a chat's default max_tokens.
+hdr() { # the value of header $1 in the headers file $2
+    tr -d '\r' < "$2" | awk -v h="$(echo "$1" | tr 'A-Z' 'a-z')" -F': ' 'tolower($1) == h { print $2 }'
+}
+if timeout 20 build/dsv4 serve -m "$model" --tokenizer "$tok" --port 0 --cors 'app.example' > "$tmp/refuse.log" 2>&1; then bad "--cors app.example was accepted"
+elif grep -q "not an origin" "$tmp/refuse.log"; then ok "--cors refuses a list entry that is not an origin"; else bad "--cors app.example: $(tail -1 "$tmp/refuse.log")"; fi
+start_server "$tmp/cors.log" --lanes 1 --api-key "$key" --cors 'http://a.example, http://b.example:8000' --max-tokens 7
+pre() { # origin: a preflight's status, headers in $tmp/pre.h
+    curl -s -o /dev/null -D "$tmp/pre.h" -w '%{http_code}' -X OPTIONS "http://127.0.0.1:$port/v1/chat/completions" -H "Origin: $1" \
+        -H 'Access-Control-Request-Method: POST' -H 'Access-Control-Request-Headers: authorization, content-type'
+}
+code=$(pre http://b.example:8000)
+if [ "$code" = 204 ] && [ "$(hdr Access-Control-Allow-Origin "$tmp/pre.h")" = http://b.example:8000 ] && [ "$(hdr Vary "$tmp/pre.h")" = Origin ] &&
+    hdr Access-Control-Allow-Headers "$tmp/pre.h" | grep -q authorization; then ok "--cors list: a listed origin's preflight is allowed (no key needed)"
+else bad "--cors list: listed origin's preflight: $code $(cat "$tmp/pre.h")"; fi
+code=$(pre http://c.example)
+[ "$code" = 403 ] && [ -z "$(hdr Access-Control-Allow-Origin "$tmp/pre.h")" ] && ok "--cors list: another origin's preflight is 403" || bad "--cors list: another origin's preflight: $code"
+curl -s -o /dev/null -D "$tmp/get.h" "http://127.0.0.1:$port/v1/models" "${H[@]}" -H 'Origin: http://c.example'
+curl -s -o /dev/null -D "$tmp/get2.h" "http://127.0.0.1:$port/v1/models" "${H[@]}" -H 'Origin: http://a.example'
+[ -z "$(hdr Access-Control-Allow-Origin "$tmp/get.h")" ] && [ "$(hdr Access-Control-Allow-Origin "$tmp/get2.h")" = http://a.example ] &&
+    ok "--cors list: replies allow the listed origins only" || bad "--cors list: reply headers: $(cat "$tmp/get.h" "$tmp/get2.h")"
+n=$(curl -s "http://127.0.0.1:$port/v1/chat/completions" "${H[@]}" -d '{"messages":[{"role":"user","content":"Go on."}],"ignore_eos":true}' |
+    node -e 'let t="";process.stdin.on("data",d=>t+=d).on("end",()=>console.log(JSON.parse(t).usage.completion_tokens))')
+[ "$n" = 7 ] && ok "--max-tokens 7: a chat without max_tokens stops at 7" || bad "--max-tokens 7: a chat generated '$n'"
+kill -TERM "$pid"; wait "$pid"
+start_server "$tmp/cors-none.log" --lanes 1 --cors none
+code=$(pre http://a.example)
+curl -s -o /dev/null -D "$tmp/get.h" "http://127.0.0.1:$port/v1/models" -H 'Origin: http://a.example'
+[ "$code" = 405 ] && [ -z "$(hdr Access-Control-Allow-Origin "$tmp/pre.h")" ] && [ -z "$(hdr Access-Control-Allow-Origin "$tmp/get.h")" ] &&
+    ok "--cors none: no CORS headers, OPTIONS is 405" || bad "--cors none: preflight $code $(cat "$tmp/get.h")"
+kill -TERM "$pid"; wait "$pid"
 
 # ---- a context of 2^32 tokens: a chat's default max_tokens must not wrap to a negative int
 # (which would size a lane's id buffer under its prompt); the long chat is served, then

@@ -12,9 +12,10 @@ static void serve_usage(FILE *f)
     fprintf(f, "usage: dsv4 serve [-m DIR] [--tokenizer DIR] [--host 127.0.0.1] [--port 8080] [--lanes N]\n"
                "                  [--api-key-file FILE | --api-key K] [--name NAME] [--cache-mb MB] [--queue N]\n"
                "                  [--max-connections N] [--client-connections N] [--idle-timeout S]\n"
-               "                  [--max-score-tokens N] [--draft K] [model options]\n"
-               "  Serves DIR over an OpenAI-compatible API: /v1/completions, /v1/chat/completions, /v1/models,\n"
-               "  /tokenize, /detokenize, /health, /metrics. --port 0 takes any free port (the log names it).\n"
+               "                  [--max-score-tokens N] [--draft K] [--max-tokens N] [--cors ORIGINS|none]\n"
+               "                  [model options]\n"
+               "  Serves DIR over an OpenAI-compatible API: /v1/completions, /v1/chat/completions, /v1/responses,\n"
+               "  /v1/models, /tokenize, /detokenize, /health, /metrics. --port 0 takes any free port (the log names it).\n"
                "  The tokenizer is read from DIR unless --tokenizer names another folder or tokenizer.json.\n"
                "  The API key: --api-key-file (its first line), else --api-key (which other users can read\n"
                "  in the process list), else $DSV4_API_KEY; none: no authentication.\n"
@@ -23,9 +24,12 @@ static void serve_usage(FILE *f)
                "  --idle-timeout (%d) seconds. --max-score-tokens (%d): given tokens one request may score.\n"
                "  --draft K: requests that give no \"draft\" propose K tokens a step by prompt lookup (0..%d,\n"
                "  default 0); drafts never change a token, only the speed (docs/draft.md).\n"
+               "  --max-tokens N: a chat's max_tokens when the request gives none (default %d, at most the\n"
+               "  rest of the context). --cors: the browser origins that may call the API: any (the\n"
+               "  default, as llama.cpp and vLLM), none, or a comma-separated list (https://app.example).\n"
                "  SIGTERM or SIGINT cancels what is in flight and exits.\n%s",
             DSV4_DEFAULT_MAX_CONNECTIONS, DSV4_DEFAULT_CLIENT_CONNECTIONS, DSV4_DEFAULT_IDLE_TIMEOUT,
-            DSV4_DEFAULT_MAX_SCORE_TOKENS, DSV4_DRAFT_MAX, cli_model_usage());
+            DSV4_DEFAULT_MAX_SCORE_TOKENS, DSV4_DRAFT_MAX, DSV4_DEFAULT_CHAT_MAX_TOKENS, cli_model_usage());
 }
 
 /* The first line of path (without its line end), malloc'd; NULL with a message when unreadable
@@ -96,6 +100,10 @@ int dsv4_cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--max-score-tokens") && (o.max_score_tokens = (int)strtol(v, &end, 10), !*end) &&
                  o.max_score_tokens > 0)
             ;
+        else if (!strcmp(a, "--max-tokens") && (o.max_tokens = (int)strtol(v, &end, 10), !*end) && o.max_tokens > 0)
+            ;
+        else if (!strcmp(a, "--cors"))
+            o.cors = v;
         else if (!strcmp(a, "--cache-mb")) {
             long mb = strtol(v, &end, 10);
             if (*end || mb <= 0)

@@ -1,6 +1,8 @@
 /* http — the OpenAI-compatible server over the lanes (libmicrohttpd: a few polling threads over
- * epoll; a request waiting for tokens is suspended, not a blocked thread). Endpoints: GET / (a chat page), GET /health, GET /v1/models, POST /v1/completions,
- * POST /v1/chat/completions, POST /tokenize, POST /detokenize, GET /metrics. */
+ * epoll; a request waiting for tokens is suspended, not a blocked thread; the API itself is
+ * serve/openai.c's). Endpoints: GET / (a chat page), GET /health, GET /v1/models,
+ * POST /v1/completions, POST /v1/chat/completions, POST /tokenize, POST /detokenize,
+ * GET /metrics; OPTIONS (CORS preflight) on any route. */
 #ifndef DSV4_SERVE_HTTP_H
 #define DSV4_SERVE_HTTP_H
 
@@ -25,17 +27,20 @@ typedef struct dsv4_server_opts {
     int idle_timeout_s;       /* a connection with nothing to send or receive is closed; 0: 15 */
     int max_score_tokens;     /* given tokens one request may score (echoed prompt, forced); 0: 16384 */
     int draft;                /* prompt-lookup proposal length of requests that give no "draft"; 0: none */
+    int max_tokens;           /* a chat's max_tokens when the request gives none (bounded by the context); 0: 4096 */
+    const char *cors;         /* allowed browser origins: NULL or "*": any; "none": no CORS headers; else a
+                               * comma-separated list of origins (scheme://host[:port]) */
 } dsv4_server_opts;
 
 enum { DSV4_DEFAULT_MAX_CONNECTIONS = 1024, DSV4_DEFAULT_CLIENT_CONNECTIONS = 128, DSV4_DEFAULT_IDLE_TIMEOUT = 15,
-       DSV4_DEFAULT_MAX_SCORE_TOKENS = 16384 };
+       DSV4_DEFAULT_MAX_SCORE_TOKENS = 16384, DSV4_DEFAULT_CHAT_MAX_TOKENS = 4096 };
 
 /* Loads the model and tokenizer, serves until SIGTERM or SIGINT, then cancels what is in
  * flight and returns 0. The caller must have blocked SIGTERM and SIGINT in every thread
  * (this function waits for them with sigwait). */
 int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err);
 
-/* The request parser alone (tests, fuzzing): what the server does with a POST body to path
+/* The request parser alone (tests, fuzzing; serve/openai.c): what the server does with a POST body to path
  * (/v1/completions or /v1/chat/completions) up to, not including, queueing it. */
 typedef struct dsv4_parse_model {
     struct dsv4_tokenizer *tok;
@@ -43,6 +48,9 @@ typedef struct dsv4_parse_model {
     int vocab, eos;
     int64_t ctx;
     int max_score_tokens;      /* 0: the default */
+    int max_tokens;            /* a chat's default max_tokens; 0: the default */
+    const struct dsv4_vocab_trie *trie; /* the tokenizer's vocabulary trie (constrained requests); NULL: one is
+                                * built for the call, and the returned request's constraint is dropped */
 } dsv4_parse_model;
 
 /* Returns the HTTP status the server would answer before generating: 200 when the request is

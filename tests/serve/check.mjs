@@ -174,7 +174,10 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
     const c = ch.choices[0];
     if (!c) continue;
     content += c.delta.content ?? '';
-    for (const t of c.delta.tool_calls ?? []) calls[t.index] = t;
+    for (const t of c.delta.tool_calls ?? []) {
+      if (t.id) calls[t.index] = { id: t.id, function: { name: t.function.name, arguments: '' } };
+      calls[t.index].function.arguments += t.function.arguments ?? '';
+    }
     if (c.logprobs) lps.push(...c.logprobs.content.map((x) => x.logprob));
     if (c.finish_reason) finish = c.finish_reason;
   }
@@ -268,6 +271,113 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
   check(n > 10 && inf > 10 && inf <= n, '/metrics latency histograms', { n, inf });
 }
 
+// ---- constrained decoding: response_format and forced tool calls. The random-weight model's
+// replies still parse and validate; a constraint keeps stream == non-stream, concurrent == solo
+// and drafted == plain.
+{
+  const schema = { type: 'object', properties: { a: { type: 'integer' }, b: { enum: ['x', 'y'] }, c: { type: 'array', items: { type: 'boolean' }, maxItems: 3 } },
+    required: ['a', 'b', 'c'], additionalProperties: false };
+  const valid = (v) => v && typeof v === 'object' && Number.isInteger(v.a) && ['x', 'y'].includes(v.b) && Array.isArray(v.c) && v.c.length <= 3 &&
+    v.c.every((x) => typeof x === 'boolean') && Object.keys(v).length === 3;
+  const rf = { type: 'json_schema', json_schema: { name: 'abc', strict: true, schema } };
+  const runs = [];
+  for (let seed = 1; seed <= 6; seed++) {
+    const p = { messages: [{ role: 'user', content: `Give me a, b and c (${seed}).` }], response_format: rf, max_tokens: 300, temperature: 1, seed, logprobs: true, cache_prompt: false };
+    const a = await chat(p, false), b = await chat(p, true), d = await chat({ ...p, draft: 4 }, false);
+    let v = null;
+    try { v = JSON.parse(a.text); } catch { /* checked below */ }
+    runs.push({ p, a, ok: a.finish === 'stop' && valid(v) && a.text === b.text && same(a.lp, b.lp) && b.finish === 'stop' && a.text === d.text && same(a.lp, d.lp) });
+  }
+  check(runs.every((r) => r.ok), 'json_schema (strict): every reply validates; stream == non-stream == drafted (6 seeds)', runs.find((r) => !r.ok));
+  const conc = await Promise.all(runs.map((r, i) => chat(r.p, i % 2 === 1)));
+  check(conc.every((c, i) => c.text === runs[i].a.text && same(c.lp, runs[i].a.lp)), 'json_schema: concurrent == solo', conc);
+  const o = await chat({ messages: [{ role: 'user', content: 'An object, please.' }], response_format: { type: 'json_object' }, max_tokens: 40, temperature: 0, seed: 2 }, false);
+  check(/^\s*\{/.test(o.text) && (o.finish === 'length' || typeof JSON.parse(o.text) === 'object'), 'json_object: the reply is (the start of) a JSON object', o);
+  const t = await chat({ messages: [{ role: 'user', content: 'Plain text.' }], response_format: { type: 'text' }, max_tokens: 6, temperature: 0 }, false);
+  const t0 = await chat({ messages: [{ role: 'user', content: 'Plain text.' }], max_tokens: 6, temperature: 0 }, false);
+  check(t.text === t0.text, 'response_format text: as without it', { t, t0 });
+
+  const tools = [
+    { type: 'function', function: { name: 'get_weather', description: 'Weather for a city', parameters: { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, days: { type: 'integer' } }, required: ['city', 'days'] } } },
+    { type: 'function', function: { name: 'set_alarm', parameters: { type: 'object', properties: { on: { type: 'boolean' } }, required: ['on'] } } },
+  ];
+  const msgs = [{ role: 'user', content: 'What is the weather in Paris?' }];
+  const named = await client.chat.completions.create({ model, messages: msgs, tools, tool_choice: { type: 'function', function: { name: 'set_alarm' } }, max_tokens: 400, temperature: 1, seed: 5 });
+  const nc = named.choices[0].message.tool_calls ?? [];
+  check(named.choices[0].finish_reason === 'tool_calls' && nc.length === 1 && nc[0].function.name === 'set_alarm' && typeof JSON.parse(nc[0].function.arguments).on === 'boolean',
+    'tool_choice named: one call of that function, arguments valid', named.choices[0]);
+  let bad = [];
+  for (let seed = 1; seed <= 4; seed++) {
+    const r = await client.chat.completions.create({ model, messages: msgs, tools, tool_choice: 'required', max_tokens: 600, temperature: 1, seed });
+    const c = r.choices[0], calls = c.message.tool_calls ?? [];
+    const ok = c.finish_reason === 'tool_calls' && calls.length >= 1 && calls.every((x) => {
+      const a = JSON.parse(x.function.arguments);
+      return x.function.name === 'get_weather' ? ['Paris', 'Oslo'].includes(a.city) && Number.isInteger(a.days) : x.function.name === 'set_alarm' && typeof a.on === 'boolean';
+    });
+    if (!ok) bad.push(c);
+  }
+  check(bad.length === 0, 'tool_choice required: a call of the given tools, arguments follow their schemas (4 seeds)', bad[0]);
+  const auto = await chat({ messages: msgs, tools, tool_choice: 'auto', max_tokens: 6, temperature: 0 }, false);
+  const dflt = await chat({ messages: msgs, tools, max_tokens: 6, temperature: 0 }, false);
+  check(auto.text === dflt.text, 'tool_choice auto: unconstrained, as without it', { auto, dflt });
+}
+
+// ---- details clients rely on: tool calls stream their name, then argument fragments, and no
+// chunk carries an empty content string; a call cut by max_tokens comes back as far as it
+// parsed (finish length); text_offset counts characters; created times are real
+async function rawStream(body) {
+  const r = await fetch(`${base}/v1/chat/completions`, { method: 'POST', headers: { 'Content-Type': 'application/json', Authorization: `Bearer ${key}` },
+    body: JSON.stringify({ model, ...body, stream: true }) });
+  const t = await r.text();
+  return t.split('\n').filter((l) => l.startsWith('data: ') && l !== 'data: [DONE]').map((l) => JSON.parse(l.slice(6)));
+}
+{
+  const tools = [{ type: 'function', function: { name: 'get_weather', parameters: { type: 'object', properties: { city: { type: 'string', enum: ['Paris', 'Oslo'] }, days: { type: 'integer' } }, required: ['city', 'days'] } } }];
+  const p = { messages: [{ role: 'user', content: 'Weather?' }], tools, tool_choice: { type: 'function', function: { name: 'get_weather' } }, temperature: 1, seed: 3 };
+  // the cut: the first token count whose text has begun the "days" parameter (a seeded draw
+  // does not depend on max_tokens, so the cut reply is a prefix of the whole one)
+  const whole = await client.chat.completions.create({ model, ...p, max_tokens: 400, return_token_ids: true });
+  const ids = whole.choices[0].token_ids;
+  let lo = 1, hi = ids.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if ((await post('/detokenize', { tokens: ids.slice(0, mid) })).json.prompt.includes('name="days"')) hi = mid; else lo = mid + 1;
+  }
+  for (const [what, max_tokens, finish] of [['whole', 400, 'tool_calls'], ['cut by max_tokens', lo + 1, 'length']]) {
+    const a = await client.chat.completions.create({ model, ...p, max_tokens });
+    const chunks = await rawStream({ ...p, max_tokens });
+    const deltas = chunks.flatMap((c) => c.choices[0]?.delta?.tool_calls ?? []);
+    const args = deltas.map((d) => d.function.arguments).join('');
+    const tc = a.choices[0].message.tool_calls?.[0];
+    const emptyContent = chunks.filter((c) => c.choices[0]?.delta && 'content' in c.choices[0].delta && !c.choices[0].delta.content).length;
+    check(tc && a.choices[0].finish_reason === finish && chunks.at(-1).choices[0].finish_reason === finish && deltas.length >= 3 &&
+      /^call_/.test(deltas[0].id) && deltas[0].function.name === 'get_weather' && deltas[0].function.arguments === '' &&
+      deltas.slice(1).every((d) => d.index === 0 && !d.id && !d.function.name) && args === tc.function.arguments && emptyContent === 0,
+      `tool call streamed (${what}): the name, then argument fragments equal to the whole reply's; no empty content`, { a: a.choices[0], deltas, emptyContent });
+    if (finish === 'length') {
+      const w = JSON.parse(whole.choices[0].message.tool_calls[0].function.arguments), c = JSON.parse(tc.function.arguments);
+      check(same(c, { city: w.city }), 'a call cut by max_tokens keeps the parameters complete so far', { tc, w });
+    }
+  }
+  const plain = await rawStream({ messages: [{ role: 'user', content: 'Hello there.' }], max_tokens: 12, temperature: 0 });
+  check(plain.every((c) => !c.choices[0]?.delta || !('content' in c.choices[0].delta) || c.choices[0].delta.content.length > 0) && plain[0].choices[0].delta.role === 'assistant',
+    'chat stream: no empty content deltas', plain.map((c) => c.choices[0]?.delta));
+
+  const r = await client.completions.create({ model, prompt: 'Ünïcödé 🎉 日本', max_tokens: 8, echo: true, logprobs: 0, temperature: 0 });
+  const lp = r.choices[0].logprobs;
+  let at = 0, offs = [];
+  for (const t of lp.tokens) { offs.push(at); at += Array.from(t).length; }
+  check(same(lp.text_offset, offs) && Array.from(r.choices[0].text).length === at, 'text_offset counts characters (code points), echo included', { lp, offs });
+  const now = Date.now() / 1000;
+  const m = (await client.models.list()).data[0];
+  check(m.created > now - 86400 && m.created <= now + 5 && Math.abs(r.created - now) < 60, 'created: real times (the model: when the server started)', { m, created: r.created });
+  const o = await fetch(`${base}/v1/chat/completions`, { method: 'OPTIONS', headers: { Origin: 'http://app.example', 'Access-Control-Request-Method': 'POST', 'Access-Control-Request-Headers': 'authorization,content-type' } });
+  const g = await fetch(`${base}/v1/models`, { headers: { Origin: 'http://app.example', Authorization: `Bearer ${key}` } });
+  check(o.status === 204 && o.headers.get('access-control-allow-origin') === '*' && /authorization/i.test(o.headers.get('access-control-allow-headers')) &&
+    /POST/.test(o.headers.get('access-control-allow-methods')) && g.status === 200 && g.headers.get('access-control-allow-origin') === '*',
+    'CORS by default: preflight answered (no key needed), any origin allowed', { o: o.status, g: g.status });
+}
+
 // ---- bad inputs: 4xx with an OpenAI-style error body, and the server keeps serving
 {
   const cases = [
@@ -295,6 +405,13 @@ for (const [name, extra] of [['greedy', { temperature: 0 }], ['seeded', { temper
     ['tool parameters not an object', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f', parameters: 'x' } }] }, null, 400],
     ['tool_choice names no tool', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], tools: [{ type: 'function', function: { name: 'f' } }], tool_choice: { type: 'function', function: { name: 'g' } } }, null, 400],
     ['message content wrong type', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 5 }] }, null, 400],
+    ['response_format type unknown', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], response_format: { type: 'bogus' } }, null, 400],
+    ['response_format not an object', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], response_format: 'json' }, null, 400],
+    ['json_schema without a schema', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema', json_schema: { name: 'n' } } }, null, 400],
+    ['strict json_schema outside the subset', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], response_format: { type: 'json_schema', json_schema: { name: 'n', strict: true, schema: { type: 'object', properties: { a: { type: 'integer', minimum: 3 } } } } } }, null, 400],
+    ['best_of 2', '/v1/completions', { model, prompt: 'x', best_of: 2 }, null, 400],
+    ['an image part', '/v1/chat/completions', { model, messages: [{ role: 'user', content: [{ type: 'text', text: 'x' }, { type: 'image_url', image_url: { url: 'data:image/png;base64,AA==' } }] }] }, null, 400],
+    ['tool_choice required without tools', '/v1/chat/completions', { model, messages: [{ role: 'user', content: 'x' }], tool_choice: 'required' }, null, 400],
   ];
   for (const [name, path, body, raw, want] of cases) {
     const r = await post(path, body, raw);

@@ -1,4 +1,5 @@
-/* DSML parser: round trip with the chat encoder, incremental feeding, and a fuzz run (random
+/* DSML parser: round trip with the chat encoder, incremental feeding, the open call as it is
+ * read, a reply cut short, and a fuzz run (random
  * bytes and mutated valid blocks) that must never crash, leak markup into content, or depend
  * on how the text is cut into pieces. */
 #include <stdio.h>
@@ -243,6 +244,83 @@ int main(void)
         parse(u, strlen(u), 0, 0, &r);
         CHECK(r.calls && !strcmp(r.calls, "[{\"name\":\"g\",\"arguments\":{\"v\":\"1 2\"}}]"), "trailing text: %s", r.calls);
         result_free(&r);
+    }
+
+    /* the invoke being read, byte by byte: its name once the opening tag is whole, then its
+     * parameters as each closes, every print (but the brace) a prefix of the whole call's; a
+     * repeated parameter keeps its first value */
+    {
+        const char *t = "Sure.\n\n<" D " calls>\n<" D " invoke name=\"f\">\n<" D " parameter name=\"x\" string=\"true\">par</" D
+                        " parameter>\n<" D " parameter name=\"n\" string=\"false\">12</" D " parameter>\n<" D
+                        " parameter name=\"x\" string=\"true\">again</" D " parameter>\n</" D " invoke>\n</" D " calls>";
+        const char *whole = "{\"x\":\"par\",\"n\":12}";
+        dsv4_err err = {0};
+        dsv4_dsml *p = dsv4_dsml_new(0, &err);
+        dsv4_dsml_out o;
+        dsv4_dsml_out_init(&o);
+        const char *name_at = strstr(t, "name=\"f\">") + strlen("name=\"f\">");
+        int ok = 1, named = 0, grew = 0;
+        size_t last = 0;
+        for (size_t i = 0; t[i]; i++) {
+            dsv4_dsml_feed(p, t + i, 1, &o, &err);
+            const cJSON *c = dsv4_dsml_open_call(p);
+            if (cJSON_GetArraySize(o.calls) > 0) {
+                ok &= c == NULL;
+                continue;
+            }
+            const cJSON *nm = c ? cJSON_GetObjectItemCaseSensitive(c, "name") : NULL;
+            ok &= (t + i + 1 >= name_at) == (c != NULL);
+            if (!c)
+                continue;
+            named |= cJSON_IsString(nm) && !strcmp(nm->valuestring, "f");
+            char *a = cJSON_PrintUnformatted(cJSON_GetObjectItemCaseSensitive(c, "arguments"));
+            size_t k = a ? strlen(a) - 1 : 0;
+            ok &= a && !strncmp(a, whole, k) && k >= last;
+            grew += k > last;
+            last = k;
+            free(a);
+        }
+        dsv4_dsml_finish(p, &o, &err);
+        char *calls = cJSON_PrintUnformatted(o.calls);
+        CHECK(ok && named && grew == 3 && calls && !strcmp(calls, "[{\"name\":\"f\",\"arguments\":{\"x\":\"par\",\"n\":12}}]"),
+              "the open call as it is read (ok %d named %d grew %d): %s", ok, named, grew, calls);
+        free(calls);
+        dsv4_dsml_out_free(&o);
+        dsv4_dsml_free(p);
+    }
+    /* a reply cut short: finish drops the open invoke, finish_cut keeps it as far as it parsed */
+    {
+        const char *t = "<" D " calls>\n<" D " invoke name=\"f\">\n<" D " parameter name=\"x\" string=\"true\">par</" D
+                        " parameter>\n<" D " parameter name=\"n\" string=\"false\">1";
+        for (int cut = 0; cut < 2; cut++) {
+            dsv4_err err = {0};
+            dsv4_dsml *p = dsv4_dsml_new(0, &err);
+            dsv4_dsml_out o;
+            dsv4_dsml_out_init(&o);
+            dsv4_dsml_feed(p, t, strlen(t), &o, &err);
+            if (cut)
+                dsv4_dsml_finish_cut(p, &o, &err);
+            else
+                dsv4_dsml_finish(p, &o, &err);
+            char *calls = cJSON_PrintUnformatted(o.calls);
+            CHECK(cut ? !strcmp(calls, "[{\"name\":\"f\",\"arguments\":{\"x\":\"par\"}}]") && o.truncated && !o.malformed
+                      : !strcmp(calls, "[]") && !o.truncated && o.malformed == 1,
+                  "cut %d: %s", cut, calls);
+            free(calls);
+            dsv4_dsml_out_free(&o);
+            dsv4_dsml_free(p);
+        }
+        /* cut inside the opening tag: nothing to keep */
+        const char *u = "<" D " calls>\n<" D " invoke name=\"f";
+        dsv4_err err = {0};
+        dsv4_dsml *p = dsv4_dsml_new(0, &err);
+        dsv4_dsml_out o;
+        dsv4_dsml_out_init(&o);
+        dsv4_dsml_feed(p, u, strlen(u), &o, &err);
+        dsv4_dsml_finish_cut(p, &o, &err);
+        CHECK(cJSON_GetArraySize(o.calls) == 0 && o.malformed == 1, "cut in the opening tag: no call");
+        dsv4_dsml_out_free(&o);
+        dsv4_dsml_free(p);
     }
 
     char buf[4096];
