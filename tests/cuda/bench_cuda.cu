@@ -218,8 +218,12 @@ int main(void)
     };
     printf("%-16s %-14s %4s %10s %7s %9s %8s %8s %8s\n", "weight", "[n, k]", "T", "us/call", "x T=1", "GB/s", "of copy",
            "of read", "TFLOP/s");
+    /* BENCH_ONLY=name: that shape alone (e.g. under a profiler) */
+    const char *only = getenv("BENCH_ONLY");
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const shape *s = &shapes[si];
+        if (only && strncmp(s->name, only, strlen(only)))
+            continue;
         size_t bytes = data_bytes(s) + scale_bytes(s);
         int count = (int)(((size_t)512 << 20) / bytes) + 1;
         uint8_t *blk;
@@ -253,6 +257,8 @@ int main(void)
         free_copies(w, count, blk);
     }
 
+    if (only)
+        return 0;
     /* one CSA layer's matvecs at batch 1, as V4-Flash shapes them (spec table): attention
      * projections, compressor and indexer (FP8), the router (BF16), 6 routed experts (FP4)
      * and the shared expert (FP8) */

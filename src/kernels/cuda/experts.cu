@@ -265,8 +265,9 @@ __global__ void k_ex_sum(const float *Y, const float *wts, const int32_t *eid, i
     y[i] = s;
 }
 
-/* Pairs a tile holds on the tensor-core path above EX_SOLO_PAIRS pairs (8 below). */
-enum { EX_TC_TILE = TC_TN };
+/* Pairs a tile holds on the tensor-core path when the pairs average EX_TC_BUSY an expert (8
+ * below). */
+enum { EX_TC_TILE = TC_TN, EX_TC_BUSY = 16 };
 
 /* The tensor-core path: W1/W3, the activation, W2, each tile's rows in one pass; a launch split
  * into slice partials (tc_split, from the weight and the tile grid) is folded after it. The
@@ -511,7 +512,9 @@ static void experts_run(const dsv4_experts_args *a)
         t1 = NULL;
     }
     if (t1 && t2 && t3) {
-        int tile = tc ? (RK <= EX_SOLO_PAIRS ? 8 : EX_TC_TILE) : RK <= EX_SOLO_PAIRS ? 1 : LIN_TT;
+        /* the tensor cores' tile path pays when experts hold many pairs each (prefill), the
+         * register path's 8-pair tiles otherwise (decode, lanes) */
+        int tile = tc ? (RK >= (int64_t)EX_TC_BUSY * E ? EX_TC_TILE : 8) : RK <= EX_SOLO_PAIRS ? 1 : LIN_TT;
         int64_t NT = tile == 1 ? RK : (RK / tile + E < RK ? RK / tile + E : RK);
         float *G = a->work, *U = G + RK * I, *Y = U + RK * I;
         int *ord = (int *)(Y + RK * D), *tiles = ord + RK, *cnt = tiles + 3 * NT, *off = cnt + E, *ntiles = off + E;
