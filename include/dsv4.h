@@ -116,6 +116,17 @@ typedef struct dsv4_batch {
 } dsv4_batch;
 int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err);
 
+/* ---- DSpark drafting (V4.1 checkpoints with mtp.* stages) ------------------------ */
+/* Tokens one DSpark draft proposes (the config's dspark_block_size); 0 when the model has no
+ * stages or its backend does not run them. */
+int dsv4_spec_block(const dsv4_model *m);
+/* Drafts after `anchor`, the token at position dsv4_seq_len(s) (not yet fed): ids [block + 1]
+ * the anchor then the drafts (each the argmax of its row, ties to the lower id), logits
+ * [block, vocab] the stages' logits with the Markov bias (may be NULL), conf [block] the
+ * confidence head's raw scores (may be NULL). The sequence is not changed: its stage windows
+ * are filled by dsv4_forward. */
+int dsv4_spec_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int32_t *ids, float *logits, float *conf, dsv4_err *err);
+
 /* What a sequence's caches hold at `ctx` tokens of context, in bytes: as dsv4 keeps them
  * now (fp32) and in the quantized store of production engines (window e4m3 + UE8M0/32,
  * entries e2m1 + E4M3/16, index keys e2m1 + UE8M0/32). */
