@@ -117,6 +117,7 @@ typedef struct dsv4_batch {
 int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err);
 
 /* ---- DSpark drafting (V4.1 checkpoints with mtp.* stages) ------------------------ */
+#define DSV4_MAX_SPEC_BLOCK 64      /* the largest dspark_block_size a config may give */
 /* Tokens one DSpark draft proposes (the config's dspark_block_size); 0 when the model has no
  * stages or its backend does not run them. */
 int dsv4_spec_block(const dsv4_model *m);

@@ -31,7 +31,6 @@
 #define DSV4_MAX_ENGRAM_HEADS 64
 #define DSV4_MAX_ENGRAM_VOCAB 4294967296.0 /* the prime search tests candidates by trial division */
 #define DSV4_MAX_ENGRAM_ROWS 9007199254740992.0
-#define DSV4_MAX_SPEC_BLOCK 64      /* dspark_block_size (rows of one draft forward) */
 #define DSV4_MAX_SPEC_TARGETS 16    /* dspark_target_layer_ids */
 
 typedef enum { DSV4_FAMILY_V4 = 4, DSV4_FAMILY_V41 = 41 } dsv4_family;
