@@ -31,6 +31,7 @@ typedef struct lane {
     int n_feed;
     const int32_t *feed;
     int32_t dfeed[1 + DSV4_DRAFT_MAX]; /* a drafting lane's rows: its next token, then the proposal */
+    int spec_k;            /* DSpark: tokens of its block to propose, drafted outside the lock */
     dsv4_sample_out draws[1 + DSV4_DRAFT_MAX];
     int n_draws;
 } lane;
@@ -312,6 +313,12 @@ dsv4_lanes *dsv4_lanes_new(dsv4_model *m, const dsv4_lanes_opts *o, dsv4_err *er
     dsv4_model_get_info(m, &mi);
     l->vocab = mi.vocab_size;
     l->max_pos = mi.max_position;
+    if (l->o.drafter == DSV4_DRAFTER_DSPARK && !dsv4_spec_block(m)) {
+        int32_t x[1];
+        dsv4_spec_draft(m, NULL, 0, x, NULL, NULL, err); /* says why */
+        free(l);
+        return NULL;
+    }
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->work, NULL);
     l->st.n_lanes = l->o.n_lanes;
@@ -570,6 +577,13 @@ static int plan_draft(dsv4_lanes *l, lane *ln, int budget)
     k = k < room ? k : room;
     k = k < reach ? k : reach;
     k = k < budget ? k : budget;
+    if (l->o.drafter == DSV4_DRAFTER_DSPARK) {
+        int B = dsv4_spec_block(l->m);
+        k = k < B ? k : B;
+        ln->spec_k = k > 0 ? (int)k : 0;
+        ln->dfeed[0] = ln->next;
+        return ln->spec_k;
+    }
     if (k <= 0 || ensure_ids(ln, (int64_t)ln->n_ids + 1))
         return 0;
     ln->ids[ln->n_ids] = ln->next; /* the context as lookup reads it: the sequence, then next */
@@ -654,6 +668,7 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
     for (int i = 0; i < L; i++) {
         lane *ln = &l->lanes[i];
         ln->n_feed = 0;
+        ln->spec_k = 0;
         if (!ln->req)
             continue;
         n_busy++;
@@ -690,6 +705,22 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
     pthread_mutex_unlock(&l->mu);
     if (!n_busy)
         return 0;
+    /* DSpark lanes draft their blocks now (only this thread touches a lane's sequence); a
+     * draft that fails leaves the lane a plain step */
+    for (int i = 0; i < L; i++) {
+        lane *ln = &l->lanes[i];
+        int32_t blk[DSV4_MAX_SPEC_BLOCK + 1];
+        dsv4_err de = {0};
+        if (!ln->spec_k)
+            continue;
+        if (dsv4_spec_draft(l->m, ln->seq, ln->next, blk, NULL, NULL, &de)) {
+            n_score -= 1 + ln->spec_k;
+            ln->n_feed = 1;
+            ln->feed = &ln->next;
+            continue;
+        }
+        memcpy(ln->dfeed + 1, blk + 1, (size_t)ln->spec_k * sizeof *blk);
+    }
 
     /* two forwards at most: one for last-token logits, one with every row for lanes that
      * score their prompt (rows do not depend on the batch, so the split changes nothing) */

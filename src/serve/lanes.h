@@ -10,7 +10,8 @@
  * or beside others, and resumed from the cache or cold.
  *
  * Drafts (serve/draft.h): a decoding lane whose request asks for them feeds its last token
- * and a prompt-lookup proposal in the same step; its rows are drawn in order at the positions a
+ * and a proposal (prompt lookup, or the DSpark stages' block drafted before the step) in the
+ * same step; its rows are drawn in order at the positions a
  * plain step would use, the proposal is kept while it equals the draws, and the lane's sequence
  * is rolled back to what was kept. Drafted requests give the tokens and logprobs of plain ones.
  *
@@ -47,7 +48,12 @@ typedef struct dsv4_lanes_opts {
      * signal (write an eventfd, set a flag), never call back into the lanes */
     void (*notify)(void *ctx);
     void *notify_ctx;
+    int drafter;          /* what proposes a drafting request's tokens: DSV4_DRAFTER_* */
 } dsv4_lanes_opts;
+
+/* Drafters: prompt lookup (any checkpoint), or the checkpoint's DSpark stages (its block, at
+ * most the request's "draft" tokens of it; dsv4_lanes_new refuses it for a model without). */
+enum { DSV4_DRAFTER_LOOKUP = 0, DSV4_DRAFTER_DSPARK = 1 };
 
 enum {
     DSV4_FINISH_NONE = 0,
@@ -71,7 +77,7 @@ typedef struct dsv4_request {
                             * each is scored (dsv4_score: logprob, top alternatives) instead of
                             * sampled; max_tokens must equal n_forced */
     int n_forced;
-    int draft;             /* prompt-lookup proposal length per step, 0..DSV4_DRAFT_MAX (0: none) */
+    int draft;             /* proposal length per step, 0..DSV4_DRAFT_MAX (0: none) */
     dsv4_constraint *constraint; /* owned; when set, every token is drawn under its mask (sampler
                             * step 2) and advances it; it starts at its grammar's start (not with
                             * forced tokens). Its state is the request's alone, so a constrained

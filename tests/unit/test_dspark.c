@@ -11,8 +11,10 @@
  *    (in the fixture: all of case1's; the long cases' release decode parts before its first
  *    draft, so none of theirs).
  * The stage windows are sequence state: a draft after a rollback, a restore or a copy equals
- * the draft of an uninterrupted run, bit for bit. A checkpoint missing any mtp.* tensor is
- * refused naming it. */
+ * the draft of an uninterrupted run, bit for bit. The server's lanes drafting with DSpark give
+ * the plain requests' ids and logprobs, greedy and seeded, through 1 and 3 lanes, beside a
+ * plain request, and resumed from the prompt cache. A checkpoint missing any mtp.* tensor is
+ * refused naming it; lanes asked for DSpark on a model without stages are refused. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -24,6 +26,7 @@
 #include "core/core.h"
 #include "io/safetensors.h"
 #include "dsv4.h"
+#include "serve/lanes.h"
 
 #define DIR CHECK_FIXTURES "/v41/v41-tiny-a"
 
@@ -184,6 +187,85 @@ static void check_state(dsv4_model *m, const int32_t *ids, int T, int V, int B)
     dsv4_seq_free(cp);
 }
 
+#define N_GEN 16
+/* Four requests through n lanes (drafting `draft` tokens a step with `drafter`; request 0 plain
+ * when mixed), twice when cached (the second round resumes from the prompt cache): the last
+ * round's ids and logprobs; returns the tokens kept over all rounds. */
+static int64_t lanes_run(dsv4_model *m, int n_lanes, int drafter, int draft, int mixed, int cached,
+                         const dsv4_sample_params *sp, int32_t (*ids)[N_GEN], double (*lps)[N_GEN], int *nk)
+{
+    static const int32_t p0[] = {0, 5, 7, 9, 11, 5, 7}, p1[] = {0, 100, 200, 300}, p2[] = {0, 9, 9, 9, 9, 9},
+                         p3[] = {0, 42, 17, 42, 17, 42, 17, 42};
+    const int32_t *pr[4] = {p0, p1, p2, p3};
+    int T[4] = {7, 4, 6, 8};
+    dsv4_err err = {0};
+    dsv4_lanes_opts o = {.n_lanes = n_lanes, .drafter = drafter, .cache_bytes = cached ? 64 << 20 : 0};
+    dsv4_lanes *l = dsv4_lanes_new(m, &o, &err);
+    CHECK(l != NULL, "lanes: %s", err.msg);
+    if (!l)
+        return 0;
+    int64_t kept = 0;
+    for (int round = 0; round < 1 + cached; round++) {
+        dsv4_request *rs[4];
+        for (int k = 0; k < 4; k++) {
+            rs[k] = dsv4_request_new(pr[k], T[k], &err);
+            rs[k]->sp = *sp;
+            rs[k]->sp.seed += (uint64_t)k;
+            rs[k]->max_tokens = N_GEN;
+            rs[k]->use_cache = cached;
+            rs[k]->draft = mixed && k == 0 ? 0 : draft;
+            CHECK(!dsv4_lanes_submit(l, rs[k], &err), "submit: %s", err.msg);
+        }
+        for (int guard = 0; guard < 5000; guard++) {
+            int done = 1;
+            for (int k = 0; k < 4; k++)
+                done &= rs[k]->finish != 0;
+            if (done || dsv4_lanes_step(l, &err) < 0)
+                break;
+        }
+        for (int k = 0; k < 4; k++) {
+            CHECK(rs[k]->finish == DSV4_FINISH_LENGTH, "lanes: finish %d (%s)", rs[k]->finish, rs[k]->errmsg);
+            CHECK(!cached || !round || rs[k]->n_cached > 0, "lanes: request %d did not resume from the cache", k);
+            nk[k] = rs[k]->n_out;
+            for (int i = 0; i < rs[k]->n_out && i < N_GEN; i++) {
+                ids[k][i] = rs[k]->out[i].id;
+                lps[k][i] = rs[k]->out[i].logprob;
+            }
+            kept += rs[k]->draft_kept;
+            dsv4_request_release(rs[k]);
+        }
+    }
+    dsv4_lanes_free(l);
+    return kept;
+}
+
+static void lanes_cases(dsv4_model *m)
+{
+    static int32_t ref[4][N_GEN], got[4][N_GEN];
+    static double rlp[4][N_GEN], glp[4][N_GEN];
+    int nr[4], ng[4];
+    int64_t kept = 0;
+    for (int mode = 0; mode < 2; mode++) {
+        dsv4_sample_params sp;
+        dsv4_sample_params_default(&sp);
+        sp.temperature = mode ? 1.5 : 0.0;
+        sp.seed = 31;
+        lanes_run(m, 1, DSV4_DRAFTER_LOOKUP, 0, 0, 0, &sp, ref, rlp, nr);
+        for (int lanes = 1; lanes <= 3; lanes += 2)
+            for (int v = 0; v < 3; v++) { /* alone, beside a plain request, resumed from the cache */
+                kept += lanes_run(m, lanes, DSV4_DRAFTER_DSPARK, v == 1 ? 16 : 4, v == 1, v == 2, &sp, got, glp, ng);
+                for (int k = 0; k < 4; k++)
+                    CHECK(ng[k] == nr[k] && !memcmp(got[k], ref[k], nr[k] * sizeof(int32_t)) &&
+                              !memcmp(glp[k], rlp[k], nr[k] * sizeof(double)),
+                          "%s, %d lanes, %s: DSpark-drafted request %d differs from plain", mode ? "seeded" : "greedy", lanes,
+                          v == 0 ? "alone" : v == 1 ? "beside a plain one" : "resumed", k);
+            }
+    }
+    CHECK(kept > 0, "the DSpark lanes kept no proposal: their kept path went untested");
+    printf("  lanes with DSpark == plain (greedy, seeded; 1 and 3 lanes; beside plain; resumed): %lld tokens kept\n",
+           (long long)kept);
+}
+
 /* The fixture folder with one tensor renamed in model.safetensors' header: refused by name. */
 static void check_missing(const char *tensor_name)
 {
@@ -256,6 +338,8 @@ int main(void)
                 check_state(m, ids, T, V, B);
             free(ids);
         }
+        if (!mode)
+            lanes_cases(m);
         dsv4_model_free(m);
     }
     const char *need[] = {"mtp.0.main_proj.weight", "mtp.0.main_norm.weight", "mtp.1.attn.wq_b.weight",
@@ -263,6 +347,16 @@ int main(void)
                           "mtp.2.norm.weight"};
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
         check_missing(need[i]);
+    {
+        dsv4_model *v4 = dsv4_model_load(CHECK_FIXTURES "/v4/v4-held-1", NULL, &err);
+        CHECK(v4 != NULL, "v4-held-1: %s", err.msg);
+        dsv4_lanes_opts o = {.n_lanes = 1, .drafter = DSV4_DRAFTER_DSPARK};
+        dsv4_lanes *l = v4 ? dsv4_lanes_new(v4, &o, &err) : NULL;
+        CHECK(v4 && !l && strstr(err.msg, "no DSpark stages"), "lanes drafting DSpark without stages: %s",
+              l ? "made" : err.msg);
+        dsv4_lanes_free(l);
+        dsv4_model_free(v4);
+    }
     dsv4_st_close(ex64);
     dsv4_st_close(ex);
     cJSON_Delete(cases);
