@@ -74,6 +74,9 @@ dspark "v41 dspark fp32 greedy" --numerics fp32
 if $bin generate -m tests/fixtures/v4/v4-held-1 --ids 0,5,7 -n 4 --draft dspark >/dev/null 2>"$tmp/err"; then
     bad "--draft dspark on a checkpoint without stages ran"
 elif grep -q "no DSpark stages" "$tmp/err"; then ok; else bad "--draft dspark without stages: $(cat "$tmp/err")"; fi
+if timeout 60 $bin serve --port 0 --drafter dspark >"$tmp/err" 2>&1; then
+    bad "serve --drafter dspark on a model without stages ran"
+elif grep -q "no DSpark stages" "$tmp/err"; then ok; else bad "serve --drafter dspark without stages: $(tail -1 "$tmp/err")"; fi
 
 kept=$(awk '{for (i = 1; i <= NF; i++) if ($i == "kept" && $(i - 1) ~ /^[0-9]+$/) s += $(i - 1)} END {print s + 0}' \
     "$tmp/acceptance")

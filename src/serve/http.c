@@ -2106,7 +2106,7 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     dsv4_lanes_opts lop = {.n_lanes = o->n_lanes, .queue_max = o->queue_max, .max_rollback = o->load.max_rollback,
                            .n_threads = o->load.n_threads,
                            .cache_bytes = o->cache_bytes ? o->cache_bytes : (size_t)1 << 30,
-                           .notify = lanes_notify, .notify_ctx = &s};
+                           .notify = lanes_notify, .notify_ctx = &s, .drafter = o->drafter};
     s.lanes = dsv4_lanes_new(s.m, &lop, err);
     if (!s.lanes || dsv4_lanes_start(s.lanes, err))
         goto fail;

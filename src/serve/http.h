@@ -24,7 +24,8 @@ typedef struct dsv4_server_opts {
     int client_connections;   /* open connections per client address; 0: 128 */
     int idle_timeout_s;       /* a connection with nothing to send or receive is closed; 0: 15 */
     int max_score_tokens;     /* given tokens one request may score (echoed prompt, forced); 0: 16384 */
-    int draft;                /* prompt-lookup proposal length of requests that give no "draft"; 0: none */
+    int draft;                /* proposal length of requests that give no "draft"; 0: none */
+    int drafter;              /* DSV4_DRAFTER_* (serve/lanes.h): what proposes */
 } dsv4_server_opts;
 
 enum { DSV4_DEFAULT_MAX_CONNECTIONS = 1024, DSV4_DEFAULT_CLIENT_CONNECTIONS = 128, DSV4_DEFAULT_IDLE_TIMEOUT = 15,
