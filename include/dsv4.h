@@ -128,6 +128,15 @@ int dsv4_spec_block(const dsv4_model *m);
  * are filled by dsv4_forward. */
 int dsv4_spec_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int32_t *ids, float *logits, float *conf, dsv4_err *err);
 
+/* ---- MTP drafting (V4 checkpoints with an mtp.0 stage) ----------------------------- */
+/* 1 when the model's MTP stage is bound and runs on its backend. */
+int dsv4_mtp_on(const dsv4_model *m);
+/* Drafts k tokens after `anchor`, the token at position dsv4_seq_len(s) (not yet fed), by
+ * chaining the stage (docs/mtp.md); each the argmax of its logits, ties to the lower id.
+ * Returns how many were written to out (0 for an empty sequence), or minus an error code. The
+ * sequence is not changed: dsv4_forward fills its MTP window. */
+int dsv4_mtp_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int k, int32_t *out, dsv4_err *err);
+
 /* What a sequence's caches hold at `ctx` tokens of context, in bytes: as dsv4 keeps them
  * now (fp32) and in the quantized store of production engines (window e4m3 + UE8M0/32,
  * entries e2m1 + E4M3/16, index keys e2m1 + UE8M0/32). */

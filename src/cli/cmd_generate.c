@@ -11,7 +11,7 @@
 
 static void generate_usage(FILE *f)
 {
-    fprintf(f, "usage: dsv4 generate [-m DIR] --ids 0,5,7,... [-n N] [--ignore-eos] [sampling] [--draft lookup|dspark]\n"
+    fprintf(f, "usage: dsv4 generate [-m DIR] --ids 0,5,7,... [-n N] [--ignore-eos] [sampling] [--draft lookup|dspark|mtp]\n"
                "Prints the generated ids, comma-separated, on one line; the speed goes to stderr.\n"
                "  --ids LIST         prompt token ids\n"
                "  -n N               tokens to generate (default 16)\n"
@@ -21,6 +21,7 @@ static void generate_usage(FILE *f)
                "  --draft lookup     propose tokens by prompt lookup and verify them in one forward;\n"
                "                     the ids are the same as without it, acceptance goes to stderr\n"
                "  --draft dspark     propose the V4.1 checkpoint's DSpark block (its mtp.* stages)\n"
+               "  --draft mtp        propose by chaining the V4 checkpoint's MTP stage (mtp.0)\n"
                "  --draft-max K      tokens a proposal may hold (1..%d, default 5; DSpark: at most its block)\n"
                "  --ngram MIN,MAX    lookup n-gram lengths (default 1,3)\n"
                "  --draft-trace FILE one JSON line per drafted round: position, anchor, proposal,\n"
@@ -41,8 +42,8 @@ int dsv4_cmd_generate(int argc, char **argv)
     const char *ids_s = NULL;
     int N = 16, stop_eos = 1, draft = 0, dmax = 5, min_n = 1, max_n = 3;
     const char *trace_path = NULL;
-    enum { LOOKUP = 1, DSPARK = 2 };
-    static const char *names[] = {"", "lookup", "dspark"};
+    enum { LOOKUP = 1, DSPARK = 2, MTP = 3 };
+    static const char *names[] = {"", "lookup", "dspark", "mtp"};
     dsv4_sample_params sp;
     dsv4_sample_params_default(&sp);
     sp.temperature = 0;
@@ -80,6 +81,8 @@ int dsv4_cmd_generate(int argc, char **argv)
             draft = LOOKUP;
         else if (!strcmp(a, "--draft") && !strcmp(v, "dspark"))
             draft = DSPARK;
+        else if (!strcmp(a, "--draft") && !strcmp(v, "mtp"))
+            draft = MTP;
         else if (!strcmp(a, "--draft-trace"))
             trace_path = v;
         else if (!strcmp(a, "--draft-max") && (dmax = (int)strtol(v, &end, 10), !*end) && dmax >= 1 &&
@@ -110,6 +113,14 @@ int dsv4_cmd_generate(int argc, char **argv)
         int32_t x[1];
         dsv4_spec_draft(m, NULL, 0, x, NULL, NULL, &err); /* says why: no stages, or not on this backend */
         fprintf(stderr, "dsv4 generate: --draft dspark: %s\n", err.msg);
+        free(ids);
+        dsv4_model_free(m);
+        return 1;
+    }
+    if (draft == MTP && !dsv4_mtp_on(m)) {
+        int32_t x[1];
+        dsv4_mtp_draft(m, NULL, 0, 1, x, &err); /* says why */
+        fprintf(stderr, "dsv4 generate: --draft mtp: %s\n", err.msg);
         free(ids);
         dsv4_model_free(m);
         return 1;
@@ -148,7 +159,7 @@ int dsv4_cmd_generate(int argc, char **argv)
         while (!rc && made < N) {
             int32_t prop[DSV4_DRAFT_MAX + DSV4_MAX_SPEC_BLOCK + 1];
             float conf[DSV4_MAX_SPEC_BLOCK];
-            int nd = 0, counted = made > 0 || draft == DSPARK;
+            int nd = 0, counted = made > 0 || draft == DSPARK || draft == MTP;
             if (draft == LOOKUP && made > 0)
                 nd = dsv4_lookup_draft(ctx, n_ctx, min_n, max_n, dmax, prop);
             else if (draft == DSPARK) { /* the block after the last token, which this step feeds */
@@ -157,6 +168,12 @@ int dsv4_cmd_generate(int argc, char **argv)
                     break;
                 nd = B < dmax ? B : dmax;
                 memcpy(prop, blk + 1, (size_t)nd * sizeof *prop);
+            } else if (draft == MTP) {
+                nd = dsv4_mtp_draft(m, s, ctx[n_ctx - 1], dmax < N - made - 1 ? dmax : (int)(N - made - 1), prop, &err);
+                if (nd < 0) {
+                    rc = -nd;
+                    break;
+                }
             }
             dsv4_sample_out out[DSV4_DRAFT_MAX + 1];
             int got = 0;
@@ -203,7 +220,7 @@ int dsv4_cmd_generate(int argc, char **argv)
         if (draft) {
             fprintf(stderr, "draft %s: %ld steps, %ld proposed, %ld kept (%.2f tokens a step); kept at position",
                     names[draft], st.steps, st.proposed, st.kept,
-                    st.steps ? (double)(made - (draft == DSPARK ? 0 : 1)) / st.steps : 0.0);
+                    st.steps ? (double)(made - (draft == LOOKUP ? 1 : 0)) / st.steps : 0.0);
             for (int i = 0; i < (draft == DSPARK && B < dmax ? B : dmax); i++)
                 fprintf(stderr, " %ld", st.at[i]);
             fprintf(stderr, "\n");

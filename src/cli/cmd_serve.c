@@ -13,7 +13,7 @@ static void serve_usage(FILE *f)
     fprintf(f, "usage: dsv4 serve [-m DIR] [--tokenizer DIR] [--host 127.0.0.1] [--port 8080] [--lanes N]\n"
                "                  [--api-key-file FILE | --api-key K] [--name NAME] [--cache-mb MB] [--queue N]\n"
                "                  [--max-connections N] [--client-connections N] [--idle-timeout S]\n"
-               "                  [--max-score-tokens N] [--draft K] [--drafter lookup|dspark] [model options]\n"
+               "                  [--max-score-tokens N] [--draft K] [--drafter lookup|dspark|mtp] [model options]\n"
                "  Serves DIR over an OpenAI-compatible API: /v1/completions, /v1/chat/completions, /v1/models,\n"
                "  /tokenize, /detokenize, /health, /metrics. --port 0 takes any free port (the log names it).\n"
                "  The tokenizer is read from DIR unless --tokenizer names another folder or tokenizer.json.\n"
@@ -23,8 +23,9 @@ static void serve_usage(FILE *f)
                "  address (past either, the idlest idle one is closed); idle ones close after\n"
                "  --idle-timeout (%d) seconds. --max-score-tokens (%d): given tokens one request may score.\n"
                "  --draft K: requests that give no \"draft\" propose K tokens a step (0..%d, default 0), by\n"
-               "  --drafter: prompt lookup (default) or the V4.1 checkpoint's DSpark stages (at most their\n"
-               "  block); drafts never change a token, only the speed (docs/draft.md).\n"
+               "  --drafter: prompt lookup (default), the V4.1 checkpoint's DSpark stages (at most their\n"
+               "  block) or the V4 checkpoint's MTP stage; drafts never change a token, only the speed\n"
+               "  (docs/draft.md).\n"
                "  SIGTERM or SIGINT cancels what is in flight and exits.\n%s",
             DSV4_DEFAULT_MAX_CONNECTIONS, DSV4_DEFAULT_CLIENT_CONNECTIONS, DSV4_DEFAULT_IDLE_TIMEOUT,
             DSV4_DEFAULT_MAX_SCORE_TOKENS, DSV4_DRAFT_MAX, cli_model_usage());
@@ -95,8 +96,8 @@ int dsv4_cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--draft") && (o.draft = (int)strtol(v, &end, 10), !*end) && o.draft >= 0 &&
                  o.draft <= DSV4_DRAFT_MAX)
             ;
-        else if (!strcmp(a, "--drafter") && (!strcmp(v, "lookup") || !strcmp(v, "dspark")))
-            o.drafter = !strcmp(v, "dspark") ? DSV4_DRAFTER_DSPARK : DSV4_DRAFTER_LOOKUP;
+        else if (!strcmp(a, "--drafter") && (!strcmp(v, "lookup") || !strcmp(v, "dspark") || !strcmp(v, "mtp")))
+            o.drafter = !strcmp(v, "dspark") ? DSV4_DRAFTER_DSPARK : !strcmp(v, "mtp") ? DSV4_DRAFTER_MTP : DSV4_DRAFTER_LOOKUP;
         else if (!strcmp(a, "--max-score-tokens") && (o.max_score_tokens = (int)strtol(v, &end, 10), !*end) &&
                  o.max_score_tokens > 0)
             ;

@@ -322,6 +322,48 @@ static void bind_spec(binder *b)
     S->conf = bf(b, (int64_t)D + rk, "mtp.%d.confidence_head.proj.weight", n - 1);
 }
 
+/* V4's MTP stages mtp.0..n-1 (docs/mtp.md): each a sliding block with the backbone's experts,
+ * the projections of the token's embedding and of the target's streams, their norms, and
+ * its own head mix and norm before the shared head. */
+static void bind_mtp(binder *b)
+{
+    dsv4_model *m = b->m;
+    const dsv4_config *c = &m->cfg;
+    dsv4_mtp *M = &m->mtp;
+    int n = c->n_mtp, D = c->dim, hc = c->hc_mult;
+    if (b->rc || c->family != DSV4_FAMILY_V4 || !n)
+        return;
+    M->st = calloc(n, sizeof *M->st);
+    M->e_proj = calloc(n, sizeof *M->e_proj);
+    M->h_proj = calloc(n, sizeof *M->h_proj);
+    M->enorm = calloc(n, sizeof(float *));
+    M->hnorm = calloc(n, sizeof(float *));
+    M->norm = calloc(n, sizeof(float *));
+    M->hc_head_fn = calloc(n, sizeof(float *));
+    M->hc_head_base = calloc(n, sizeof(float *));
+    M->hc_head_scale = calloc(n, sizeof(float *));
+    if (!M->st || !M->e_proj || !M->h_proj || !M->enorm || !M->hnorm || !M->norm || !M->hc_head_fn || !M->hc_head_base ||
+        !M->hc_head_scale) {
+        b->rc = dsv4_fail(b->err, DSV4_E_NOMEM, "out of memory");
+        return;
+    }
+    M->n = n;
+    for (int s = 0; s < n && !b->rc; s++) {
+        char p[32];
+        snprintf(p, sizeof p, "mtp.%d", s);
+        bind_common(b, &M->st[s], p);
+        bind_ffn(b, &M->st[s], -1, p, c->n_experts, c->n_active);
+        bw(b, &M->e_proj[s], D, D, "%s.e_proj", p);
+        bw(b, &M->h_proj[s], D, D, "%s.h_proj", p);
+        M->enorm[s] = bf(b, D, "%s.enorm.weight", p);
+        M->hnorm[s] = bf(b, D, "%s.hnorm.weight", p);
+        M->norm[s] = bf(b, D, "%s.norm.weight", p);
+        M->hc_head_fn[s] = bf(b, (int64_t)hc * hc * D, "%s.hc_head_fn", p);
+        M->hc_head_base[s] = bf(b, hc, "%s.hc_head_base", p);
+        M->hc_head_scale[s] = bf(b, 1, "%s.hc_head_scale", p);
+    }
+}
+
 /* token_map.json ("token_map": [vocab] ids below engram_compressed_vocab_size), as the
  * oracle fixtures ship it (they have no tokenizer). */
 static int token_map_json(dsv4_model *m, const char *path, FILE *f, dsv4_err *err)
@@ -840,6 +882,7 @@ static int model_bind(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     }
     bind_engram(&b);
     bind_spec(&b);
+    bind_mtp(&b);
     b.prog.total = b.prog.done;
     dsv4_progress_end(&b.prog);
     if (b.rc)
@@ -917,9 +960,13 @@ static int model_place(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     return 0;
 }
 
-/* The stages run on the CPU backend (the CUDA loader does not place them): elsewhere the
+/* The draft stages (DSpark, MTP) run on the CPU backend (the CUDA loader does not place them): elsewhere the
  * sequences keep no stage windows and a draft is refused. */
-static void spec_enable(dsv4_model *m) { m->spec.on = m->spec.n > 0 && m->be == dsv4_backend_cpu(); }
+static void spec_enable(dsv4_model *m)
+{
+    m->spec.on = m->spec.n > 0 && m->be == dsv4_backend_cpu();
+    m->mtp.on = m->mtp.n > 0 && m->be == dsv4_backend_cpu();
+}
 
 dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err)
 {
@@ -993,6 +1040,11 @@ static void release_weights(dsv4_model *m)
     dsv4_weight *sw[] = {&m->spec.main_proj, &m->spec.mk_embed, &m->spec.mk_head};
     for (size_t k = 0; k < sizeof sw / sizeof sw[0]; k++)
         dsv4_weight_release(sw[k]);
+    for (int i = 0; m->mtp.st && i < m->mtp.n; i++) {
+        release_layer(&m->mtp.st[i]);
+        dsv4_weight_release(&m->mtp.e_proj[i]);
+        dsv4_weight_release(&m->mtp.h_proj[i]);
+    }
     for (int i = 0; m->engram && i < m->cfg.n_engram; i++)
         dsv4_weight_release(&m->engram[i].wkv);
 }
@@ -1040,6 +1092,19 @@ void dsv4_model_free(dsv4_model *m)
     free(m->spec.main_norm);
     free(m->spec.norm);
     free(m->spec.conf);
+    for (int i = 0; m->mtp.st && i < m->mtp.n; i++) {
+        free_layer(&m->mtp.st[i]);
+        free(m->mtp.enorm[i]);
+        free(m->mtp.hnorm[i]);
+        free(m->mtp.norm[i]);
+        free(m->mtp.hc_head_fn[i]);
+        free(m->mtp.hc_head_base[i]);
+        free(m->mtp.hc_head_scale[i]);
+    }
+    dsv4_mtp *M = &m->mtp;
+    void *mp[] = {M->st, M->e_proj, M->h_proj, M->enorm, M->hnorm, M->norm, M->hc_head_fn, M->hc_head_base, M->hc_head_scale};
+    for (size_t k = 0; k < sizeof mp / sizeof mp[0]; k++)
+        free(mp[k]);
     dsv4_engram_close(m);
     for (int i = 0; m->engram && i < m->cfg.n_engram; i++) {
         free(m->engram[i].prime);

@@ -82,6 +82,18 @@ typedef struct dsv4_spec {
     float *conf;             /* [D + rank]: the confidence head (last stage) */
 } dsv4_spec;
 
+/* V4's MTP stages (docs/mtp.md): a sliding block fed, at position p, the embedding of token
+ * p + 1 and the target's final streams at p; its head mix, norm and the shared head give the
+ * token after. Stage 0 drafts; its window rows of true tokens are sequence state. */
+typedef struct dsv4_mtp {
+    int n;                   /* stages bound (0: none) */
+    int on;                  /* the sequences keep its window and drafts can run */
+    dsv4_layer *st;          /* [n] */
+    dsv4_weight *e_proj, *h_proj; /* [n] each [D, D] */
+    float **enorm, **hnorm, **norm; /* [n] each [D] */
+    float **hc_head_fn, **hc_head_base, **hc_head_scale; /* [n]: [hc, hc D], [hc], [1] */
+} dsv4_mtp;
+
 /* The step arena (v4.c): a step's buffers in backend memory, at fixed offsets, so a step of
  * a shape seen before finds its buffers where a recording of it expects them. A step that
  * outgrows it takes its own buffers (extra) and grows it for the next (gen counts moves). */
@@ -120,6 +132,7 @@ struct dsv4_model {
     float *inv_freq_main, *inv_freq_compress;     /* [rope_dim / 2] */
     dsv4_engram *engram;     /* [cfg.n_engram] */
     dsv4_spec spec;
+    dsv4_mtp mtp;
     int32_t *token_map;      /* [vocab]: Engram compressed id of each token */
     int32_t engram_pad;      /* compressed id of the pad token */
     int engram_streamed;
@@ -180,6 +193,8 @@ struct dsv4_seq {
     int32_t *etok;           /* [e_cap]: Engram compressed ids by position mod e_cap */
     int e_cap;
     float **skv;             /* [spec.n] DSpark stage windows [kv_cap, head_dim] by position mod kv_cap */
+    float *mkv;              /* V4 MTP stage 0's window [kv_cap, head_dim] (row p: token p + 1 with streams p) */
+    float *mhs;              /* [kv_cap, hc D]: the target's final streams by position mod kv_cap */
 };
 
 /* A model from a config's JSON text and a safetensors image in an mmap'd region (taken
@@ -247,6 +262,9 @@ int dsv4_v41_block(dsv4_model *m, const dsv4_layer *L, const int32_t *ids, int R
 /* DSpark (dspark.c; model.c binds the stages). The stage windows' entries of a step's rows from their block inputs at the target layers,
  * mh [R, n_spec_target D] (stream means). */
 int dsv4_spec_window(dsv4_step *f, const float *mh, dsv4_err *err);
+/* V4 MTP (mtp.c): the window rows the step's tokens complete (row p - 1 for a row at p),
+ * from X [R, hc, D] the step's final streams, which are kept for the next step. */
+int dsv4_mtp_window(dsv4_step *f, const float *X, dsv4_err *err);
 /* Routed + shared experts of any layer (v4.c): dsv4_moe with the layer given. */
 int dsv4_moe_of(dsv4_model *m, const dsv4_layer *L, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err);
 

@@ -44,6 +44,9 @@ dsv4_seq *dsv4_seq_new(dsv4_model *m, dsv4_err *err)
         for (int i = 0; i < m->spec.n && ok; i++)
             ok = (s->skv[i] = mem->alloc((size_t)s->kv_cap * c->head_dim * sizeof(float))) != NULL;
     }
+    if (ok && m->mtp.on) /* V4's MTP window and the final streams its next row reads */
+        ok = (s->mkv = mem->alloc((size_t)s->kv_cap * c->head_dim * sizeof(float))) &&
+             (s->mhs = mem->alloc((size_t)s->kv_cap * c->hc_mult * c->dim * sizeof(float)));
     if (ok && c->n_engram) {
         s->e_cap = c->engram_max_ngram - 1 + m->max_rollback;
         ok = (s->etok = calloc(s->e_cap, sizeof(int32_t))) != NULL;
@@ -73,6 +76,10 @@ void dsv4_seq_free(dsv4_seq *s)
         if (s->skv[i])
             s->m->mem->free(s->skv[i]);
     free(s->skv);
+    if (s->mkv)
+        s->m->mem->free(s->mkv);
+    if (s->mhs)
+        s->m->mem->free(s->mhs);
     free(s->etok);
     free(s);
 }
@@ -148,6 +155,10 @@ static void visit(dsv4_seq *s, visit_fn f, void *ctx)
         f(ctx, s->etok, (size_t)s->e_cap);
     for (int i = 0; s->skv && i < s->m->spec.n; i++)
         f(ctx, s->skv[i], (size_t)s->kv_cap * c->head_dim);
+    if (s->mkv) {
+        f(ctx, s->mkv, (size_t)s->kv_cap * c->head_dim);
+        f(ctx, s->mhs, (size_t)s->kv_cap * c->hc_mult * c->dim);
+    }
 }
 
 static void count_fn(void *ctx, void *buf, size_t n)
@@ -193,6 +204,7 @@ static uint64_t layout_id(const dsv4_seq *s)
         h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
     for (int i = 0; i < c->n_layers; i++)
         h = (h ^ (uint64_t)(c->ratio[i] * 2 + s->m->layers[i].csa)) * 1099511628211ull;
+    h = (h ^ (uint64_t)(s->mkv != NULL)) * 1099511628211ull;
     if (c->family == DSV4_FAMILY_V41) { /* which layers own caches, and the Engram history */
         for (int i = 0; i < c->n_layers; i++)
             h = (h ^ (uint64_t)(s->m->layers[i].own_ent * 2 + s->m->layers[i].own_ikey)) * 1099511628211ull;

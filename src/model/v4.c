@@ -394,8 +394,11 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
     float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
     if (c->family == DSV4_FAMILY_V41)
         rc = dsv4_v41_layers(&f, X, h, err);
-    else
+    else {
         rc = v4_layers_replayed(&f, b, X, h, y, pre, post, comb, err);
+        if (!rc && m->mtp.on) /* before the head reuses X */
+            rc = dsv4_mtp_window(&f, X, err);
+    }
     if (!rc && be->check) /* a device op failed: the sequences do not advance */
         rc = be->check(err);
     if (rc)

@@ -313,9 +313,12 @@ dsv4_lanes *dsv4_lanes_new(dsv4_model *m, const dsv4_lanes_opts *o, dsv4_err *er
     dsv4_model_get_info(m, &mi);
     l->vocab = mi.vocab_size;
     l->max_pos = mi.max_position;
-    if (l->o.drafter == DSV4_DRAFTER_DSPARK && !dsv4_spec_block(m)) {
+    if ((l->o.drafter == DSV4_DRAFTER_DSPARK && !dsv4_spec_block(m)) || (l->o.drafter == DSV4_DRAFTER_MTP && !dsv4_mtp_on(m))) {
         int32_t x[1];
-        dsv4_spec_draft(m, NULL, 0, x, NULL, NULL, err); /* says why */
+        if (l->o.drafter == DSV4_DRAFTER_DSPARK) /* says why */
+            dsv4_spec_draft(m, NULL, 0, x, NULL, NULL, err);
+        else
+            dsv4_mtp_draft(m, NULL, 0, 1, x, err);
         free(l);
         return NULL;
     }
@@ -577,8 +580,8 @@ static int plan_draft(dsv4_lanes *l, lane *ln, int budget)
     k = k < room ? k : room;
     k = k < reach ? k : reach;
     k = k < budget ? k : budget;
-    if (l->o.drafter == DSV4_DRAFTER_DSPARK) {
-        int B = dsv4_spec_block(l->m);
+    if (l->o.drafter != DSV4_DRAFTER_LOOKUP) {
+        int B = l->o.drafter == DSV4_DRAFTER_DSPARK ? dsv4_spec_block(l->m) : DSV4_DRAFT_MAX;
         k = k < B ? k : B;
         ln->spec_k = k > 0 ? (int)k : 0;
         ln->dfeed[0] = ln->next;
@@ -705,21 +708,28 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
     pthread_mutex_unlock(&l->mu);
     if (!n_busy)
         return 0;
-    /* DSpark lanes draft their blocks now (only this thread touches a lane's sequence); a
-     * draft that fails leaves the lane a plain step */
+    /* model-drafting lanes draft now (only this thread touches a lane's sequence); a draft
+     * that fails or comes out short leaves the lane that much of a plain step */
     for (int i = 0; i < L; i++) {
         lane *ln = &l->lanes[i];
         int32_t blk[DSV4_MAX_SPEC_BLOCK + 1];
         dsv4_err de = {0};
         if (!ln->spec_k)
             continue;
-        if (dsv4_spec_draft(l->m, ln->seq, ln->next, blk, NULL, NULL, &de)) {
-            n_score -= 1 + ln->spec_k;
-            ln->n_feed = 1;
-            ln->feed = &ln->next;
-            continue;
+        int got = ln->spec_k;
+        if (l->o.drafter == DSV4_DRAFTER_DSPARK) {
+            if (dsv4_spec_draft(l->m, ln->seq, ln->next, blk, NULL, NULL, &de))
+                got = 0;
+            else
+                memcpy(ln->dfeed + 1, blk + 1, (size_t)got * sizeof *blk);
+        } else {
+            got = dsv4_mtp_draft(l->m, ln->seq, ln->next, ln->spec_k, ln->dfeed + 1, &de);
+            got = got > 0 ? got : 0;
         }
-        memcpy(ln->dfeed + 1, blk + 1, (size_t)ln->spec_k * sizeof *blk);
+        n_score -= ln->spec_k - got + (got == 0);
+        ln->n_feed = 1 + got;
+        if (!got)
+            ln->feed = &ln->next;
     }
 
     /* two forwards at most: one for last-token logits, one with every row for lanes that

@@ -51,9 +51,10 @@ typedef struct dsv4_lanes_opts {
     int drafter;          /* what proposes a drafting request's tokens: DSV4_DRAFTER_* */
 } dsv4_lanes_opts;
 
-/* Drafters: prompt lookup (any checkpoint), or the checkpoint's DSpark stages (its block, at
- * most the request's "draft" tokens of it; dsv4_lanes_new refuses it for a model without). */
-enum { DSV4_DRAFTER_LOOKUP = 0, DSV4_DRAFTER_DSPARK = 1 };
+/* Drafters: prompt lookup (any checkpoint), the V4.1 checkpoint's DSpark stages (its block,
+ * at most the request's "draft" tokens of it) or the V4 checkpoint's MTP stage (chained for the
+ * request's "draft" tokens); dsv4_lanes_new refuses a model-drafter the model lacks. */
+enum { DSV4_DRAFTER_LOOKUP = 0, DSV4_DRAFTER_DSPARK = 1, DSV4_DRAFTER_MTP = 2 };
 
 enum {
     DSV4_FINISH_NONE = 0,
