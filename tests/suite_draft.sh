@@ -74,6 +74,22 @@ dspark "v41 dspark fp32 greedy" --numerics fp32
 if $bin generate -m tests/fixtures/v4/v4-held-1 --ids 0,5,7 -n 4 --draft dspark >/dev/null 2>"$tmp/err"; then
     bad "--draft dspark on a checkpoint without stages ran"
 elif grep -q "no DSpark stages" "$tmp/err"; then ok; else bad "--draft dspark without stages: $(cat "$tmp/err")"; fi
+# V4's MTP stage on a synthetic checkpoint in the release layout (random weights)
+if $bin synth --preset tiny --layers 3 -o "$tmp/syn" >/dev/null 2>&1; then
+    for samp in "" "--temperature 1.3 --seed 4"; do
+        # shellcheck disable=SC2086
+        $bin generate -m "$tmp/syn" --ids 0,5,7,9,5,7 -n 24 --ignore-eos $samp >"$tmp/plain" 2>/dev/null
+        # shellcheck disable=SC2086
+        if $bin generate -m "$tmp/syn" --ids 0,5,7,9,5,7 -n 24 --ignore-eos $samp --draft mtp --draft-max 3 >"$tmp/draft" \
+            2>"$tmp/draft.err" && [ -s "$tmp/plain" ] && cmp -s "$tmp/plain" "$tmp/draft"; then ok; else
+            bad "mtp ($samp): drafted ids differ from plain"; tail -2 "$tmp/draft.err"; fi
+    done
+else
+    bad "dsv4 synth failed"
+fi
+if $bin generate -m "$v41" --ids 0,5,7 -n 4 --draft mtp >/dev/null 2>"$tmp/err"; then
+    bad "--draft mtp on a checkpoint without the stage ran"
+elif grep -q "no MTP stage" "$tmp/err"; then ok; else bad "--draft mtp without the stage: $(cat "$tmp/err")"; fi
 if timeout 60 $bin serve --port 0 --drafter dspark >"$tmp/err" 2>&1; then
     bad "serve --drafter dspark on a model without stages ran"
 elif grep -q "no DSpark stages" "$tmp/err"; then ok; else bad "serve --drafter dspark without stages: $(tail -1 "$tmp/err")"; fi
