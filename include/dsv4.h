@@ -171,6 +171,10 @@ void dsv4_device_capture(const char *device, int on);
  * device memory available, what is on the GPU, what is in pinned host memory); "" on the CPU. */
 const char *dsv4_model_placement(const dsv4_model *m);
 
+/* 1 when some routed experts are read from host memory at every use (the CUDA loader's plan
+ * when they do not all fit the device); 0 on the CPU. */
+int dsv4_model_experts_in_host(const dsv4_model *m);
+
 /* Prints config, layer schedule, tensors by dtype and state cost (for `dsv4 info`). */
 void dsv4_model_print_info(const dsv4_model *m, FILE *f);
 

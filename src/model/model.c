@@ -778,6 +778,7 @@ static int cuda_place(dsv4_model *m, dsv4_err *err)
              tot / 1073741824.0, bs && *bs ? ", DSV4_CUDA_BUDGET set" : "");
     if (!p.fits)
         return dsv4_fail(err, DSV4_E_NOMEM, "does not fit the GPU: %s", m->placement);
+    m->experts_host = p.n_experts_dev < p.n_experts;
     place_walk pw = {{put_w, put_f}, p.n_experts_dev, p.embed_dev, err};
     return walk_arrays(m, &pw.k);
 }
@@ -1123,6 +1124,8 @@ void dsv4_model_free(dsv4_model *m)
     free(m->dir);
     free(m);
 }
+
+int dsv4_model_experts_in_host(const dsv4_model *m) { return m->experts_host; }
 
 void dsv4_model_get_info(const dsv4_model *m, dsv4_model_info *out)
 {

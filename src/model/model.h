@@ -140,6 +140,7 @@ struct dsv4_model {
     size_t weight_bytes;
     char *dir;
     char placement[320];     /* the CUDA loader's memory plan ("" on the CPU) */
+    int experts_host;        /* the plan left routed experts in pinned host memory */
 };
 
 /* The CUDA loader's memory plan: the hot path (every array the GPU ops read but the routed

@@ -567,12 +567,21 @@ static int take_token_locked(dsv4_lanes *l, lane *ln, const dsv4_sample_out *o)
 /* A decoding lane's proposal for this step into ln->dfeed (after its next token); returns its
  * length. No proposal where it could not be kept: past max_tokens or the context, beyond the
  * rollback reach, or over the step's token budget. Lock held. */
-static int plan_draft(dsv4_lanes *l, lane *ln, int budget)
+static int plan_draft(dsv4_lanes *l, lane *ln, int budget, int allow)
 {
     dsv4_request *r = ln->req;
     if (r->draft <= 0 || r->forced)
         return 0;
-    int64_t k = r->draft < DSV4_DRAFT_MAX ? r->draft : DSV4_DRAFT_MAX;
+    if (allow != DSV4_DRAFT_ON) {
+        l->st.draft_off_busy += allow == DSV4_DRAFT_OFF_BUSY;
+        l->st.draft_off_host += allow == DSV4_DRAFT_OFF_HOST_EXPERTS;
+        return 0;
+    }
+    int64_t k = dsv4_policy_depth(&r->policy, r->draft, l->o.draft_row_cost);
+    if (k == 0) { /* held back: the round still counts towards the next probe */
+        dsv4_policy_record(&r->policy, 0, 0);
+        return 0;
+    }
     /* room: the context check of take_token_locked then sees what plain steps would */
     int64_t left = (int64_t)r->max_tokens - r->n_out - 1, room = l->max_pos - 3 - dsv4_seq_len(ln->seq);
     int reach = l->o.max_rollback ? l->o.max_rollback : 256;
@@ -651,6 +660,11 @@ static void commit_draws(dsv4_lanes *l, lane *ln)
     r->draft_kept += kept;
     l->st.draft_proposed += (uint64_t)nd;
     l->st.draft_kept += (uint64_t)kept;
+    dsv4_policy_record(&r->policy, nd, kept);
+    for (int i = 0; i < nd && i <= kept; i++) {
+        l->st.draft_reached_at[i]++;
+        l->st.draft_kept_at[i] += i < kept;
+    }
     for (int t = 0; t < ln->n_draws; t++) {
         int why = take_token_locked(l, ln, &ln->draws[t]);
         ln->next = ln->draws[t].id;
@@ -667,7 +681,10 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
     pthread_mutex_lock(&l->mu);
     admit_locked(l);
     /* plan: decoding lanes feed one token, prefilling lanes a chunk within the step budget */
-    int budget = l->o.step_tokens, n_busy = 0, n_score = 0;
+    int budget = l->o.step_tokens, n_busy = 0, n_score = 0, busy = 0;
+    for (int i = 0; i < L; i++)
+        busy += l->lanes[i].req != NULL;
+    int allow = dsv4_policy_allow(busy, l->o.draft_busy_max, dsv4_model_experts_in_host(l->m));
     for (int i = 0; i < L; i++) {
         lane *ln = &l->lanes[i];
         ln->n_feed = 0;
@@ -679,7 +696,7 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
             ln->feed = &ln->next;
             ln->n_feed = 1;
             budget--;
-            int nd = plan_draft(l, ln, budget);
+            int nd = plan_draft(l, ln, budget, allow);
             if (nd) {
                 ln->feed = ln->dfeed;
                 ln->n_feed += nd;

@@ -30,6 +30,7 @@
 #include <pthread.h>
 #include "dsv4.h"
 #include "serve/draft.h"
+#include "serve/draft_policy.h"
 #include "serve/sampler.h"
 #include "text/tokmask.h"
 
@@ -49,6 +50,10 @@ typedef struct dsv4_lanes_opts {
     void (*notify)(void *ctx);
     void *notify_ctx;
     int drafter;          /* what proposes a drafting request's tokens: DSV4_DRAFTER_* */
+    /* the draft policy (serve/draft_policy.h): a verify row's cost as a fraction of a step
+     * (0: DSV4_POLICY_ROW_COST), and the busy lanes past which no lane drafts (0: no bound) */
+    double draft_row_cost;
+    int draft_busy_max;
 } dsv4_lanes_opts;
 
 /* Drafters: prompt lookup (any checkpoint), the V4.1 checkpoint's DSpark stages (its block,
@@ -96,6 +101,7 @@ typedef struct dsv4_request {
     char errmsg[256];
     double t_submit, t_start, t_first, t_done; /* dsv4_now() seconds */
     int64_t draft_steps, draft_proposed, draft_kept; /* drafted steps, proposed and kept tokens */
+    dsv4_draft_policy policy; /* this request's rounds: per proposal position, how often reached and kept */
 
     /* private */
     int cancel, refs;
@@ -138,6 +144,8 @@ typedef struct dsv4_lanes_stats {
     int n_lanes, busy, queued;
     uint64_t requests, prompt_tokens, cached_tokens, generated_tokens, steps;
     uint64_t draft_proposed, draft_kept;
+    uint64_t draft_reached_at[DSV4_DRAFT_MAX], draft_kept_at[DSV4_DRAFT_MAX]; /* per proposal position */
+    uint64_t draft_off_busy, draft_off_host; /* steps in which the policy kept drafting lanes from drafting */
     size_t cache_entries, cache_bytes;
     double busy_seconds;
 } dsv4_lanes_stats;
