@@ -146,7 +146,20 @@ print("".join(out))' >"$tmp/stream.txt"
     if [ "$bad_draft" = 400 ]; then ok; else bad "server: draft 99 answered $bad_draft, not 400"; fi
     kept_m=$(curl -s "http://127.0.0.1:$port/metrics" | awk '$1 == "dsv4_draft_kept_tokens_total" {print $2}')
     if [ "${kept_m:-0}" -gt 0 ]; then ok; else bad "server: /metrics reports no kept draft tokens"; fi
-    if grep -q ' draft=[0-9]*/[0-9]*' "$tmp/server.log"; then ok; else bad "server: the request log has no draft field"; fi
+    if grep -q ' draft=[0-9]*/[0-9]* at=[0-9]*/[0-9]*' "$tmp/server.log"; then ok; else
+        bad "server: the request log has no draft field with its per-position counts"; fi
+    # per-position acceptance: in usage (the extension's positions add up to kept_tokens) and /metrics
+    if python3 -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["positions"] and sum(p["kept"] for p in d["positions"]) == d["kept_tokens"], d
+assert all(p["kept"] <= p["reached"] for p in d["positions"])' "$tmp/usage6.json"; then ok; else
+        bad "server: usage.draft.positions missing or not adding up: $(cat "$tmp/usage6.json")"; fi
+    curl -s "http://127.0.0.1:$port/metrics" >"$tmp/metrics"
+    pk=$(awk '$1 ~ /^dsv4_draft_position_kept_total/ {s += $2} END {print s + 0}' "$tmp/metrics")
+    tk=$(awk '$1 == "dsv4_draft_kept_tokens_total" {print $2}' "$tmp/metrics")
+    if [ "$pk" -gt 0 ] && [ "$pk" = "$tk" ] && grep -q '^dsv4_draft_off_total{reason="busy_lanes"}' "$tmp/metrics"; then ok; else
+        bad "server: /metrics per-position kept ($pk) does not add up to the total ($tk), or no off counters"; fi
     kill "$spid"; wait "$spid" 2>/dev/null
 fi
 echo "draft suite: $pass passed, $fail failed"

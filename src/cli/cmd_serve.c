@@ -25,10 +25,13 @@ static void serve_usage(FILE *f)
                "  --draft K: requests that give no \"draft\" propose K tokens a step (0..%d, default 0), by\n"
                "  --drafter: prompt lookup (default), the V4.1 checkpoint's DSpark stages (at most their\n"
                "  block) or the V4 checkpoint's MTP stage; drafts never change a token, only the speed\n"
-               "  (docs/draft.md).\n"
+               "  (docs/draft.md). The policy picks each request's depth from its measured acceptance\n"
+               "  (--draft-row-cost C: a verify row's cost as a fraction of a step, default %.2f) and turns\n"
+               "  drafting off past --draft-busy-max N busy lanes (default 4; 0: no bound) and while\n"
+               "  routed experts are read from host memory.\n"
                "  SIGTERM or SIGINT cancels what is in flight and exits.\n%s",
             DSV4_DEFAULT_MAX_CONNECTIONS, DSV4_DEFAULT_CLIENT_CONNECTIONS, DSV4_DEFAULT_IDLE_TIMEOUT,
-            DSV4_DEFAULT_MAX_SCORE_TOKENS, DSV4_DRAFT_MAX, cli_model_usage());
+            DSV4_DEFAULT_MAX_SCORE_TOKENS, DSV4_DRAFT_MAX, DSV4_POLICY_ROW_COST, cli_model_usage());
 }
 
 /* The first line of path (without its line end), malloc'd; NULL with a message when unreadable
@@ -53,7 +56,7 @@ static char *read_key_file(const char *path)
 
 int dsv4_cmd_serve(int argc, char **argv)
 {
-    dsv4_server_opts o = {.port = 8080};
+    dsv4_server_opts o = {.port = 8080, .draft_busy_max = 4};
     cli_model_opts mo = {0};
     const char *key_file = NULL, *key_arg = NULL;
     for (int i = 1; i < argc; i++) {
@@ -95,6 +98,12 @@ int dsv4_cmd_serve(int argc, char **argv)
             ;
         else if (!strcmp(a, "--draft") && (o.draft = (int)strtol(v, &end, 10), !*end) && o.draft >= 0 &&
                  o.draft <= DSV4_DRAFT_MAX)
+            ;
+        else if (!strcmp(a, "--draft-busy-max") && (o.draft_busy_max = (int)strtol(v, &end, 10), !*end) &&
+                 o.draft_busy_max >= 0)
+            ;
+        else if (!strcmp(a, "--draft-row-cost") && (o.draft_row_cost = strtod(v, &end), !*end) && o.draft_row_cost > 0 &&
+                 o.draft_row_cost <= 1)
             ;
         else if (!strcmp(a, "--drafter") && (!strcmp(v, "lookup") || !strcmp(v, "dspark") || !strcmp(v, "mtp")))
             o.drafter = !strcmp(v, "dspark") ? DSV4_DRAFTER_DSPARK : !strcmp(v, "mtp") ? DSV4_DRAFTER_MTP : DSV4_DRAFTER_LOOKUP;

@@ -791,13 +791,21 @@ static cJSON *completion_logprobs(gen *g, int from, int to, size_t base, int wit
 }
 
 /* usage: prompt, completion and total tokens, and the prompt tokens served from the cache. */
-/* The usage extension "draft": what drafting did (it never changes the tokens). */
-static void draft_usage(cJSON *u, int64_t steps, int64_t proposed, int64_t kept)
+/* The usage extension "draft": what drafting did (it never changes the tokens), with per
+ * proposal position how often a round reached it (every position before it kept) and kept it. */
+static void draft_usage(cJSON *u, int64_t steps, int64_t proposed, int64_t kept, const long *reached_at, const long *kept_at)
 {
     cJSON *d = cJSON_AddObjectToObject(u, "draft");
     cJSON_AddNumberToObject(d, "steps", (double)steps);
     cJSON_AddNumberToObject(d, "proposed_tokens", (double)proposed);
     cJSON_AddNumberToObject(d, "kept_tokens", (double)kept);
+    cJSON *ps = cJSON_AddArrayToObject(d, "positions");
+    for (int i = 0; i < DSV4_DRAFT_MAX && reached_at[i]; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "reached", (double)reached_at[i]);
+        cJSON_AddNumberToObject(e, "kept", (double)kept_at[i]);
+        cJSON_AddItemToArray(ps, e);
+    }
 }
 
 static cJSON *usage_json(const gen *g)
@@ -809,7 +817,7 @@ static cJSON *usage_json(const gen *g)
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", g->r->n_cached);
     if (g->r->draft_steps)
-        draft_usage(u, g->r->draft_steps, g->r->draft_proposed, g->r->draft_kept);
+        draft_usage(u, g->r->draft_steps, g->r->draft_proposed, g->r->draft_kept, g->r->policy.reached, g->r->policy.kept);
     return u;
 }
 
@@ -914,9 +922,12 @@ static void log_line(gen *g, int status)
             histo_add(&g->s->ttft, ttft);
         histo_add(&g->s->duration, now - g->t0);
     }
-    char drafted[64] = "";
-    if (r && r->draft_steps)
-        snprintf(drafted, sizeof drafted, " draft=%lld/%lld", (long long)r->draft_kept, (long long)r->draft_proposed);
+    char drafted[64 + 24 * DSV4_DRAFT_MAX] = "";
+    if (r && r->draft_steps) { /* kept/proposed, then kept/reached per proposal position */
+        int o = snprintf(drafted, sizeof drafted, " draft=%lld/%lld at=", (long long)r->draft_kept, (long long)r->draft_proposed);
+        for (int i = 0; i < DSV4_DRAFT_MAX && r->policy.reached[i] && o < (int)sizeof drafted; i++)
+            o += snprintf(drafted + o, sizeof drafted - o, i ? ",%ld/%ld" : "%ld/%ld", r->policy.kept[i], r->policy.reached[i]);
+    }
     dsv4_log("%s %s %d prompt=%d cached=%d generated=%d finish=%s queue=%.3fs ttft=%.3fs gen=%.3fs (%.1f tok/s) total=%.3fs%s",
              g->id, g->path, status, r ? r->n_prompt : 0, r ? r->n_cached : 0, g->n_tok, g->finish ? finish_name(g) : "-",
              queue, ttft, gen_s, gen_s > 0 && g->n_tok > 1 ? (g->n_tok - 1) / gen_s : 0.0, now - g->t0, drafted);
@@ -1564,7 +1575,12 @@ static enum MHD_Result gen_continue(server *s, struct MHD_Connection *c, conn *k
         cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
         int prompt = 0, cached = 0, completion = 0;
         int64_t dsteps = 0, dprop = 0, dkept = 0;
+        long dreach[DSV4_DRAFT_MAX] = {0}, dkat[DSV4_DRAFT_MAX] = {0};
         for (int i = 0; i < n; i++) {
+            for (int j = 0; j < DSV4_DRAFT_MAX; j++) {
+                dreach[j] += gs[i]->r->policy.reached[j];
+                dkat[j] += gs[i]->r->policy.kept[j];
+            }
             cJSON_AddItemToArray(ch, choice_json(gs[i], i));
             prompt += gs[i]->r->n_prompt;
             cached += gs[i]->r->n_cached;
@@ -1579,7 +1595,7 @@ static enum MHD_Result gen_continue(server *s, struct MHD_Connection *c, conn *k
         cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
         cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", cached);
         if (dsteps)
-            draft_usage(u, dsteps, dprop, dkept);
+            draft_usage(u, dsteps, dprop, dkept, dreach, dkat);
         res = send_json(c, 200, resp);
     }
     gens_free(gs, n, failed >= 0 ? 500 : 200);
@@ -1700,6 +1716,19 @@ static enum MHD_Result metrics(server *s, struct MHD_Connection *c)
     M("dsv4_draft_proposed_tokens_total", "counter", "Tokens proposed by drafts.", "%" PRIu64, st.draft_proposed);
     M("dsv4_draft_kept_tokens_total", "counter", "Proposed tokens kept (each equal to the plain draw).", "%" PRIu64,
       st.draft_kept);
+    fprintf(f, "# HELP dsv4_draft_position_reached_total Draft rounds that reached a proposal position (all before it kept).\n"
+               "# TYPE dsv4_draft_position_reached_total counter\n");
+    for (int i = 0; i < DSV4_DRAFT_MAX; i++)
+        fprintf(f, "dsv4_draft_position_reached_total{position=\"%d\"} %" PRIu64 "\n", i, st.draft_reached_at[i]);
+    fprintf(f, "# HELP dsv4_draft_position_kept_total Draft rounds that kept a proposal position.\n"
+               "# TYPE dsv4_draft_position_kept_total counter\n");
+    for (int i = 0; i < DSV4_DRAFT_MAX; i++)
+        fprintf(f, "dsv4_draft_position_kept_total{position=\"%d\"} %" PRIu64 "\n", i, st.draft_kept_at[i]);
+    fprintf(f, "# HELP dsv4_draft_off_total Lane steps in which the draft policy kept a drafting request from drafting.\n"
+               "# TYPE dsv4_draft_off_total counter\n"
+               "dsv4_draft_off_total{reason=\"busy_lanes\"} %" PRIu64 "\n"
+               "dsv4_draft_off_total{reason=\"experts_in_host_memory\"} %" PRIu64 "\n",
+            st.draft_off_busy, st.draft_off_host);
     M("dsv4_steps_total", "counter", "Scheduler steps (batched forward passes).", "%" PRIu64, st.steps);
     M("dsv4_busy_seconds_total", "counter", "Seconds spent in steps.", "%.6f", st.busy_seconds);
     M("dsv4_lanes", "gauge", "Concurrent sequences.", "%d", st.n_lanes);
@@ -2106,7 +2135,8 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     dsv4_lanes_opts lop = {.n_lanes = o->n_lanes, .queue_max = o->queue_max, .max_rollback = o->load.max_rollback,
                            .n_threads = o->load.n_threads,
                            .cache_bytes = o->cache_bytes ? o->cache_bytes : (size_t)1 << 30,
-                           .notify = lanes_notify, .notify_ctx = &s, .drafter = o->drafter};
+                           .notify = lanes_notify, .notify_ctx = &s, .drafter = o->drafter,
+                           .draft_busy_max = o->draft_busy_max, .draft_row_cost = o->draft_row_cost};
     s.lanes = dsv4_lanes_new(s.m, &lop, err);
     if (!s.lanes || dsv4_lanes_start(s.lanes, err))
         goto fail;

@@ -26,6 +26,8 @@ typedef struct dsv4_server_opts {
     int max_score_tokens;     /* given tokens one request may score (echoed prompt, forced); 0: 16384 */
     int draft;                /* proposal length of requests that give no "draft"; 0: none */
     int drafter;              /* DSV4_DRAFTER_* (serve/lanes.h): what proposes */
+    int draft_busy_max;       /* busy lanes past which no lane drafts; 0: no bound */
+    double draft_row_cost;    /* the draft policy's cost of a verify row; 0: its default */
 } dsv4_server_opts;
 
 enum { DSV4_DEFAULT_MAX_CONNECTIONS = 1024, DSV4_DEFAULT_CLIENT_CONNECTIONS = 128, DSV4_DEFAULT_IDLE_TIMEOUT = 15,
