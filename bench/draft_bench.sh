@@ -27,7 +27,7 @@ run() { # model label prompt-kind ids drafter
     line=$(grep "^draft $drafter:" "$tmp/de")
     steps=$(echo "$line" | sed -n 's/^draft [a-z]*: \([0-9]*\) steps.*/\1/p')
     per=$(echo "$line" | sed -n 's/.*(\([0-9.]*\) tokens a step).*/\1/p')
-    at=$(echo "$line" | sed -n 's/.*kept at position //p' | awk -v s="$steps" '{for (i = 1; i <= NF; i++) printf "%s%.2f", i > 1 ? " " : "", s ? $i / s : 0}')
+    at=$(echo "$line" | sed -n 's/.*kept at position //p' | awk -v s="$steps" '{for (i = 1; i <= NF; i++) printf "%s%.2f", (i > 1 ? " " : ""), (s ? $i / s : 0)}')
     printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "$label" "$drafter" "$kind" "$(rate "$tmp/pe")" "$(rate "$tmp/de")" \
         "$per" "$at" "$same"
 }
