@@ -53,6 +53,10 @@ typedef struct dsv4_load_opts {
      * else streamed), RESIDENT (read through the mapping) or STREAMED (rows read by
      * address with pread, O_DIRECT where the file system allows, fetched ahead per step). */
     int engram_tables;
+    /* 1: keep the checkpoint's draft stages running (V4.1 DSpark, V4 MTP; CPU backend): every
+     * forward then also fills their windows, so dsv4_spec_draft / dsv4_mtp_draft can propose.
+     * 0: the stages are bound (a missing tensor still fails) but cost nothing. */
+    int draft_stages;
 } dsv4_load_opts;
 enum { DSV4_ENGRAM_AUTO = 0, DSV4_ENGRAM_RESIDENT = 1, DSV4_ENGRAM_STREAMED = 2 };
 
@@ -119,7 +123,7 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err);
 /* ---- DSpark drafting (V4.1 checkpoints with mtp.* stages) ------------------------ */
 #define DSV4_MAX_SPEC_BLOCK 64      /* the largest dspark_block_size a config may give */
 /* Tokens one DSpark draft proposes (the config's dspark_block_size); 0 when the model has no
- * stages or its backend does not run them. */
+ * stages, its backend does not run them, or it was loaded without draft_stages. */
 int dsv4_spec_block(const dsv4_model *m);
 /* Drafts after `anchor`, the token at position dsv4_seq_len(s) (not yet fed): ids [block + 1]
  * the anchor then the drafts (each the argmax of its row, ties to the lower id), logits
@@ -129,7 +133,7 @@ int dsv4_spec_block(const dsv4_model *m);
 int dsv4_spec_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int32_t *ids, float *logits, float *conf, dsv4_err *err);
 
 /* ---- MTP drafting (V4 checkpoints with an mtp.0 stage) ----------------------------- */
-/* 1 when the model's MTP stage is bound and runs on its backend. */
+/* 1 when the model's MTP stage is bound and runs (CPU backend, loaded with draft_stages). */
 int dsv4_mtp_on(const dsv4_model *m);
 /* Drafts k tokens after `anchor`, the token at position dsv4_seq_len(s) (not yet fed), by
  * chaining the stage (docs/mtp.md); each the argmax of its logits, ties to the lower id.

@@ -100,6 +100,7 @@ int dsv4_cmd_generate(int argc, char **argv)
         free(ids);
         return 2;
     }
+    o.load.draft_stages = draft == DSPARK || draft == MTP;
     dsv4_model *m = cli_load(&o, "generate");
     if (!m) {
         free(ids);

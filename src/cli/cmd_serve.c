@@ -122,6 +122,7 @@ int dsv4_cmd_serve(int argc, char **argv)
         return 2;
     o.model_dir = mo.dir;
     o.load = mo.load;
+    o.load.draft_stages = o.drafter != DSV4_DRAFTER_LOOKUP;
     char *file_key = NULL;
     const char *env_key = getenv("DSV4_API_KEY");
     if (key_file) {

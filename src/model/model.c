@@ -961,12 +961,14 @@ static int model_place(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     return 0;
 }
 
-/* The draft stages (DSpark, MTP) run on the CPU backend (the CUDA loader does not place them): elsewhere the
- * sequences keep no stage windows and a draft is refused. */
-static void spec_enable(dsv4_model *m)
+/* The draft stages (DSpark, MTP) run when asked for and on the CPU backend (the CUDA loader does
+ * not place them): otherwise the sequences keep no stage windows and a draft is refused. */
+static void spec_enable(dsv4_model *m, const dsv4_load_opts *o)
 {
-    m->spec.on = m->spec.n > 0 && m->be == dsv4_backend_cpu();
-    m->mtp.on = m->mtp.n > 0 && m->be == dsv4_backend_cpu();
+    int on = o->draft_stages && m->be == dsv4_backend_cpu();
+    m->spec.on = m->spec.n > 0 && on;
+    m->mtp.on = m->mtp.n > 0 && on;
+    m->spec.asked = m->mtp.asked = o->draft_stages;
 }
 
 dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err)
@@ -982,7 +984,7 @@ dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_er
         dsv4_model_free(m);
         return NULL;
     }
-    spec_enable(m);
+    spec_enable(m, &o);
     return m;
 }
 
@@ -1002,7 +1004,7 @@ dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size
         dsv4_model_free(m);
         return NULL;
     }
-    spec_enable(m);
+    spec_enable(m, &o);
     return m;
 }
 

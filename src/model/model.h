@@ -74,6 +74,7 @@ typedef struct dsv4_engram {
 typedef struct dsv4_spec {
     int n;                   /* stages bound (0: none) */
     int on;                  /* the sequences keep the stages' windows and drafts can run */
+    int asked;               /* loaded with draft_stages (else a draft is refused saying so) */
     dsv4_layer *st;          /* [n] */
     dsv4_weight main_proj;   /* [D, n_spec_target D] (stage 0) */
     float *main_norm;        /* [D] (stage 0) */
@@ -88,6 +89,7 @@ typedef struct dsv4_spec {
 typedef struct dsv4_mtp {
     int n;                   /* stages bound (0: none) */
     int on;                  /* the sequences keep its window and drafts can run */
+    int asked;               /* loaded with draft_stages */
     dsv4_layer *st;          /* [n] */
     dsv4_weight *e_proj, *h_proj; /* [n] each [D, D] */
     float **enorm, **hnorm, **norm; /* [n] each [D] */

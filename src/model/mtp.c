@@ -155,8 +155,9 @@ int dsv4_mtp_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int k, int32_t *o
     const dsv4_mtp *M = &m->mtp;
     dsv4_err_clear(err);
     if (!M->on)
-        return -dsv4_fail(err, DSV4_E_UNSUPPORTED, M->n ? "%s: MTP drafting runs on the CPU backend"
-                                                        : "%s: no MTP stage (mtp.0) in this checkpoint", m->dir);
+        return -dsv4_fail(err, DSV4_E_UNSUPPORTED, !M->n ? "%s: no MTP stage (mtp.0) in this checkpoint"
+                                                   : M->asked ? "%s: MTP drafting runs on the CPU backend"
+                                                              : "%s: loaded without its draft stages (dsv4_load_opts.draft_stages)", m->dir);
     if (!s || s->m != m || anchor < 0 || anchor >= c->vocab || k < 0)
         return -dsv4_fail(err, DSV4_E_ARG, "MTP draft: a NULL or foreign sequence, anchor %d outside the vocabulary, or %d tokens",
                           anchor, k);

@@ -199,7 +199,8 @@ static int64_t lanes_run(dsv4_model *m, int n_lanes, int drafter, int draft, int
     const int32_t *pr[4] = {p0, p1, p2, p3};
     int T[4] = {7, 4, 6, 8};
     dsv4_err err = {0};
-    dsv4_lanes_opts o = {.n_lanes = n_lanes, .drafter = drafter, .cache_bytes = cached ? 64 << 20 : 0};
+    dsv4_lanes_opts o = {.n_lanes = n_lanes, .drafter = drafter, .cache_bytes = cached ? 64 << 20 : 0,
+                          .draft_row_cost = 1e-9}; /* full depth: the random stages are kept too seldom for the policy */
     dsv4_lanes *l = dsv4_lanes_new(m, &o, &err);
     CHECK(l != NULL, "lanes: %s", err.msg);
     if (!l)
@@ -294,7 +295,7 @@ static void check_missing(const char *tensor_name)
         free(b);
     }
     dsv4_err err = {0};
-    dsv4_load_opts lo = {.numerics = DSV4_NUMERICS_FP32};
+    dsv4_load_opts lo = {.numerics = DSV4_NUMERICS_FP32, .draft_stages = 1};
     dsv4_model *m = dsv4_model_load(tmp, &lo, &err);
     CHECK(!m && strstr(err.msg, tensor_name), "missing %s: %s", tensor_name, m ? "loaded" : err.msg);
     printf("  without %s: %s\n", tensor_name, err.msg);
@@ -318,7 +319,7 @@ int main(void)
     if (!cases || !ex64 || !ex)
         return check_summary("dspark");
     for (int mode = 0; mode < 2; mode++) {
-        dsv4_load_opts lo = {.numerics = mode ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32};
+        dsv4_load_opts lo = {.numerics = mode ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32, .draft_stages = 1};
         dsv4_model *m = dsv4_model_load(DIR, &lo, &err);
         CHECK(m != NULL, "load: %s", err.msg);
         if (!m)

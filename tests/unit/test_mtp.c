@@ -8,7 +8,8 @@
  *    the uninterrupted run's;
  *  - the server's lanes drafting with it give the plain requests' tokens (1 and 3 lanes,
  *    beside a plain request, resumed from the prompt cache);
- *  - lanes and drafts asking for it on a model without it are refused. */
+ *  - lanes and drafts asking for it on a model without it, or loaded without its draft
+ *    stages, are refused. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,7 +113,8 @@ static int64_t lanes_run(dsv4_model *m, int n_lanes, int draft, int mixed, int c
     const int32_t *pr[4] = {p0, p1, p2, p3};
     int T[4] = {7, 4, 6, 8};
     dsv4_err err = {0};
-    dsv4_lanes_opts o = {.n_lanes = n_lanes, .drafter = DSV4_DRAFTER_MTP, .cache_bytes = cached ? 64 << 20 : 0};
+    dsv4_lanes_opts o = {.n_lanes = n_lanes, .drafter = DSV4_DRAFTER_MTP, .cache_bytes = cached ? 64 << 20 : 0,
+                          .draft_row_cost = 1e-9}; /* full depth: the random stages are kept too seldom for the policy */
     dsv4_lanes *l = dsv4_lanes_new(m, &o, &err);
     CHECK(l != NULL, "lanes: %s", err.msg);
     if (!l)
@@ -178,7 +180,8 @@ static void check_missing(const char *dir, const char *name)
         free(b);
     }
     dsv4_err err = {0};
-    dsv4_model *m = dsv4_model_load(tmp, NULL, &err);
+    dsv4_load_opts lo = {.draft_stages = 0}; /* bound either way */
+    dsv4_model *m = dsv4_model_load(tmp, &lo, &err);
     CHECK(!m && strstr(err.msg, name), "missing %s: %s", name, m ? "loaded" : err.msg);
     printf("  without %s: refused (%s)\n", name, err.msg);
     dsv4_model_free(m);
@@ -195,7 +198,8 @@ int main(void)
     dsv4_err err = {0};
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
     CHECK(!dsv4_synthetic_write("tiny", 3, dir, &err), "synth: %s", err.msg);
-    dsv4_model *m = dsv4_model_load(dir, NULL, &err);
+    dsv4_load_opts lo = {.draft_stages = 1};
+    dsv4_model *m = dsv4_model_load(dir, &lo, &err);
     CHECK(m && dsv4_mtp_on(m), "load: %s", err.msg);
     if (m && dsv4_mtp_on(m)) {
         static const int32_t prompt[] = {0, 5, 7, 9, 11, 5, 7, 9};
@@ -233,12 +237,22 @@ int main(void)
         check_state(m);
     }
     dsv4_model_free(m);
+    { /* loaded without its draft stages: bound, but no window kept and a draft refused saying why */
+        dsv4_load_opts off = {.draft_stages = 0};
+        dsv4_model *q = dsv4_model_load(dir, &off, &err);
+        dsv4_seq *s = q ? dsv4_seq_new(q, &err) : NULL;
+        int32_t x[2];
+        CHECK(q && !dsv4_mtp_on(q) && s && dsv4_mtp_draft(q, s, 5, 2, x, &err) < 0 && strstr(err.msg, "draft_stages"),
+              "without draft_stages: %s", err.msg);
+        dsv4_seq_free(s);
+        dsv4_model_free(q);
+    }
     const char *need[] = {"mtp.0.e_proj.weight", "mtp.0.h_proj.scale", "mtp.0.enorm.weight", "mtp.0.hnorm.weight",
                           "mtp.0.norm.weight", "mtp.0.hc_head_fn", "mtp.0.attn.wkv.weight", "mtp.0.ffn.experts.7.w3.weight",
                           "mtp.0.ffn.shared_experts.w2.weight"};
     for (size_t i = 0; i < sizeof need / sizeof need[0]; i++)
         check_missing(dir, need[i]);
-    dsv4_model *v41 = dsv4_model_load(CHECK_FIXTURES "/v41/v41-tiny-a", NULL, &err);
+    dsv4_model *v41 = dsv4_model_load(CHECK_FIXTURES "/v41/v41-tiny-a", &lo, &err);
     dsv4_lanes_opts o = {.n_lanes = 1, .drafter = DSV4_DRAFTER_MTP};
     dsv4_lanes *l = v41 ? dsv4_lanes_new(v41, &o, &err) : NULL;
     CHECK(v41 && !l && strstr(err.msg, "no MTP stage"), "MTP lanes on a model without the stage: %s", l ? "made" : err.msg);
