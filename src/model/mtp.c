@@ -60,34 +60,33 @@ int dsv4_mtp_window(dsv4_step *f, const float *X, dsv4_err *err)
     const dsv4_layer *L = &m->mtp.st[0];
     int n = c->hc_mult, D = c->dim, d = c->head_dim, R = f->R, nr = 0;
     int64_t w = (int64_t)n * D;
-    for (int r = 0; r < R; r++) { /* in position order: a row's predecessor is stored before it is read */
-        dsv4_seq *s = f->b->seqs[f->row_seq[r]];
-        memcpy(s->mhs + (f->pos[r] % s->kv_cap) * w, X + r * w, w * sizeof(float));
+    for (int r = 0; r < R; r++)
         nr += f->pos[r] > 0;
-    }
-    if (!nr)
-        return 0;
-    float *hs = dsv4_fbuf((size_t)nr * w, err), *x = dsv4_fbuf((size_t)nr * w, err), *a = dsv4_fbuf((size_t)nr * D, err);
-    float *kv = dsv4_fbuf((size_t)nr * d, err), *mix = dsv4_fbuf((size_t)nr * (2 * n + n * n), err);
-    int32_t *tok = malloc(nr * sizeof *tok);
-    int64_t *pos = malloc(nr * sizeof *pos);
-    int *row = malloc(nr * sizeof *row);
+    int na = nr ? nr : 1; /* buffers of at least one row */
+    float *hs = dsv4_fbuf((size_t)na * w, err), *x = dsv4_fbuf((size_t)na * w, err), *a = dsv4_fbuf((size_t)na * D, err);
+    float *kv = dsv4_fbuf((size_t)na * d, err), *mix = dsv4_fbuf((size_t)na * (2 * n + n * n), err);
+    int32_t *tok = malloc(na * sizeof *tok);
+    int64_t *pos = malloc(na * sizeof *pos);
+    int *row = malloc(na * sizeof *row);
     int rc = err && err->code;
     if (!rc && (!tok || !pos || !row))
         rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory for the MTP window");
     if (!rc) {
+        /* in position order, each row reads its predecessor's streams, then leaves its own: a
+         * chunk longer than the ring still reads each predecessor before it is overwritten */
         for (int r = 0, k = 0; r < R; r++) {
             dsv4_seq *s = f->b->seqs[f->row_seq[r]];
-            if (f->pos[r] == 0)
-                continue;
-            memcpy(hs + k * w, s->mhs + ((f->pos[r] - 1) % s->kv_cap) * w, w * sizeof(float));
-            tok[k] = f->ids[r];
-            pos[k] = f->pos[r] - 1;
-            row[k++] = r;
+            if (f->pos[r] > 0) {
+                memcpy(hs + k * w, s->mhs + ((f->pos[r] - 1) % s->kv_cap) * w, w * sizeof(float));
+                tok[k] = f->ids[r];
+                pos[k] = f->pos[r] - 1;
+                row[k++] = r;
+            }
+            memcpy(s->mhs + (f->pos[r] % s->kv_cap) * w, X + r * w, w * sizeof(float));
         }
-        rc = stage_input(m, 0, tok, hs, nr, x, err);
+        rc = nr ? stage_input(m, 0, tok, hs, nr, x, err) : 0;
     }
-    if (!rc) {
+    if (!rc && nr) {
         m->be->hc_pre(x, nr, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, (float)c->hc_eps,
                       (float)c->norm_eps, mix, mix + (size_t)nr * n, mix + (size_t)nr * 2 * n, a, L->attn_norm);
         window_row(m, L, a, nr, pos, kv);

@@ -5,7 +5,8 @@
  *  - drafted == plain through the verify step, ids and logprobs bit for bit, greedy and seeded,
  *    for proposals of 1 and 8 tokens (random weights: acceptance is low, the rollback path runs);
  *  - the stage's window is sequence state: a draft after a rollback, a restore or a copy equals
- *    the uninterrupted run's;
+ *    the uninterrupted run's, and after a prompt longer than its rings in one forward equals
+ *    the chunked prefill's;
  *  - the server's lanes drafting with it give the plain requests' tokens (1 and 3 lanes,
  *    beside a plain request, resumed from the prompt cache);
  *  - lanes and drafts asking for it on a model without it, or loaded without its draft
@@ -245,6 +246,31 @@ int main(void)
         CHECK(q && !dsv4_mtp_on(q) && s && dsv4_mtp_draft(q, s, 5, 2, x, &err) < 0 && strstr(err.msg, "draft_stages"),
               "without draft_stages: %s", err.msg);
         dsv4_seq_free(s);
+        dsv4_model_free(q);
+    }
+    { /* a prompt longer than the rings (window + max_rollback) in one forward == by chunks */
+        dsv4_load_opts small = {.draft_stages = 1, .max_rollback = 4};
+        dsv4_model *q = dsv4_model_load(dir, &small, &err);
+        CHECK(q != NULL, "load: %s", err.msg);
+        int32_t ids[60], da[4], db[4];
+        for (int i = 0; i < 60; i++)
+            ids[i] = (i * 37 + 11) % 5000;
+        dsv4_seq *one = q ? dsv4_seq_new(q, &err) : NULL, *ch = q ? dsv4_seq_new(q, &err) : NULL;
+        int n = 59, rc = !one || !ch;
+        const int32_t *p = ids;
+        dsv4_batch b1 = {.n_seqs = 1, .seqs = &one, .ids = &p, .n_ids = &n};
+        rc = rc || dsv4_forward(q, &b1, &err);
+        for (int at = 0; !rc && at < 59; at += 7) {
+            p = ids + at;
+            n = 59 - at < 7 ? 59 - at : 7;
+            dsv4_batch b2 = {.n_seqs = 1, .seqs = &ch, .ids = &p, .n_ids = &n};
+            rc = dsv4_forward(q, &b2, &err);
+        }
+        CHECK(!rc && dsv4_mtp_draft(q, one, ids[59], 4, da, &err) == 4 && dsv4_mtp_draft(q, ch, ids[59], 4, db, &err) == 4 &&
+                  !memcmp(da, db, sizeof da),
+              "MTP draft after one 59-token forward (rings of 20) differs from the chunked prefill's: %s", err.msg);
+        dsv4_seq_free(one);
+        dsv4_seq_free(ch);
         dsv4_model_free(q);
     }
     const char *need[] = {"mtp.0.e_proj.weight", "mtp.0.h_proj.scale", "mtp.0.enorm.weight", "mtp.0.hnorm.weight",
