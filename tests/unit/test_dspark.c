@@ -10,8 +10,8 @@
  *    the reference's own paths (inc_logits, logits_acc32) depart from its prefill by > 1e-2
  *    (in the fixture: all of case1's; the long cases' release decode parts before its first
  *    draft, so none of theirs).
- * The stage windows are sequence state: a draft after a rollback, a restore or a copy equals
- * the draft of an uninterrupted run, bit for bit. The server's lanes drafting with DSpark give
+ * The stage windows are sequence state: a draft after a rollback, a restore, a copy or a prefill
+ * by chunks beside another sequence equals the draft of an uninterrupted run, bit for bit. The server's lanes drafting with DSpark give
  * the plain requests' ids and logprobs, greedy and seeded, through 1 and 3 lanes, beside a
  * plain request, and resumed from the prompt cache. A checkpoint missing any mtp.* tensor is
  * refused naming it; lanes asked for DSpark on a model without stages are refused. */
@@ -178,7 +178,23 @@ static void check_state(dsv4_model *m, const int32_t *ids, int T, int V, int B)
     CHECK(cp && !dsv4_spec_draft(m, cp, ids[half], db, NULL, cb, &err), "state: copy: %s", err.msg);
     CHECK(!memcmp(da, db, sizeof(int32_t) * (B + 1)) && !memcmp(ca, cb, sizeof(float) * B),
           "draft of a copy differs from the original's");
-    printf("  stage windows: rollback, restore and copy give the uninterrupted run's draft\n");
+    /* the prefix by chunks of 3 and beside another sequence in each step: the same windows */
+    dsv4_seq *c3 = dsv4_seq_new(m, &err), *other = dsv4_seq_new(m, &err);
+    for (int at = 0; at < half; at += 3) {
+        int k = half - at < 3 ? half - at : 3, two = 2;
+        const int32_t *pp[2] = {ids + at, ids + (at + 5) % half};
+        int nn[2] = {k, 2};
+        dsv4_seq *ss[2] = {c3, other};
+        dsv4_batch bc = {.n_seqs = two, .seqs = ss, .ids = pp, .n_ids = nn};
+        CHECK(!dsv4_forward(m, &bc, &err), "chunks: %s", err.msg);
+    }
+    memset(db, 0, sizeof db);
+    CHECK(!dsv4_spec_draft(m, c3, ids[half], db, NULL, cb, &err), "chunks: draft: %s", err.msg);
+    CHECK(!memcmp(da, db, sizeof(int32_t) * (B + 1)) && !memcmp(ca, cb, sizeof(float) * B),
+          "draft after a chunked prefill beside another sequence differs from the one-shot prefill's");
+    dsv4_seq_free(c3);
+    dsv4_seq_free(other);
+    printf("  stage windows: rollback, restore, copy and a chunked, batched prefill give the uninterrupted run's draft\n");
     free(buf);
     free(lg);
     dsv4_seq_free(a);
