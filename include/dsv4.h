@@ -53,6 +53,10 @@ typedef struct dsv4_load_opts {
      * else streamed), RESIDENT (read through the mapping) or STREAMED (rows read by
      * address with pread, O_DIRECT where the file system allows, fetched ahead per step). */
     int engram_tables;
+    /* 1: keep the checkpoint's draft stages running (V4.1 DSpark, V4 MTP; CPU backend): every
+     * forward then also fills their windows, so dsv4_spec_draft / dsv4_mtp_draft can propose.
+     * 0: the stages are bound (a missing tensor still fails) but cost nothing. */
+    int draft_stages;
 } dsv4_load_opts;
 enum { DSV4_ENGRAM_AUTO = 0, DSV4_ENGRAM_RESIDENT = 1, DSV4_ENGRAM_STREAMED = 2 };
 
@@ -116,6 +120,27 @@ typedef struct dsv4_batch {
 } dsv4_batch;
 int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err);
 
+/* ---- DSpark drafting (V4.1 checkpoints with mtp.* stages) ------------------------ */
+#define DSV4_MAX_SPEC_BLOCK 64      /* the largest dspark_block_size a config may give */
+/* Tokens one DSpark draft proposes (the config's dspark_block_size); 0 when the model has no
+ * stages, its backend does not run them, or it was loaded without draft_stages. */
+int dsv4_spec_block(const dsv4_model *m);
+/* Drafts after `anchor`, the token at position dsv4_seq_len(s) (not yet fed): ids [block + 1]
+ * the anchor then the drafts (each the argmax of its row, ties to the lower id), logits
+ * [block, vocab] the stages' logits with the Markov bias (may be NULL), conf [block] the
+ * confidence head's raw scores (may be NULL). The sequence is not changed: its stage windows
+ * are filled by dsv4_forward. */
+int dsv4_spec_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int32_t *ids, float *logits, float *conf, dsv4_err *err);
+
+/* ---- MTP drafting (V4 checkpoints with an mtp.0 stage) ----------------------------- */
+/* 1 when the model's MTP stage is bound and runs (CPU backend, loaded with draft_stages). */
+int dsv4_mtp_on(const dsv4_model *m);
+/* Drafts k tokens after `anchor`, the token at position dsv4_seq_len(s) (not yet fed), by
+ * chaining the stage (docs/mtp.md); each the argmax of its logits, ties to the lower id.
+ * Returns how many were written to out (0 for an empty sequence), or minus an error code. The
+ * sequence is not changed: dsv4_forward fills its MTP window. */
+int dsv4_mtp_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int k, int32_t *out, dsv4_err *err);
+
 /* What a sequence's caches hold at `ctx` tokens of context, in bytes: as dsv4 keeps them
  * now (fp32) and in the quantized store of production engines (window e4m3 + UE8M0/32,
  * entries e2m1 + E4M3/16, index keys e2m1 + UE8M0/32). */
@@ -149,6 +174,10 @@ void dsv4_device_capture(const char *device, int on);
 /* Where the weights went: the CUDA loader's plan (hot path and routed experts against the
  * device memory available, what is on the GPU, what is in pinned host memory); "" on the CPU. */
 const char *dsv4_model_placement(const dsv4_model *m);
+
+/* 1 when some routed experts are read from host memory at every use (the CUDA loader's plan
+ * when they do not all fit the device); 0 on the CPU. */
+int dsv4_model_experts_in_host(const dsv4_model *m);
 
 /* Prints config, layer schedule, tensors by dtype and state cost (for `dsv4 info`). */
 void dsv4_model_print_info(const dsv4_model *m, FILE *f);

@@ -5,6 +5,7 @@
 #include <string.h>
 #include "cli/cli.h"
 #include "serve/draft.h"
+#include "serve/lanes.h"
 #include "serve/http.h"
 
 static void serve_usage(FILE *f)
@@ -12,7 +13,8 @@ static void serve_usage(FILE *f)
     fprintf(f, "usage: dsv4 serve [-m DIR] [--tokenizer DIR] [--host 127.0.0.1] [--port 8080] [--lanes N]\n"
                "                  [--api-key-file FILE | --api-key K] [--name NAME] [--cache-mb MB] [--queue N]\n"
                "                  [--max-connections N] [--client-connections N] [--idle-timeout S]\n"
-               "                  [--max-score-tokens N] [--draft K] [--max-tokens N] [--cors ORIGINS|none]\n"
+               "                  [--max-score-tokens N] [--draft K] [--drafter lookup|dspark|mtp]\n"
+               "                  [--draft-busy-max N] [--draft-row-cost C] [--max-tokens N] [--cors ORIGINS|none]\n"
                "                  [model options]\n"
                "  Serves DIR over an OpenAI-compatible API: /v1/completions, /v1/chat/completions, /v1/responses,\n"
                "  /v1/models, /tokenize, /detokenize, /health, /metrics. --port 0 takes any free port (the log names it).\n"
@@ -22,14 +24,20 @@ static void serve_usage(FILE *f)
                "  Connections: at most --max-connections (%d) open, --client-connections (%d) from one\n"
                "  address (past either, the idlest idle one is closed); idle ones close after\n"
                "  --idle-timeout (%d) seconds. --max-score-tokens (%d): given tokens one request may score.\n"
-               "  --draft K: requests that give no \"draft\" propose K tokens a step by prompt lookup (0..%d,\n"
-               "  default 0); drafts never change a token, only the speed (docs/draft.md).\n"
+               "  --draft K: requests that give no \"draft\" propose K tokens a step (0..%d, default 0), by\n"
+               "  --drafter: prompt lookup (default), the V4.1 checkpoint's DSpark stages (at most their\n"
+               "  block) or the V4 checkpoint's MTP stage; drafts never change a token, only the speed\n"
+               "  (docs/draft.md). The policy picks each request's depth from its measured acceptance\n"
+               "  (--draft-row-cost C: a verify row's cost as a fraction of a step, default %.2f) and turns\n"
+               "  drafting off past --draft-busy-max N busy lanes (default 4; 0: no bound) and while\n"
+               "  routed experts are read from host memory.\n"
                "  --max-tokens N: a chat's max_tokens when the request gives none (default %d, at most the\n"
                "  rest of the context). --cors: the browser origins that may call the API: any (the\n"
                "  default, as llama.cpp and vLLM), none, or a comma-separated list (https://app.example).\n"
                "  SIGTERM or SIGINT cancels what is in flight and exits.\n%s",
             DSV4_DEFAULT_MAX_CONNECTIONS, DSV4_DEFAULT_CLIENT_CONNECTIONS, DSV4_DEFAULT_IDLE_TIMEOUT,
-            DSV4_DEFAULT_MAX_SCORE_TOKENS, DSV4_DRAFT_MAX, DSV4_DEFAULT_CHAT_MAX_TOKENS, cli_model_usage());
+            DSV4_DEFAULT_MAX_SCORE_TOKENS, DSV4_DRAFT_MAX, DSV4_POLICY_ROW_COST, DSV4_DEFAULT_CHAT_MAX_TOKENS,
+            cli_model_usage());
 }
 
 /* The first line of path (without its line end), malloc'd; NULL with a message when unreadable
@@ -54,7 +62,7 @@ static char *read_key_file(const char *path)
 
 int dsv4_cmd_serve(int argc, char **argv)
 {
-    dsv4_server_opts o = {.port = 8080};
+    dsv4_server_opts o = {.port = 8080, .draft_busy_max = 4};
     cli_model_opts mo = {0};
     const char *key_file = NULL, *key_arg = NULL;
     for (int i = 1; i < argc; i++) {
@@ -97,6 +105,14 @@ int dsv4_cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--draft") && (o.draft = (int)strtol(v, &end, 10), !*end) && o.draft >= 0 &&
                  o.draft <= DSV4_DRAFT_MAX)
             ;
+        else if (!strcmp(a, "--draft-busy-max") && (o.draft_busy_max = (int)strtol(v, &end, 10), !*end) &&
+                 o.draft_busy_max >= 0)
+            ;
+        else if (!strcmp(a, "--draft-row-cost") && (o.draft_row_cost = strtod(v, &end), !*end) && o.draft_row_cost > 0 &&
+                 o.draft_row_cost <= 1)
+            ;
+        else if (!strcmp(a, "--drafter") && (!strcmp(v, "lookup") || !strcmp(v, "dspark") || !strcmp(v, "mtp")))
+            o.drafter = !strcmp(v, "dspark") ? DSV4_DRAFTER_DSPARK : !strcmp(v, "mtp") ? DSV4_DRAFTER_MTP : DSV4_DRAFTER_LOOKUP;
         else if (!strcmp(a, "--max-score-tokens") && (o.max_score_tokens = (int)strtol(v, &end, 10), !*end) &&
                  o.max_score_tokens > 0)
             ;
@@ -116,6 +132,7 @@ int dsv4_cmd_serve(int argc, char **argv)
         return 2;
     o.model_dir = mo.dir;
     o.load = mo.load;
+    o.load.draft_stages = o.drafter != DSV4_DRAFTER_LOOKUP;
     char *file_key = NULL;
     const char *env_key = getenv("DSV4_API_KEY");
     if (key_file) {

@@ -301,6 +301,20 @@ static void v41_keys(rd *r, const cJSON *o, dsv4_config *c)
     c->engram_pad_id = int_in(r, o, "engram_pad_id", "engram_pad_token_id", 2, 0, c->vocab - 1);
     c->engram_vocab_size = (int64_t)num_in(r, o, "", "engram_vocab_size", NULL, 0, 0, DSV4_MAX_ENGRAM_VOCAB, F_INT);
     c->engram_compressed_vocab = int_in(r, o, "engram_compressed_vocab_size", NULL, 0, 0, c->vocab);
+    if (!c->n_mtp || r->rc)
+        return;
+    c->spec_block = int_in(r, o, "dspark_block_size", NULL, 5, 1, DSV4_MAX_SPEC_BLOCK);
+    c->spec_noise = int_in(r, o, "dspark_noise_token_id", NULL, 0, 0, c->vocab - 1);
+    if ((a = get(o, "dspark_target_layer_ids")))
+        c->n_spec_target = int_list(r, a, "dspark_target_layer_ids", c->spec_target, DSV4_MAX_SPEC_TARGETS, 0, DSV4_MAX_LAYERS - 1);
+    else if (!r->rc)
+        r->rc = dsv4_fail(r->err, DSV4_E_MODEL, "%s: %d draft stages (num_nextn_predict_layers) but no 'dspark_target_layer_ids'",
+                          r->where, c->n_mtp);
+    c->spec_markov_rank = int_in(r, o, "dspark_markov_rank", NULL, 256, 1, DSV4_MAX_DIM);
+    c->spec_experts = int_in(r, o, "dspark_n_routed_experts", NULL, c->n_experts, 1, DSV4_MAX_EXPERTS);
+    c->spec_active = int_in(r, o, "dspark_num_experts_per_tok", "dspark_n_activated_experts", c->n_active, 1, c->spec_experts);
+    if (!r->rc && c->n_spec_target < 1)
+        r->rc = dsv4_fail(r->err, DSV4_E_MODEL, "%s: 'dspark_target_layer_ids' is empty", r->where);
 }
 
 int dsv4_config_parse(const char *json, const char *where, dsv4_config *c, dsv4_err *err)

@@ -31,6 +31,7 @@
 #define DSV4_MAX_ENGRAM_HEADS 64
 #define DSV4_MAX_ENGRAM_VOCAB 4294967296.0 /* the prime search tests candidates by trial division */
 #define DSV4_MAX_ENGRAM_ROWS 9007199254740992.0
+#define DSV4_MAX_SPEC_TARGETS 16    /* dspark_target_layer_ids */
 
 typedef enum { DSV4_FAMILY_V4 = 4, DSV4_FAMILY_V41 = 41 } dsv4_family;
 
@@ -69,6 +70,10 @@ typedef struct dsv4_config {
     int64_t engram_vocab_size;
     int engram_compressed_vocab;
     int image_token_id;
+    /* V4.1 DSpark drafter (n_mtp stages mtp.*): the block it drafts (anchor + noise tokens),
+     * the target layers whose block inputs feed it, its Markov rank and its stages' experts */
+    int spec_block, spec_noise, n_spec_target, spec_target[DSV4_MAX_SPEC_TARGETS];
+    int spec_markov_rank, spec_experts, spec_active;
 } dsv4_config;
 
 /* Reads DIR/config.json. A value outside its range above, of the wrong type, or contradicting

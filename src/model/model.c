@@ -107,11 +107,10 @@ static void bind_tid2eid(binder *b, dsv4_layer *L, int li)
 
 /* What every layer of both families has: norms, hyper-connection mixes, the attention's
  * query/window/output projections. */
-static void bind_common(binder *b, int li, const char *p)
+static void bind_common(binder *b, dsv4_layer *L, const char *p)
 {
     dsv4_model *m = b->m;
     const dsv4_config *c = &m->cfg;
-    dsv4_layer *L = &m->layers[li];
     int D = c->dim, H = c->n_heads, d = c->head_dim, n = c->hc_mult, nm = (2 + n) * n;
     L->attn_norm = bf(b, D, "%s.attn_norm.weight", p);
     L->ffn_norm = bf(b, D, "%s.ffn_norm.weight", p);
@@ -132,16 +131,18 @@ static void bind_common(binder *b, int li, const char *p)
     L->engram = -1;
 }
 
-/* Routed experts (gate, bias or hash table) and the shared expert. */
-static void bind_ffn(binder *b, int li, const char *p)
+/* Routed experts (gate, bias or hash table; E of them, K a row) and the shared expert. li:
+ * the backbone layer (its hash routing), or -1 for a draft stage. */
+static void bind_ffn(binder *b, dsv4_layer *L, int li, const char *p, int E, int K)
 {
     const dsv4_config *c = &b->m->cfg;
-    dsv4_layer *L = &b->m->layers[li];
-    int D = c->dim, E = c->n_experts;
+    int D = c->dim;
+    L->n_exp = E;
+    L->n_act = K;
     bw(b, &L->gate, E, D, "%s.ffn.gate", p);
     if (b->rc) /* a wrong expert count stops here, before E slots are made */
         return;
-    L->hash = c->hash_layer[li];
+    L->hash = li >= 0 && c->hash_layer[li];
     if (L->hash)
         bind_tid2eid(b, L, li);
     else
@@ -150,7 +151,7 @@ static void bind_ffn(binder *b, int li, const char *p)
     L->w2 = calloc(E, sizeof(dsv4_weight));
     L->w3 = calloc(E, sizeof(dsv4_weight));
     if (!L->w1 || !L->w2 || !L->w3) {
-        b->rc = dsv4_fail(b->err, DSV4_E_NOMEM, "out of memory for the experts of layer %d", li);
+        b->rc = dsv4_fail(b->err, DSV4_E_NOMEM, "out of memory for the experts of %s", p);
         return;
     }
     for (int e = 0; e < E && !b->rc; e++) {
@@ -175,7 +176,7 @@ static void bind_layer(binder *b, int li)
     L->ratio = c->ratio[li];
     char p[64];
     snprintf(p, sizeof p, "layers.%d", li);
-    bind_common(b, li, p);
+    bind_common(b, L, p);
     if (L->ratio > 0) {
         L->csa = c->csa[li];
         L->own_ent = 1;
@@ -198,7 +199,7 @@ static void bind_layer(binder *b, int li)
             bw(b, &L->iweights, c->index_heads, D, "%s.attn.indexer.weights_proj", p);
         }
     }
-    bind_ffn(b, li, p);
+    bind_ffn(b, L, li, p, c->n_experts, c->n_active);
 }
 
 static int in_list(const int *v, int n, int x)
@@ -266,7 +267,7 @@ static void bind_layer_v41(binder *b, int li)
     int D = c->dim, d = c->head_dim, ci = c->index_dim;
     char p[64];
     snprintf(p, sizeof p, "layers.%d", li);
-    bind_common(b, li, p);
+    bind_common(b, L, p);
     if (L->own_ent) {
         L->comp.ratio = L->ratio;
         L->comp.dim = d;
@@ -283,7 +284,84 @@ static void bind_layer_v41(binder *b, int li)
         bw(b, &L->iwq_b, (int64_t)c->index_heads * ci, c->q_lora, "%s.attn.indexer.wq_b", p);
         bw(b, &L->iweights, c->index_heads, D, "%s.attn.indexer.weights_proj", p);
     }
-    bind_ffn(b, li, p);
+    bind_ffn(b, L, li, p, c->n_experts, c->n_active);
+}
+
+/* V4.1's DSpark stages mtp.0..n-1 (spec §10, §11): each a ratio-0 block with its own
+ * experts; stage 0 also projects the target's features, the last one owns the final norm,
+ * the Markov head and the confidence head. */
+static void bind_spec(binder *b)
+{
+    dsv4_model *m = b->m;
+    const dsv4_config *c = &m->cfg;
+    dsv4_spec *S = &m->spec;
+    int n = c->n_mtp, D = c->dim, rk = c->spec_markov_rank;
+    if (b->rc || c->family != DSV4_FAMILY_V41 || !n)
+        return;
+    for (int i = 0; i < c->n_spec_target; i++)
+        if (c->spec_target[i] >= c->n_layers) {
+            b->rc = dsv4_fail(b->err, DSV4_E_MODEL, "config: dspark_target_layer_ids[%d] = %d is not a layer", i, c->spec_target[i]);
+            return;
+        }
+    if (!(S->st = calloc(n, sizeof *S->st))) {
+        b->rc = dsv4_fail(b->err, DSV4_E_NOMEM, "out of memory");
+        return;
+    }
+    S->n = n;
+    for (int s = 0; s < n && !b->rc; s++) {
+        char p[32];
+        snprintf(p, sizeof p, "mtp.%d", s);
+        bind_common(b, &S->st[s], p);
+        bind_ffn(b, &S->st[s], -1, p, c->spec_experts, c->spec_active);
+    }
+    bw(b, &S->main_proj, D, (int64_t)c->n_spec_target * D, "mtp.0.main_proj");
+    S->main_norm = bf(b, D, "mtp.0.main_norm.weight");
+    S->norm = bf(b, D, "mtp.%d.norm.weight", n - 1);
+    bw(b, &S->mk_embed, c->vocab, rk, "mtp.%d.markov_head.embed", n - 1);
+    bw(b, &S->mk_head, c->vocab, rk, "mtp.%d.markov_head.head", n - 1);
+    S->conf = bf(b, (int64_t)D + rk, "mtp.%d.confidence_head.proj.weight", n - 1);
+}
+
+/* V4's MTP stages mtp.0..n-1 (docs/mtp.md): each a sliding block with the backbone's experts,
+ * the projections of the token's embedding and of the target's streams, their norms, and
+ * its own head mix and norm before the shared head. */
+static void bind_mtp(binder *b)
+{
+    dsv4_model *m = b->m;
+    const dsv4_config *c = &m->cfg;
+    dsv4_mtp *M = &m->mtp;
+    int n = c->n_mtp, D = c->dim, hc = c->hc_mult;
+    if (b->rc || c->family != DSV4_FAMILY_V4 || !n)
+        return;
+    M->st = calloc(n, sizeof *M->st);
+    M->e_proj = calloc(n, sizeof *M->e_proj);
+    M->h_proj = calloc(n, sizeof *M->h_proj);
+    M->enorm = calloc(n, sizeof(float *));
+    M->hnorm = calloc(n, sizeof(float *));
+    M->norm = calloc(n, sizeof(float *));
+    M->hc_head_fn = calloc(n, sizeof(float *));
+    M->hc_head_base = calloc(n, sizeof(float *));
+    M->hc_head_scale = calloc(n, sizeof(float *));
+    if (!M->st || !M->e_proj || !M->h_proj || !M->enorm || !M->hnorm || !M->norm || !M->hc_head_fn || !M->hc_head_base ||
+        !M->hc_head_scale) {
+        b->rc = dsv4_fail(b->err, DSV4_E_NOMEM, "out of memory");
+        return;
+    }
+    M->n = n;
+    for (int s = 0; s < n && !b->rc; s++) {
+        char p[32];
+        snprintf(p, sizeof p, "mtp.%d", s);
+        bind_common(b, &M->st[s], p);
+        bind_ffn(b, &M->st[s], -1, p, c->n_experts, c->n_active);
+        bw(b, &M->e_proj[s], D, D, "%s.e_proj", p);
+        bw(b, &M->h_proj[s], D, D, "%s.h_proj", p);
+        M->enorm[s] = bf(b, D, "%s.enorm.weight", p);
+        M->hnorm[s] = bf(b, D, "%s.hnorm.weight", p);
+        M->norm[s] = bf(b, D, "%s.norm.weight", p);
+        M->hc_head_fn[s] = bf(b, (int64_t)hc * hc * D, "%s.hc_head_fn", p);
+        M->hc_head_base[s] = bf(b, hc, "%s.hc_head_base", p);
+        M->hc_head_scale[s] = bf(b, 1, "%s.hc_head_scale", p);
+    }
 }
 
 /* token_map.json ("token_map": [vocab] ids below engram_compressed_vocab_size), as the
@@ -700,6 +778,7 @@ static int cuda_place(dsv4_model *m, dsv4_err *err)
              tot / 1073741824.0, bs && *bs ? ", DSV4_CUDA_BUDGET set" : "");
     if (!p.fits)
         return dsv4_fail(err, DSV4_E_NOMEM, "does not fit the GPU: %s", m->placement);
+    m->experts_host = p.n_experts_dev < p.n_experts;
     place_walk pw = {{put_w, put_f}, p.n_experts_dev, p.embed_dev, err};
     return walk_arrays(m, &pw.k);
 }
@@ -796,7 +875,6 @@ static int model_bind(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
         m->hc_head_base = bf(&b, c->hc_mult, "hc_head_base");
         m->hc_head_scale = bf(&b, 1, "hc_head_scale");
     }
-    /* The DSpark draft stages (mtp.*) stay in the mapping unbound: drafting is not run here. */
     for (int i = 0; i < c->n_layers && !b.rc; i++) {
         if (v41)
             bind_layer_v41(&b, i);
@@ -804,6 +882,8 @@ static int model_bind(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
             bind_layer(&b, i);
     }
     bind_engram(&b);
+    bind_spec(&b);
+    bind_mtp(&b);
     b.prog.total = b.prog.done;
     dsv4_progress_end(&b.prog);
     if (b.rc)
@@ -881,6 +961,16 @@ static int model_place(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     return 0;
 }
 
+/* The draft stages (DSpark, MTP) run when asked for and on the CPU backend (the CUDA loader does
+ * not place them): otherwise the sequences keep no stage windows and a draft is refused. */
+static void spec_enable(dsv4_model *m, const dsv4_load_opts *o)
+{
+    int on = o->draft_stages && m->be == dsv4_backend_cpu();
+    m->spec.on = m->spec.n > 0 && on;
+    m->mtp.on = m->mtp.n > 0 && on;
+    m->spec.asked = m->mtp.asked = o->draft_stages;
+}
+
 dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err)
 {
     dsv4_load_opts o = {0};
@@ -894,6 +984,7 @@ dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_er
         dsv4_model_free(m);
         return NULL;
     }
+    spec_enable(m, &o);
     return m;
 }
 
@@ -913,6 +1004,7 @@ dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size
         dsv4_model_free(m);
         return NULL;
     }
+    spec_enable(m, &o);
     return m;
 }
 
@@ -923,28 +1015,64 @@ static void free_compressor(dsv4_compressor *c)
 }
 
 /* Every linear weight slot of the model (EXL3 weights own a small decoded record). */
+static void release_layer(dsv4_layer *L)
+{
+    dsv4_weight *all[] = {&L->wq_a, &L->wq_b, &L->wkv, &L->wo_a, &L->wo_b, &L->comp.wkv, &L->comp.wgate,
+                          &L->icomp.wkv, &L->icomp.wgate, &L->iwq_b, &L->iweights, &L->iwk, &L->gate,
+                          &L->sw1, &L->sw2, &L->sw3};
+    for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
+        dsv4_weight_release(all[k]);
+    for (int e = 0; e < L->n_exp; e++) {
+        if (L->w1)
+            dsv4_weight_release(&L->w1[e]);
+        if (L->w2)
+            dsv4_weight_release(&L->w2[e]);
+        if (L->w3)
+            dsv4_weight_release(&L->w3[e]);
+    }
+}
+
 static void release_weights(dsv4_model *m)
 {
     dsv4_weight_release(&m->embed);
     dsv4_weight_release(&m->head);
-    for (int i = 0; m->layers && i < m->cfg.n_layers; i++) {
-        dsv4_layer *L = &m->layers[i];
-        dsv4_weight *all[] = {&L->wq_a, &L->wq_b, &L->wkv, &L->wo_a, &L->wo_b, &L->comp.wkv, &L->comp.wgate,
-                              &L->icomp.wkv, &L->icomp.wgate, &L->iwq_b, &L->iweights, &L->iwk, &L->gate,
-                              &L->sw1, &L->sw2, &L->sw3};
-        for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
-            dsv4_weight_release(all[k]);
-        for (int e = 0; e < m->cfg.n_experts; e++) {
-            if (L->w1)
-                dsv4_weight_release(&L->w1[e]);
-            if (L->w2)
-                dsv4_weight_release(&L->w2[e]);
-            if (L->w3)
-                dsv4_weight_release(&L->w3[e]);
-        }
+    for (int i = 0; m->layers && i < m->cfg.n_layers; i++)
+        release_layer(&m->layers[i]);
+    for (int i = 0; m->spec.st && i < m->spec.n; i++)
+        release_layer(&m->spec.st[i]);
+    dsv4_weight *sw[] = {&m->spec.main_proj, &m->spec.mk_embed, &m->spec.mk_head};
+    for (size_t k = 0; k < sizeof sw / sizeof sw[0]; k++)
+        dsv4_weight_release(sw[k]);
+    for (int i = 0; m->mtp.st && i < m->mtp.n; i++) {
+        release_layer(&m->mtp.st[i]);
+        dsv4_weight_release(&m->mtp.e_proj[i]);
+        dsv4_weight_release(&m->mtp.h_proj[i]);
     }
     for (int i = 0; m->engram && i < m->cfg.n_engram; i++)
         dsv4_weight_release(&m->engram[i].wkv);
+}
+
+static void free_layer(dsv4_layer *L)
+{
+    free(L->attn_norm);
+    free(L->ffn_norm);
+    free(L->hc_attn_fn);
+    free(L->hc_attn_base);
+    free(L->hc_attn_scale);
+    free(L->hc_ffn_fn);
+    free(L->hc_ffn_base);
+    free(L->hc_ffn_scale);
+    free(L->q_norm);
+    free(L->kv_norm);
+    free(L->sink);
+    free_compressor(&L->comp);
+    free_compressor(&L->icomp);
+    free(L->gate_bias);
+    free(L->tid2eid);
+    free(L->w1);
+    free(L->w2);
+    free(L->w3);
+    free(L->ik_norm);
 }
 
 void dsv4_model_free(dsv4_model *m)
@@ -958,30 +1086,28 @@ void dsv4_model_free(dsv4_model *m)
         cuda_unplace(m);
 #endif
     release_weights(m);
-    if (m->layers)
-        for (int i = 0; i < m->cfg.n_layers; i++) {
-            dsv4_layer *L = &m->layers[i];
-            free(L->attn_norm);
-            free(L->ffn_norm);
-            free(L->hc_attn_fn);
-            free(L->hc_attn_base);
-            free(L->hc_attn_scale);
-            free(L->hc_ffn_fn);
-            free(L->hc_ffn_base);
-            free(L->hc_ffn_scale);
-            free(L->q_norm);
-            free(L->kv_norm);
-            free(L->sink);
-            free_compressor(&L->comp);
-            free_compressor(&L->icomp);
-            free(L->gate_bias);
-            free(L->tid2eid);
-            free(L->w1);
-            free(L->w2);
-            free(L->w3);
-            free(L->ik_norm);
-        }
+    for (int i = 0; m->layers && i < m->cfg.n_layers; i++)
+        free_layer(&m->layers[i]);
     free(m->layers);
+    for (int i = 0; m->spec.st && i < m->spec.n; i++)
+        free_layer(&m->spec.st[i]);
+    free(m->spec.st);
+    free(m->spec.main_norm);
+    free(m->spec.norm);
+    free(m->spec.conf);
+    for (int i = 0; m->mtp.st && i < m->mtp.n; i++) {
+        free_layer(&m->mtp.st[i]);
+        free(m->mtp.enorm[i]);
+        free(m->mtp.hnorm[i]);
+        free(m->mtp.norm[i]);
+        free(m->mtp.hc_head_fn[i]);
+        free(m->mtp.hc_head_base[i]);
+        free(m->mtp.hc_head_scale[i]);
+    }
+    dsv4_mtp *M = &m->mtp;
+    void *mp[] = {M->st, M->e_proj, M->h_proj, M->enorm, M->hnorm, M->norm, M->hc_head_fn, M->hc_head_base, M->hc_head_scale};
+    for (size_t k = 0; k < sizeof mp / sizeof mp[0]; k++)
+        free(mp[k]);
     dsv4_engram_close(m);
     for (int i = 0; m->engram && i < m->cfg.n_engram; i++) {
         free(m->engram[i].prime);
@@ -1000,6 +1126,8 @@ void dsv4_model_free(dsv4_model *m)
     free(m->dir);
     free(m);
 }
+
+int dsv4_model_experts_in_host(const dsv4_model *m) { return m->experts_host; }
 
 void dsv4_model_get_info(const dsv4_model *m, dsv4_model_info *out)
 {

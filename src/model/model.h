@@ -39,7 +39,8 @@ typedef struct dsv4_layer {
     dsv4_weight gate;
     float *gate_bias;        /* [E] or NULL */
     int32_t *tid2eid;        /* [vocab, n_active] for hash layers */
-    dsv4_weight *w1, *w2, *w3; /* [E] each */
+    int n_exp, n_act;        /* routed experts and how many a row takes (DSpark stages: their own) */
+    dsv4_weight *w1, *w2, *w3; /* [n_exp] each */
     dsv4_weight sw1, sw2, sw3;
     /* What the sequence state holds for this layer (seq.c reads only these): */
     int own_ent;             /* emits compressed entries (V4: ratio > 0; V4.1: KV sources) */
@@ -66,6 +67,34 @@ typedef struct dsv4_engram {
     dsv4_weight wkv;         /* [(hc + 1) * D, cols * head_dim] */
     float *qk;               /* [hc, D]: q_weight * k_weight */
 } dsv4_engram;
+
+/* The DSpark drafter (spec §10), V4.1's mtp.* stages: ratio-0 blocks (own window, own
+ * experts) over a block of draft rows, fed through each stage's window by the target's block
+ * inputs at the config's target layers. */
+typedef struct dsv4_spec {
+    int n;                   /* stages bound (0: none) */
+    int on;                  /* the sequences keep the stages' windows and drafts can run */
+    int asked;               /* loaded with draft_stages (else a draft is refused saying so) */
+    dsv4_layer *st;          /* [n] */
+    dsv4_weight main_proj;   /* [D, n_spec_target D] (stage 0) */
+    float *main_norm;        /* [D] (stage 0) */
+    float *norm;             /* [D] (last stage): before the shared head */
+    dsv4_weight mk_embed, mk_head; /* Markov head [vocab, rank] each (last stage) */
+    float *conf;             /* [D + rank]: the confidence head (last stage) */
+} dsv4_spec;
+
+/* V4's MTP stages (docs/mtp.md): a sliding block fed, at position p, the embedding of token
+ * p + 1 and the target's final streams at p; its head mix, norm and the shared head give the
+ * token after. Stage 0 drafts; its window rows of true tokens are sequence state. */
+typedef struct dsv4_mtp {
+    int n;                   /* stages bound (0: none) */
+    int on;                  /* the sequences keep its window and drafts can run */
+    int asked;               /* loaded with draft_stages */
+    dsv4_layer *st;          /* [n] */
+    dsv4_weight *e_proj, *h_proj; /* [n] each [D, D] */
+    float **enorm, **hnorm, **norm; /* [n] each [D] */
+    float **hc_head_fn, **hc_head_base, **hc_head_scale; /* [n]: [hc, hc D], [hc], [1] */
+} dsv4_mtp;
 
 /* The step arena (v4.c): a step's buffers in backend memory, at fixed offsets, so a step of
  * a shape seen before finds its buffers where a recording of it expects them. A step that
@@ -104,6 +133,8 @@ struct dsv4_model {
     dsv4_layer *layers;
     float *inv_freq_main, *inv_freq_compress;     /* [rope_dim / 2] */
     dsv4_engram *engram;     /* [cfg.n_engram] */
+    dsv4_spec spec;
+    dsv4_mtp mtp;
     int32_t *token_map;      /* [vocab]: Engram compressed id of each token */
     int32_t engram_pad;      /* compressed id of the pad token */
     int engram_streamed;
@@ -111,6 +142,7 @@ struct dsv4_model {
     size_t weight_bytes;
     char *dir;
     char placement[320];     /* the CUDA loader's memory plan ("" on the CPU) */
+    int experts_host;        /* the plan left routed experts in pinned host memory */
 };
 
 /* The CUDA loader's memory plan: the hot path (every array the GPU ops read but the routed
@@ -163,6 +195,9 @@ struct dsv4_seq {
     dsv4_lstate *L;
     int32_t *etok;           /* [e_cap]: Engram compressed ids by position mod e_cap */
     int e_cap;
+    float **skv;             /* [spec.n] DSpark stage windows [kv_cap, head_dim] by position mod kv_cap */
+    float *mkv;              /* V4 MTP stage 0's window [kv_cap, head_dim] (row p: token p + 1 with streams p) */
+    float *mhs;              /* [kv_cap, hc D]: the target's final streams by position mod kv_cap */
 };
 
 /* A model from a config's JSON text and a safetensors image in an mmap'd region (taken
@@ -205,8 +240,36 @@ void dsv4_graphs_free(dsv4_model *m);
 int dsv4_engram_open(dsv4_model *m, int mode, dsv4_err *err);
 void dsv4_engram_close(dsv4_model *m);
 
-/* The V4.1 layers (v41.c): X [R, n, D] in, out; h [R, D] the final collapse. */
+/* The V4.1 layers (v41.c): X [R, n, D] in, out; h [R, D] the final collapse. With DSpark
+ * stages on, also writes every row's entry in each stage's window (dspark.c). */
 int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err);
+
+/* V4.1 pieces shared by the backbone and the DSpark stages (v41.c). */
+/* The attention's projections of a [R, D] at positions pos: qr [R, q_lora] (q_norm'd), q [R, H d]
+ * (roped) and the window row kv [R, d] (kv_norm'd, roped, REF: the cache's e4m3 round trip). */
+void dsv4_v41_qkv(const dsv4_model *m, const dsv4_layer *L, const float *a, int R, const int64_t *pos, float *qr,
+                  float *q, float *kv);
+/* The window row alone (what a DSpark stage's window takes from the target). */
+void dsv4_v41_window_row(const dsv4_model *m, const dsv4_layer *L, const float *a, int R, const int64_t *pos, float *kv);
+/* The attention's output: o [R, H d] (in place: rounded, inverse rope) through wo_a's groups and wo_b into y [R, D]. */
+int dsv4_v41_attn_out(const dsv4_model *m, const dsv4_layer *L, float *o, int R, const int64_t *pos, float *y,
+                      dsv4_err *err);
+/* One block with mHC (spec §5) over X [R, n, D]: pin [R, n] the collapse the attention site
+ * reads (the previous site's pre); on return pin holds this block's FFN-site pre for the next.
+ * attn(ctx, a, y) computes the block's attention of a [R, D] into y [R, D]; ids [R] the rows'
+ * tokens. */
+typedef int (*dsv4_attn_fn)(void *ctx, const float *a, float *y, dsv4_err *err);
+int dsv4_v41_block(dsv4_model *m, const dsv4_layer *L, const int32_t *ids, int R, float *X, float *pin,
+                   dsv4_attn_fn attn, void *ctx, dsv4_err *err);
+
+/* DSpark (dspark.c; model.c binds the stages). The stage windows' entries of a step's rows from their block inputs at the target layers,
+ * mh [R, n_spec_target D] (stream means). */
+int dsv4_spec_window(dsv4_step *f, const float *mh, dsv4_err *err);
+/* V4 MTP (mtp.c): the window rows the step's tokens complete (row p - 1 for a row at p),
+ * from X [R, hc, D] the step's final streams, which are kept for the next step. */
+int dsv4_mtp_window(dsv4_step *f, const float *X, dsv4_err *err);
+/* Routed + shared experts of any layer (v4.c): dsv4_moe with the layer given. */
+int dsv4_moe_of(dsv4_model *m, const dsv4_layer *L, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err);
 
 
 #endif

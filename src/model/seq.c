@@ -39,6 +39,14 @@ dsv4_seq *dsv4_seq_new(dsv4_model *m, dsv4_err *err)
             ok = (ls->ic = mem->alloc(ni * sizeof(float))) && (ls->iz = mem->alloc(ni * sizeof(float)));
         }
     }
+    if (ok && m->spec.on) { /* the DSpark stages' windows, kept and rolled back as the layers' are */
+        ok = (s->skv = calloc(m->spec.n, sizeof *s->skv)) != NULL;
+        for (int i = 0; i < m->spec.n && ok; i++)
+            ok = (s->skv[i] = mem->alloc((size_t)s->kv_cap * c->head_dim * sizeof(float))) != NULL;
+    }
+    if (ok && m->mtp.on) /* V4's MTP window and the final streams its next row reads */
+        ok = (s->mkv = mem->alloc((size_t)s->kv_cap * c->head_dim * sizeof(float))) &&
+             (s->mhs = mem->alloc((size_t)s->kv_cap * c->hc_mult * c->dim * sizeof(float)));
     if (ok && c->n_engram) {
         s->e_cap = c->engram_max_ngram - 1 + m->max_rollback;
         ok = (s->etok = calloc(s->e_cap, sizeof(int32_t))) != NULL;
@@ -64,6 +72,14 @@ void dsv4_seq_free(dsv4_seq *s)
                     s->m->mem->free(all[k]);
         }
     free(s->L);
+    for (int i = 0; s->skv && i < s->m->spec.n; i++)
+        if (s->skv[i])
+            s->m->mem->free(s->skv[i]);
+    free(s->skv);
+    if (s->mkv)
+        s->m->mem->free(s->mkv);
+    if (s->mhs)
+        s->m->mem->free(s->mhs);
     free(s->etok);
     free(s);
 }
@@ -137,6 +153,12 @@ static void visit(dsv4_seq *s, visit_fn f, void *ctx)
     }
     if (s->etok)
         f(ctx, s->etok, (size_t)s->e_cap);
+    for (int i = 0; s->skv && i < s->m->spec.n; i++)
+        f(ctx, s->skv[i], (size_t)s->kv_cap * c->head_dim);
+    if (s->mkv) {
+        f(ctx, s->mkv, (size_t)s->kv_cap * c->head_dim);
+        f(ctx, s->mhs, (size_t)s->kv_cap * c->hc_mult * c->dim);
+    }
 }
 
 static void count_fn(void *ctx, void *buf, size_t n)
@@ -182,10 +204,12 @@ static uint64_t layout_id(const dsv4_seq *s)
         h = (h ^ (uint64_t)v[i]) * 1099511628211ull;
     for (int i = 0; i < c->n_layers; i++)
         h = (h ^ (uint64_t)(c->ratio[i] * 2 + s->m->layers[i].csa)) * 1099511628211ull;
+    h = (h ^ (uint64_t)(s->mkv != NULL)) * 1099511628211ull;
     if (c->family == DSV4_FAMILY_V41) { /* which layers own caches, and the Engram history */
         for (int i = 0; i < c->n_layers; i++)
             h = (h ^ (uint64_t)(s->m->layers[i].own_ent * 2 + s->m->layers[i].own_ikey)) * 1099511628211ull;
         h = (h ^ (uint64_t)s->e_cap) * 1099511628211ull;
+        h = (h ^ (uint64_t)(s->skv ? s->m->spec.n : 0)) * 1099511628211ull;
     }
     return h;
 }

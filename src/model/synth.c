@@ -164,7 +164,7 @@ static void v41_config(const syn_shape *sh, int n_layers, int *sched, char *cfg,
 }
 
 /* Builds the config JSON and the safetensors image (an anonymous mapping) of a preset. */
-static int synth_build(const char *preset, int n_layers, int expert_layers, int progress, char *cfg, size_t cfg_n,
+static int synth_build(const char *preset, int n_layers, int expert_layers, int in_memory, int progress, char *cfg, size_t cfg_n,
                        uint8_t **img_out, size_t *len_out, dsv4_err *err)
 {
     const syn_shape *sh = !strcmp(preset, "v4-flash") ? &v4_flash : !strcmp(preset, "tiny") ? &tiny
@@ -200,7 +200,7 @@ static int synth_build(const char *preset, int n_layers, int expert_layers, int 
              "\"compress_rope_theta\":160000,\"max_position_embeddings\":1048576,\"bos_token_id\":0,\"eos_token_id\":1,"
              "\"rope_scaling\":{\"type\":\"yarn\",\"factor\":16,\"original_max_position_embeddings\":65536,\"beta_fast\":32,\"beta_slow\":1},"
              "\"quantization_config\":{\"quant_method\":\"fp8\",\"fmt\":\"e4m3\",\"scale_fmt\":\"ue8m0\",\"weight_block_size\":[%d,%d]},"
-             "\"expert_dtype\":\"fp4\"}",
+             "\"expert_dtype\":\"fp4\",\"num_nextn_predict_layers\":1}",
              V, D, n_layers, H, d, sh->rd, Q, G, OR, sh->W, ratios, sh->csa, sh->hca, NI, CI, sh->topk, E, K, I, n_hash, sh->blk, sh->blk);
     syn_list l = {.blk = sh->blk};
     int expert_base[43] = {0};
@@ -283,6 +283,54 @@ static int synth_build(const char *preset, int n_layers, int expert_layers, int 
         fp8(&l, I, D, P("ffn.shared_experts.w3"));
 #undef P
     }
+    if (!v41) { /* V4's MTP stage mtp.0, as the release ships it: a sliding block with its own
+                 * experts, the input projections and norms, its head mix. In memory (and when
+                 * layers share experts) its experts are layer 0's bytes: the benchmarks never
+                 * run it, and a full layer of V4-Flash experts is 3.2 GB. */
+        const char *q0 = "mtp.0";
+        add(&l, DSV4_DT_BF16, D, 0, 1, "%s.attn_norm.weight", q0);
+        add(&l, DSV4_DT_BF16, D, 0, 1, "%s.ffn_norm.weight", q0);
+        const char *site[2] = {"attn", "ffn"};
+        for (int s = 0; s < 2; s++) {
+            add(&l, DSV4_DT_F32, 24, 4 * D, 6, "%s.hc_%s_fn", q0, site[s]);
+            add(&l, DSV4_DT_F32, 24, 0, 6, "%s.hc_%s_base", q0, site[s]);
+            add(&l, DSV4_DT_F32, 3, 0, 1, "%s.hc_%s_scale", q0, site[s]);
+        }
+        fp8(&l, Q, D, "mtp.0.attn.wq_a");
+        add(&l, DSV4_DT_BF16, Q, 0, 1, "%s.attn.q_norm.weight", q0);
+        fp8(&l, (int64_t)H * d, Q, "mtp.0.attn.wq_b");
+        fp8(&l, d, D, "mtp.0.attn.wkv");
+        add(&l, DSV4_DT_BF16, d, 0, 1, "%s.attn.kv_norm.weight", q0);
+        fp8(&l, (int64_t)G * OR, (int64_t)H * d / G, "mtp.0.attn.wo_a");
+        fp8(&l, D, (int64_t)G * OR, "mtp.0.attn.wo_b");
+        add(&l, DSV4_DT_F32, H, 0, 2, "%s.attn.attn_sink", q0);
+        add(&l, DSV4_DT_BF16, E, D, 0, "%s.ffn.gate.weight", q0);
+        add(&l, DSV4_DT_F32, E, 0, 2, "%s.ffn.gate.bias", q0);
+        int first = l.n;
+        for (int e = 0; e < E; e++) {
+            char q[96];
+            snprintf(q, sizeof q, "mtp.0.ffn.experts.%d.w1", e);
+            fp4(&l, I, D, q);
+            snprintf(q, sizeof q, "mtp.0.ffn.experts.%d.w2", e);
+            fp4(&l, D, I, q);
+            snprintf(q, sizeof q, "mtp.0.ffn.experts.%d.w3", e);
+            fp4(&l, I, D, q);
+        }
+        if (expert_layers > 0 || in_memory)
+            for (int i = first; i < l.n; i++)
+                l.t[i].alias = expert_base[0] + (i - first);
+        fp8(&l, I, D, "mtp.0.ffn.shared_experts.w1");
+        fp8(&l, D, I, "mtp.0.ffn.shared_experts.w2");
+        fp8(&l, I, D, "mtp.0.ffn.shared_experts.w3");
+        fp8(&l, D, D, "mtp.0.e_proj");
+        fp8(&l, D, D, "mtp.0.h_proj");
+        add(&l, DSV4_DT_BF16, D, 0, 1, "%s.enorm.weight", q0);
+        add(&l, DSV4_DT_BF16, D, 0, 1, "%s.hnorm.weight", q0);
+        add(&l, DSV4_DT_BF16, D, 0, 1, "%s.norm.weight", q0);
+        add(&l, DSV4_DT_F32, 4, 4 * D, 6, "%s.hc_head_fn", q0);
+        add(&l, DSV4_DT_F32, 4, 0, 2, "%s.hc_head_base", q0);
+        add(&l, DSV4_DT_F32, 1, 0, 1, "%s.hc_head_scale", q0);
+    }
     /* header JSON, then the data, each tensor 64-byte aligned */
     size_t hcap = (size_t)l.n * 160 + 64, hl = 0, off = 0;
     char *hdr = malloc(hcap);
@@ -334,7 +382,7 @@ dsv4_model *dsv4_model_synthetic(const char *preset, int n_layers, int expert_la
     char cfg[4096], label[96];
     uint8_t *img;
     size_t total;
-    if (synth_build(preset, n_layers, expert_layers, opts && opts->progress, cfg, sizeof cfg, &img, &total, err))
+    if (synth_build(preset, n_layers, expert_layers, 1, opts && opts->progress, cfg, sizeof cfg, &img, &total, err))
         return NULL;
     if (expert_layers > 0 && expert_layers < n_layers)
         snprintf(label, sizeof label, "synthetic:%s/%d (experts of %d layers)", preset, n_layers, expert_layers);
@@ -348,7 +396,7 @@ int dsv4_synthetic_write(const char *preset, int n_layers, const char *dir, dsv4
     char cfg[4096], path[4096];
     uint8_t *img;
     size_t total;
-    if (synth_build(preset, n_layers, 0, 1, cfg, sizeof cfg, &img, &total, err))
+    if (synth_build(preset, n_layers, 0, 0, 1, cfg, sizeof cfg, &img, &total, err))
         return err->code;
     mkdir(dir, 0755);
     int rc = 0;

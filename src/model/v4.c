@@ -151,9 +151,13 @@ static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
  * bf16. ids [R] token ids, x [R, D], y [R, D]: backend memory. */
 int dsv4_moe(dsv4_model *m, int li, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err)
 {
+    return dsv4_moe_of(m, &m->layers[li], ids, R, x, y, err);
+}
+
+int dsv4_moe_of(dsv4_model *m, const dsv4_layer *L, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err)
+{
     const dsv4_config *c = &m->cfg;
-    const dsv4_layer *L = &m->layers[li];
-    int D = c->dim, E = c->n_experts, K = c->n_active, I = c->moe_inter;
+    int D = c->dim, E = L->n_exp, K = L->n_act, I = c->moe_inter;
     float lim = (float)c->swiglu_limit;
     int64_t SI = (int64_t)I * (c->n_shared > 0 ? c->n_shared : 1);
     size_t mk = m->arena.off;
@@ -390,8 +394,11 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
     float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
     if (c->family == DSV4_FAMILY_V41)
         rc = dsv4_v41_layers(&f, X, h, err);
-    else
+    else {
         rc = v4_layers_replayed(&f, b, X, h, y, pre, post, comb, err);
+        if (!rc && m->mtp.on) /* before the head reuses X */
+            rc = dsv4_mtp_window(&f, X, err);
+    }
     if (!rc && be->check) /* a device op failed: the sequences do not advance */
         rc = be->check(err);
     if (rc)

@@ -229,6 +229,60 @@ static void emit_group(dsv4_step *f, int li, dsv4_lstate *ls, int64_t w, const f
     memcpy(ls->ent + w * d, lat, d * sizeof(float));
 }
 
+/* Rope tables of a layer: the compressed layers' (YaRN) or the main one. */
+static const float *freq_of(const dsv4_model *m, const dsv4_layer *L)
+{
+    return L->ratio ? m->inv_freq_compress : m->inv_freq_main;
+}
+
+void dsv4_v41_window_row(const dsv4_model *m, const dsv4_layer *L, const float *a, int R, const int64_t *pos, float *kv)
+{
+    const dsv4_config *c = &m->cfg;
+    int d = c->head_dim;
+    dsv4_lin(m, &L->wkv, 0, d, a, R, c->dim, kv, d, 0);
+    m->be->rmsnorm(kv, R, d, L->kv_norm, (float)c->norm_eps, kv);
+    dsv4_rnd(m, kv, (int64_t)R * d);
+    m->be->rope(kv, R, d, 1, d, c->rope_dim, freq_of(m, L), pos, 0);
+    dsv4_rnd(m, kv, (int64_t)R * d);
+    if (m->numerics == DSV4_NUMERICS_REF)
+        dsv4_fp8_roundtrip(kv, (int64_t)R * d, 32);
+}
+
+void dsv4_v41_qkv(const dsv4_model *m, const dsv4_layer *L, const float *a, int R, const int64_t *pos, float *qr,
+                  float *q, float *kv)
+{
+    const dsv4_config *c = &m->cfg;
+    int H = c->n_heads, d = c->head_dim;
+    int64_t Hd = (int64_t)H * d;
+    dsv4_lin(m, &L->wq_a, 0, c->q_lora, a, R, c->dim, qr, c->q_lora, 0);
+    m->be->rmsnorm(qr, R, c->q_lora, L->q_norm, (float)c->norm_eps, qr);
+    dsv4_rnd(m, qr, (int64_t)R * c->q_lora);
+    dsv4_lin(m, &L->wq_b, 0, Hd, qr, R, c->q_lora, q, Hd, 0);
+    m->be->rope(q, R, Hd, H, d, c->rope_dim, freq_of(m, L), pos, 0);
+    dsv4_rnd(m, q, (int64_t)R * Hd);
+    dsv4_v41_window_row(m, L, a, R, pos, kv);
+}
+
+int dsv4_v41_attn_out(const dsv4_model *m, const dsv4_layer *L, float *o, int R, const int64_t *pos, float *y,
+                      dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    int H = c->n_heads, d = c->head_dim, G = c->o_groups, rk = c->o_lora;
+    int64_t Hd = (int64_t)H * d, gw = Hd / G;
+    float *t = dsv4_fbuf((size_t)R * G * rk, err);
+    if (!t)
+        return err->code;
+    dsv4_rnd(m, o, (int64_t)R * Hd);
+    m->be->rope(o, R, Hd, H, d, c->rope_dim, freq_of(m, L), pos, 1);
+    dsv4_rnd(m, o, (int64_t)R * Hd);
+    for (int g = 0; g < G; g++) /* the reference's grouped einsum runs on wo_a dequantized to bf16 */
+        dsv4_lin(m, &L->wo_a, (int64_t)g * rk, (int64_t)(g + 1) * rk, o + g * gw, R, Hd, t + (int64_t)g * rk,
+                 (int64_t)G * rk, DSV4_LIN_NOQ);
+    dsv4_lin(m, &L->wo_b, 0, c->dim, t, R, (int64_t)G * rk, y, c->dim, 0);
+    free(t);
+    return 0;
+}
+
 /* One layer's attention over R rows: a [R, D] (attn_norm output) -> y [R, D]. */
 static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float *y, dsv4_err *err)
 {
@@ -240,9 +294,8 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
         ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
     int64_t Hd = (int64_t)H * d;
     float eps = (float)c->norm_eps;
-    const float *freq = L->ratio ? m->inv_freq_compress : m->inv_freq_main;
     float *qr = dsv4_fbuf((size_t)R * c->q_lora, err), *q = dsv4_fbuf((size_t)R * Hd, err), *kv = dsv4_fbuf((size_t)R * d, err);
-    float *o = dsv4_fbuf((size_t)R * Hd, err), *t = dsv4_fbuf((size_t)R * c->o_groups * c->o_lora, err);
+    float *o = dsv4_fbuf((size_t)R * Hd, err);
     float *cc = NULL, *zz = NULL, *qi = NULL, *wt = NULL, *lat = dsv4_fbuf(d, err), *kk = dsv4_fbuf(ci > 0 ? ci : 1, err);
     if (L->own_ent) {
         cc = dsv4_fbuf((size_t)R * d, err);
@@ -259,19 +312,7 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
     if (rc)
         goto out;
 
-    dsv4_lin(m, &L->wq_a, 0, c->q_lora, a, R, c->dim, qr, c->q_lora, 0);
-    be->rmsnorm(qr, R, c->q_lora, L->q_norm, eps, qr);
-    dsv4_rnd(m, qr, (int64_t)R * c->q_lora);
-    dsv4_lin(m, &L->wq_b, 0, Hd, qr, R, c->q_lora, q, Hd, 0);
-    be->rope(q, R, Hd, H, d, rd, freq, f->pos, 0);
-    dsv4_rnd(m, q, (int64_t)R * Hd);
-    dsv4_lin(m, &L->wkv, 0, d, a, R, c->dim, kv, d, 0);
-    be->rmsnorm(kv, R, d, L->kv_norm, eps, kv);
-    dsv4_rnd(m, kv, (int64_t)R * d);
-    be->rope(kv, R, d, 1, d, rd, freq, f->pos, 0);
-    dsv4_rnd(m, kv, (int64_t)R * d);
-    if (ref)
-        dsv4_fp8_roundtrip(kv, (int64_t)R * d, 32);
+    dsv4_v41_qkv(m, L, a, R, f->pos, qr, q, kv);
     if (L->own_ent && L->ratio > 1) { /* the reference promotes these to fp32: no rounding */
         dsv4_lin(m, &L->comp.wkv, 0, d, a, R, c->dim, cc, d, DSV4_LIN_F32OUT | DSV4_LIN_NOQ);
         dsv4_lin(m, &L->comp.wgate, 0, d, a, R, c->dim, zz, d, DSV4_LIN_F32OUT | DSV4_LIN_NOQ);
@@ -353,15 +394,7 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
             keys[nk++] = ls->kv + (j % s->kv_cap) * d;
         be->attend(q + (int64_t)r * Hd, H, d, keys, nk, scale, L->sink, o + (int64_t)r * Hd);
     }
-    dsv4_rnd(m, o, (int64_t)R * Hd);
-    be->rope(o, R, Hd, H, d, rd, freq, f->pos, 1);
-    dsv4_rnd(m, o, (int64_t)R * Hd);
-    int G = c->o_groups, rk = c->o_lora;
-    int64_t gw = Hd / G;
-    for (int g = 0; g < G; g++) /* the reference's grouped einsum runs on wo_a dequantized to bf16 */
-        dsv4_lin(m, &L->wo_a, (int64_t)g * rk, (int64_t)(g + 1) * rk, o + g * gw, R, Hd, t + (int64_t)g * rk,
-                 (int64_t)G * rk, DSV4_LIN_NOQ);
-    dsv4_lin(m, &L->wo_b, 0, c->dim, t, R, (int64_t)G * rk, y, c->dim, 0);
+    rc = dsv4_v41_attn_out(m, L, o, R, f->pos, y, err);
 out:
     free(keys);
     free(tmp);
@@ -371,13 +404,63 @@ out:
     free(q);
     free(kv);
     free(o);
-    free(t);
     free(cc);
     free(zz);
     free(qi);
     free(wt);
     free(lat);
     free(kk);
+    return rc;
+}
+
+typedef struct layer_ctx { dsv4_step *f; int li; v41_shared *sh; } layer_ctx;
+
+static int layer_attention(void *ctx, const float *a, float *y, dsv4_err *err)
+{
+    layer_ctx *lc = ctx;
+    return attention(lc->f, lc->li, lc->sh, a, y, err);
+}
+
+int dsv4_v41_block(dsv4_model *m, const dsv4_layer *L, const int32_t *ids, int R, float *X, float *pin,
+                   dsv4_attn_fn attn, void *ctx, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    const dsv4_backend *be = m->be;
+    int n = c->hc_mult, D = c->dim;
+    float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
+    float *pre_a = dsv4_fbuf((size_t)R * n, err), *pre_f = dsv4_fbuf((size_t)R * n, err);
+    float *post = dsv4_fbuf((size_t)R * n, err), *comb = dsv4_fbuf((size_t)R * n * n, err);
+    float *h = dsv4_fbuf((size_t)R * D, err), *a = dsv4_fbuf((size_t)R * D, err), *y = dsv4_fbuf((size_t)R * D, err);
+    int rc = err && err->code;
+    if (rc)
+        goto out;
+    be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre_a, post, comb, NULL, NULL);
+    be->hc_collapse(X, R, n, D, pin, h);
+    dsv4_rnd(m, h, (int64_t)R * D);
+    be->rmsnorm(h, R, D, L->attn_norm, eps, a);
+    dsv4_rnd(m, a, (int64_t)R * D);
+    if ((rc = attn(ctx, a, y, err)))
+        goto out;
+    be->hc_post(X, y, R, n, D, post, comb);
+    dsv4_rnd(m, X, (int64_t)R * n * D);
+    be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre_f, post, comb, NULL, NULL);
+    be->hc_collapse(X, R, n, D, pre_a, h);
+    dsv4_rnd(m, h, (int64_t)R * D);
+    be->rmsnorm(h, R, D, L->ffn_norm, eps, a);
+    dsv4_rnd(m, a, (int64_t)R * D);
+    if ((rc = dsv4_moe_of(m, L, ids, R, a, y, err)))
+        goto out;
+    be->hc_post(X, y, R, n, D, post, comb);
+    dsv4_rnd(m, X, (int64_t)R * n * D);
+    memcpy(pin, pre_f, (size_t)R * n * sizeof(float));
+out:
+    free(pre_a);
+    free(pre_f);
+    free(post);
+    free(comb);
+    free(h);
+    free(a);
+    free(y);
     return rc;
 }
 
@@ -389,17 +472,15 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
     int R = f->R, n = c->hc_mult, D = c->dim, K = c->index_topk > 0 ? c->index_topk : 1;
     int CB = c->candidate_topk_blocks > 0 ? c->candidate_topk_blocks : 1;
     int cols = c->n_engram ? m->engram[0].cols : 0;
-    float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
     v41_shared sh = {0};
     sh.topk = calloc((size_t)R * K, sizeof(int64_t));
     sh.ntopk = calloc(R, sizeof(int));
     sh.cand = calloc((size_t)R * CB, sizeof(int64_t));
     sh.ncand = calloc(R, sizeof(int));
     sh.ehash = calloc((size_t)R * (c->n_engram ? c->n_engram * cols : 1), sizeof(int64_t));
-    /* pre_in: the collapse weights the next site uses; post/comb: this site's mixes */
-    float *pin = dsv4_fbuf((size_t)R * n, err), *pre_a = dsv4_fbuf((size_t)R * n, err), *pre_f = dsv4_fbuf((size_t)R * n, err);
-    float *post = dsv4_fbuf((size_t)R * n, err), *comb = dsv4_fbuf((size_t)R * n * n, err);
-    float *a = dsv4_fbuf((size_t)R * D, err), *y = dsv4_fbuf((size_t)R * D, err);
+    /* pin: the collapse weights the next site uses; mh: the DSpark stages' features */
+    float *pin = dsv4_fbuf((size_t)R * n, err);
+    float *mh = m->spec.on ? dsv4_fbuf((size_t)R * c->n_spec_target * D, err) : NULL;
     prefetch pf = {.m = m, .R = R, .ehash = sh.ehash, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     pthread_t th;
     int threaded = 0;
@@ -426,28 +507,23 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
         const dsv4_layer *L = &m->layers[li];
         if (L->engram >= 0 && (rc = engram_apply(f, L->engram, &pf, X, err)))
             break;
-        be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre_a, post, comb, NULL, NULL);
-        be->hc_collapse(X, R, n, D, pin, h);
-        dsv4_rnd(m, h, (int64_t)R * D);
-        be->rmsnorm(h, R, D, L->attn_norm, eps, a);
-        dsv4_rnd(m, a, (int64_t)R * D);
-        if ((rc = attention(f, li, &sh, a, y, err)))
-            break;
-        be->hc_post(X, y, R, n, D, post, comb);
-        dsv4_rnd(m, X, (int64_t)R * n * D);
-        be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre_f, post, comb, NULL, NULL);
-        be->hc_collapse(X, R, n, D, pre_a, h);
-        dsv4_rnd(m, h, (int64_t)R * D);
-        be->rmsnorm(h, R, D, L->ffn_norm, eps, a);
-        dsv4_rnd(m, a, (int64_t)R * D);
-        if ((rc = dsv4_moe(m, li, f->ids, R, a, y, err)))
-            break;
-        be->hc_post(X, y, R, n, D, post, comb);
-        dsv4_rnd(m, X, (int64_t)R * n * D);
-        float *sw = pin;
-        pin = pre_f;
-        pre_f = sw;
+        for (int k = 0; mh && k < c->n_spec_target; k++)
+            if (c->spec_target[k] == li) /* the drafter's features: this block's input, averaged over the streams */
+                for (int r = 0; r < R; r++) {
+                    float *o = mh + ((int64_t)r * c->n_spec_target + k) * D;
+                    for (int j = 0; j < D; j++) {
+                        float acc = 0;
+                        for (int i = 0; i < n; i++)
+                            acc += X[((int64_t)r * n + i) * D + j];
+                        o[j] = acc / n;
+                    }
+                    dsv4_rnd(m, o, D);
+                }
+        layer_ctx lc = {f, li, &sh};
+        rc = dsv4_v41_block(m, L, f->ids, R, X, pin, layer_attention, &lc, err);
     }
+    if (!rc && mh)
+        rc = dsv4_spec_window(f, mh, err);
     if (!rc) { /* the head reads the collapse with the last FFN site's pre */
         be->hc_collapse(X, R, n, D, pin, h);
         dsv4_rnd(m, h, (int64_t)R * D);
@@ -465,11 +541,6 @@ out:
     free(sh.ncand);
     free(sh.ehash);
     free(pin);
-    free(pre_a);
-    free(pre_f);
-    free(post);
-    free(comb);
-    free(a);
-    free(y);
+    free(mh);
     return rc;
 }

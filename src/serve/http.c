@@ -255,9 +255,12 @@ static void log_line(oai_gen *g, int status)
             histo_add(&s->ttft, ttft);
         histo_add(&s->duration, now - g->t0);
     }
-    char drafted[64] = "";
-    if (r && r->draft_steps)
-        snprintf(drafted, sizeof drafted, " draft=%lld/%lld", (long long)r->draft_kept, (long long)r->draft_proposed);
+    char drafted[64 + 24 * DSV4_DRAFT_MAX] = "";
+    if (r && r->draft_steps) { /* kept/proposed, then kept/reached per proposal position */
+        int o = snprintf(drafted, sizeof drafted, " draft=%lld/%lld at=", (long long)r->draft_kept, (long long)r->draft_proposed);
+        for (int i = 0; i < DSV4_DRAFT_MAX && r->policy.reached[i] && o < (int)sizeof drafted; i++)
+            o += snprintf(drafted + o, sizeof drafted - o, i ? ",%ld/%ld" : "%ld/%ld", r->policy.kept[i], r->policy.reached[i]);
+    }
     dsv4_log("%s %s %d prompt=%d cached=%d generated=%d finish=%s queue=%.3fs ttft=%.3fs gen=%.3fs (%.1f tok/s) total=%.3fs%s",
              g->id, g->path, status, r ? r->n_prompt : 0, r ? r->n_cached : 0, g->n_tok, g->finish ? oai_finish_name(g) : "-",
              queue, ttft, gen_s, gen_s > 0 && g->n_tok > 1 ? (g->n_tok - 1) / gen_s : 0.0, now - g->t0, drafted);
@@ -625,6 +628,19 @@ static enum MHD_Result metrics(server *s, struct MHD_Connection *c)
     M("dsv4_draft_proposed_tokens_total", "counter", "Tokens proposed by drafts.", "%" PRIu64, st.draft_proposed);
     M("dsv4_draft_kept_tokens_total", "counter", "Proposed tokens kept (each equal to the plain draw).", "%" PRIu64,
       st.draft_kept);
+    fprintf(f, "# HELP dsv4_draft_position_reached_total Draft rounds that reached a proposal position (all before it kept).\n"
+               "# TYPE dsv4_draft_position_reached_total counter\n");
+    for (int i = 0; i < DSV4_DRAFT_MAX; i++)
+        fprintf(f, "dsv4_draft_position_reached_total{position=\"%d\"} %" PRIu64 "\n", i, st.draft_reached_at[i]);
+    fprintf(f, "# HELP dsv4_draft_position_kept_total Draft rounds that kept a proposal position.\n"
+               "# TYPE dsv4_draft_position_kept_total counter\n");
+    for (int i = 0; i < DSV4_DRAFT_MAX; i++)
+        fprintf(f, "dsv4_draft_position_kept_total{position=\"%d\"} %" PRIu64 "\n", i, st.draft_kept_at[i]);
+    fprintf(f, "# HELP dsv4_draft_off_total Lane steps in which the draft policy kept a drafting request from drafting.\n"
+               "# TYPE dsv4_draft_off_total counter\n"
+               "dsv4_draft_off_total{reason=\"busy_lanes\"} %" PRIu64 "\n"
+               "dsv4_draft_off_total{reason=\"experts_in_host_memory\"} %" PRIu64 "\n",
+            st.draft_off_busy, st.draft_off_host);
     M("dsv4_steps_total", "counter", "Scheduler steps (batched forward passes).", "%" PRIu64, st.steps);
     M("dsv4_busy_seconds_total", "counter", "Seconds spent in steps.", "%.6f", st.busy_seconds);
     M("dsv4_lanes", "gauge", "Concurrent sequences.", "%d", st.n_lanes);
@@ -1081,7 +1097,8 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     dsv4_lanes_opts lop = {.n_lanes = o->n_lanes, .queue_max = o->queue_max, .max_rollback = o->load.max_rollback,
                            .n_threads = o->load.n_threads,
                            .cache_bytes = o->cache_bytes ? o->cache_bytes : (size_t)1 << 30,
-                           .notify = lanes_notify, .notify_ctx = &s};
+                           .notify = lanes_notify, .notify_ctx = &s, .drafter = o->drafter,
+                           .draft_busy_max = o->draft_busy_max, .draft_row_cost = o->draft_row_cost};
     s.lanes = dsv4_lanes_new(s.m, &lop, err);
     if (!s.lanes || dsv4_lanes_start(s.lanes, err))
         goto fail;

@@ -26,7 +26,10 @@ typedef struct dsv4_server_opts {
     int client_connections;   /* open connections per client address; 0: 128 */
     int idle_timeout_s;       /* a connection with nothing to send or receive is closed; 0: 15 */
     int max_score_tokens;     /* given tokens one request may score (echoed prompt, forced); 0: 16384 */
-    int draft;                /* prompt-lookup proposal length of requests that give no "draft"; 0: none */
+    int draft;                /* proposal length of requests that give no "draft"; 0: none */
+    int drafter;              /* DSV4_DRAFTER_* (serve/lanes.h): what proposes */
+    int draft_busy_max;       /* busy lanes past which no lane drafts; 0: no bound */
+    double draft_row_cost;    /* the draft policy's cost of a verify row; 0: its default */
     int max_tokens;           /* a chat's max_tokens when the request gives none (bounded by the context); 0: 4096 */
     const char *cors;         /* allowed browser origins: NULL or "*": any; "none": no CORS headers; else a
                                * comma-separated list of origins (scheme://host[:port]) */

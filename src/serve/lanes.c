@@ -31,6 +31,7 @@ typedef struct lane {
     int n_feed;
     const int32_t *feed;
     int32_t dfeed[1 + DSV4_DRAFT_MAX]; /* a drafting lane's rows: its next token, then the proposal */
+    int spec_k;            /* DSpark: tokens of its block to propose, drafted outside the lock */
     dsv4_sample_out draws[1 + DSV4_DRAFT_MAX];
     int n_draws;
 } lane;
@@ -312,6 +313,15 @@ dsv4_lanes *dsv4_lanes_new(dsv4_model *m, const dsv4_lanes_opts *o, dsv4_err *er
     dsv4_model_get_info(m, &mi);
     l->vocab = mi.vocab_size;
     l->max_pos = mi.max_position;
+    if ((l->o.drafter == DSV4_DRAFTER_DSPARK && !dsv4_spec_block(m)) || (l->o.drafter == DSV4_DRAFTER_MTP && !dsv4_mtp_on(m))) {
+        int32_t x[1];
+        if (l->o.drafter == DSV4_DRAFTER_DSPARK) /* says why */
+            dsv4_spec_draft(m, NULL, 0, x, NULL, NULL, err);
+        else
+            dsv4_mtp_draft(m, NULL, 0, 1, x, err);
+        free(l);
+        return NULL;
+    }
     pthread_mutex_init(&l->mu, NULL);
     pthread_cond_init(&l->work, NULL);
     l->st.n_lanes = l->o.n_lanes;
@@ -557,12 +567,21 @@ static int take_token_locked(dsv4_lanes *l, lane *ln, const dsv4_sample_out *o)
 /* A decoding lane's proposal for this step into ln->dfeed (after its next token); returns its
  * length. No proposal where it could not be kept: past max_tokens or the context, beyond the
  * rollback reach, or over the step's token budget. Lock held. */
-static int plan_draft(dsv4_lanes *l, lane *ln, int budget)
+static int plan_draft(dsv4_lanes *l, lane *ln, int budget, int allow)
 {
     dsv4_request *r = ln->req;
     if (r->draft <= 0 || r->forced)
         return 0;
-    int64_t k = r->draft < DSV4_DRAFT_MAX ? r->draft : DSV4_DRAFT_MAX;
+    if (allow != DSV4_DRAFT_ON) {
+        l->st.draft_off_busy += allow == DSV4_DRAFT_OFF_BUSY;
+        l->st.draft_off_host += allow == DSV4_DRAFT_OFF_HOST_EXPERTS;
+        return 0;
+    }
+    int64_t k = dsv4_policy_depth(&r->policy, r->draft, l->o.draft_row_cost);
+    if (k == 0) { /* held back: the round still counts towards the next probe */
+        dsv4_policy_record(&r->policy, 0, 0);
+        return 0;
+    }
     /* room: the context check of take_token_locked then sees what plain steps would */
     int64_t left = (int64_t)r->max_tokens - r->n_out - 1, room = l->max_pos - 3 - dsv4_seq_len(ln->seq);
     int reach = l->o.max_rollback ? l->o.max_rollback : 256;
@@ -570,6 +589,13 @@ static int plan_draft(dsv4_lanes *l, lane *ln, int budget)
     k = k < room ? k : room;
     k = k < reach ? k : reach;
     k = k < budget ? k : budget;
+    if (l->o.drafter != DSV4_DRAFTER_LOOKUP) {
+        int B = l->o.drafter == DSV4_DRAFTER_DSPARK ? dsv4_spec_block(l->m) : DSV4_DRAFT_MAX;
+        k = k < B ? k : B;
+        ln->spec_k = k > 0 ? (int)k : 0;
+        ln->dfeed[0] = ln->next;
+        return ln->spec_k;
+    }
     if (k <= 0 || ensure_ids(ln, (int64_t)ln->n_ids + 1))
         return 0;
     ln->ids[ln->n_ids] = ln->next; /* the context as lookup reads it: the sequence, then next */
@@ -634,6 +660,11 @@ static void commit_draws(dsv4_lanes *l, lane *ln)
     r->draft_kept += kept;
     l->st.draft_proposed += (uint64_t)nd;
     l->st.draft_kept += (uint64_t)kept;
+    dsv4_policy_record(&r->policy, nd, kept);
+    for (int i = 0; i < nd && i <= kept; i++) {
+        l->st.draft_reached_at[i]++;
+        l->st.draft_kept_at[i] += i < kept;
+    }
     for (int t = 0; t < ln->n_draws; t++) {
         int why = take_token_locked(l, ln, &ln->draws[t]);
         ln->next = ln->draws[t].id;
@@ -650,10 +681,14 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
     pthread_mutex_lock(&l->mu);
     admit_locked(l);
     /* plan: decoding lanes feed one token, prefilling lanes a chunk within the step budget */
-    int budget = l->o.step_tokens, n_busy = 0, n_score = 0;
+    int budget = l->o.step_tokens, n_busy = 0, n_score = 0, busy = 0;
+    for (int i = 0; i < L; i++)
+        busy += l->lanes[i].req != NULL;
+    int allow = dsv4_policy_allow(busy, l->o.draft_busy_max, dsv4_model_experts_in_host(l->m));
     for (int i = 0; i < L; i++) {
         lane *ln = &l->lanes[i];
         ln->n_feed = 0;
+        ln->spec_k = 0;
         if (!ln->req)
             continue;
         n_busy++;
@@ -661,7 +696,7 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
             ln->feed = &ln->next;
             ln->n_feed = 1;
             budget--;
-            int nd = plan_draft(l, ln, budget);
+            int nd = plan_draft(l, ln, budget, allow);
             if (nd) {
                 ln->feed = ln->dfeed;
                 ln->n_feed += nd;
@@ -690,6 +725,29 @@ int dsv4_lanes_step(dsv4_lanes *l, dsv4_err *err)
     pthread_mutex_unlock(&l->mu);
     if (!n_busy)
         return 0;
+    /* model-drafting lanes draft now (only this thread touches a lane's sequence); a draft
+     * that fails or comes out short leaves the lane that much of a plain step */
+    for (int i = 0; i < L; i++) {
+        lane *ln = &l->lanes[i];
+        int32_t blk[DSV4_MAX_SPEC_BLOCK + 1];
+        dsv4_err de = {0};
+        if (!ln->spec_k)
+            continue;
+        int got = ln->spec_k;
+        if (l->o.drafter == DSV4_DRAFTER_DSPARK) {
+            if (dsv4_spec_draft(l->m, ln->seq, ln->next, blk, NULL, NULL, &de))
+                got = 0;
+            else
+                memcpy(ln->dfeed + 1, blk + 1, (size_t)got * sizeof *blk);
+        } else {
+            got = dsv4_mtp_draft(l->m, ln->seq, ln->next, ln->spec_k, ln->dfeed + 1, &de);
+            got = got > 0 ? got : 0;
+        }
+        n_score -= ln->spec_k - got + (got == 0);
+        ln->n_feed = 1 + got;
+        if (!got)
+            ln->feed = &ln->next;
+    }
 
     /* two forwards at most: one for last-token logits, one with every row for lanes that
      * score their prompt (rows do not depend on the batch, so the split changes nothing) */

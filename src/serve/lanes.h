@@ -10,7 +10,8 @@
  * or beside others, and resumed from the cache or cold.
  *
  * Drafts (serve/draft.h): a decoding lane whose request asks for them feeds its last token
- * and a prompt-lookup proposal in the same step; its rows are drawn in order at the positions a
+ * and a proposal (prompt lookup, or the DSpark stages' block drafted before the step) in the
+ * same step; its rows are drawn in order at the positions a
  * plain step would use, the proposal is kept while it equals the draws, and the lane's sequence
  * is rolled back to what was kept. Drafted requests give the tokens and logprobs of plain ones.
  *
@@ -29,6 +30,7 @@
 #include <pthread.h>
 #include "dsv4.h"
 #include "serve/draft.h"
+#include "serve/draft_policy.h"
 #include "serve/sampler.h"
 #include "text/tokmask.h"
 
@@ -47,7 +49,17 @@ typedef struct dsv4_lanes_opts {
      * signal (write an eventfd, set a flag), never call back into the lanes */
     void (*notify)(void *ctx);
     void *notify_ctx;
+    int drafter;          /* what proposes a drafting request's tokens: DSV4_DRAFTER_* */
+    /* the draft policy (serve/draft_policy.h): a verify row's cost as a fraction of a step
+     * (0: DSV4_POLICY_ROW_COST), and the busy lanes past which no lane drafts (0: no bound) */
+    double draft_row_cost;
+    int draft_busy_max;
 } dsv4_lanes_opts;
+
+/* Drafters: prompt lookup (any checkpoint), the V4.1 checkpoint's DSpark stages (its block,
+ * at most the request's "draft" tokens of it) or the V4 checkpoint's MTP stage (chained for the
+ * request's "draft" tokens); dsv4_lanes_new refuses a model-drafter the model lacks. */
+enum { DSV4_DRAFTER_LOOKUP = 0, DSV4_DRAFTER_DSPARK = 1, DSV4_DRAFTER_MTP = 2 };
 
 enum {
     DSV4_FINISH_NONE = 0,
@@ -71,7 +83,7 @@ typedef struct dsv4_request {
                             * each is scored (dsv4_score: logprob, top alternatives) instead of
                             * sampled; max_tokens must equal n_forced */
     int n_forced;
-    int draft;             /* prompt-lookup proposal length per step, 0..DSV4_DRAFT_MAX (0: none) */
+    int draft;             /* proposal length per step, 0..DSV4_DRAFT_MAX (0: none) */
     dsv4_constraint *constraint; /* owned; when set, every token is drawn under its mask (sampler
                             * step 2) and advances it; it starts at its grammar's start (not with
                             * forced tokens). Its state is the request's alone, so a constrained
@@ -89,6 +101,7 @@ typedef struct dsv4_request {
     char errmsg[256];
     double t_submit, t_start, t_first, t_done; /* dsv4_now() seconds */
     int64_t draft_steps, draft_proposed, draft_kept; /* drafted steps, proposed and kept tokens */
+    dsv4_draft_policy policy; /* this request's rounds: per proposal position, how often reached and kept */
 
     /* private */
     int cancel, refs;
@@ -131,6 +144,8 @@ typedef struct dsv4_lanes_stats {
     int n_lanes, busy, queued;
     uint64_t requests, prompt_tokens, cached_tokens, generated_tokens, steps;
     uint64_t draft_proposed, draft_kept;
+    uint64_t draft_reached_at[DSV4_DRAFT_MAX], draft_kept_at[DSV4_DRAFT_MAX]; /* per proposal position */
+    uint64_t draft_off_busy, draft_off_host; /* steps in which the policy kept drafting lanes from drafting */
     size_t cache_entries, cache_bytes;
     double busy_seconds;
 } dsv4_lanes_stats;

@@ -619,13 +619,21 @@ static cJSON *completion_logprobs(oai_gen *g, int from, int to, int with_prompt)
 }
 
 /* usage: prompt, completion and total tokens, and the prompt tokens served from the cache. */
-/* The usage extension "draft": what drafting did (it never changes the tokens). */
-static void draft_usage(cJSON *u, int64_t steps, int64_t proposed, int64_t kept)
+/* The usage extension "draft": what drafting did (it never changes the tokens), with per
+ * proposal position how often a round reached it (every position before it kept) and kept it. */
+static void draft_usage(cJSON *u, int64_t steps, int64_t proposed, int64_t kept, const long *reached_at, const long *kept_at)
 {
     cJSON *d = cJSON_AddObjectToObject(u, "draft");
     cJSON_AddNumberToObject(d, "steps", (double)steps);
     cJSON_AddNumberToObject(d, "proposed_tokens", (double)proposed);
     cJSON_AddNumberToObject(d, "kept_tokens", (double)kept);
+    cJSON *ps = cJSON_AddArrayToObject(d, "positions");
+    for (int i = 0; i < DSV4_DRAFT_MAX && reached_at[i]; i++) {
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddNumberToObject(e, "reached", (double)reached_at[i]);
+        cJSON_AddNumberToObject(e, "kept", (double)kept_at[i]);
+        cJSON_AddItemToArray(ps, e);
+    }
 }
 
 static cJSON *usage_json(const oai_gen *g)
@@ -637,7 +645,7 @@ static cJSON *usage_json(const oai_gen *g)
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
     cJSON_AddNumberToObject(d, "cached_tokens", g->r->n_cached);
     if (g->r->draft_steps)
-        draft_usage(u, g->r->draft_steps, g->r->draft_proposed, g->r->draft_kept);
+        draft_usage(u, g->r->draft_steps, g->r->draft_proposed, g->r->draft_kept, g->r->policy.reached, g->r->policy.kept);
     return u;
 }
 
@@ -1363,7 +1371,12 @@ cJSON *oai_reply(oai_gen **gs, int n)
     cJSON *ch = cJSON_AddArrayToObject(resp, "choices");
     int prompt = 0, cached = 0, completion = 0;
     int64_t dsteps = 0, dprop = 0, dkept = 0;
+    long dreach[DSV4_DRAFT_MAX] = {0}, dkat[DSV4_DRAFT_MAX] = {0};
     for (int i = 0; i < n; i++) {
+        for (int j = 0; j < DSV4_DRAFT_MAX; j++) {
+            dreach[j] += gs[i]->r->policy.reached[j];
+            dkat[j] += gs[i]->r->policy.kept[j];
+        }
         cJSON_AddItemToArray(ch, choice_json(gs[i], i));
         prompt += gs[i]->r->n_prompt;
         cached += gs[i]->r->n_cached;
@@ -1378,7 +1391,7 @@ cJSON *oai_reply(oai_gen **gs, int n)
     cJSON_AddNumberToObject(u, "total_tokens", prompt + completion);
     cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", cached);
     if (dsteps)
-        draft_usage(u, dsteps, dprop, dkept);
+        draft_usage(u, dsteps, dprop, dkept, dreach, dkat);
     return resp;
 }
 

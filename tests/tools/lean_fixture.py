@@ -7,6 +7,10 @@ Kept tensors are byte-for-byte the generator's (same dtype, shape, bytes); the h
 __metadata__ is kept too.
 
     python3 lean_fixture.py SRC DST REGEX [REGEX...]   # keep the tensors whose name fully matches a REGEX
+    python3 lean_fixture.py --v41 SRC_DIR DST_DIR        # a V4.1 fixture's two expected files, with KEEP_V41
+
+The drafter's logits are kept for the short case only (case1): the long cases' would be most of the
+fixture's size.
 """
 import json
 import re
@@ -14,8 +18,24 @@ import struct
 import sys
 
 
+# What the V4.1 tests read (tests/unit/test_v41_fixtures.c, test_dspark.c), per expected file.
+KEEP_V41 = {
+    "expected.safetensors": [r"case\d+\.(ids|logits|inc_logits|logits_acc32)", r"case0\.engram_hash",
+                             r"case\d+\.spec_(start_pos|ids|confidence)", r"case1\.spec_logits"],
+    "expected_fp64.safetensors": [r"case\d+\.(ids|logits|inc_logits)", r"case\d+\.spec_(start_pos|ids|confidence)",
+                                  r"case1\.spec_logits"],
+}
+
+
 def main():
-    src, dst, pats = sys.argv[1], sys.argv[2], [re.compile(p) for p in sys.argv[3:]]
+    if sys.argv[1] == "--v41":
+        for name, keep in KEEP_V41.items():
+            lean(sys.argv[2] + "/" + name, sys.argv[3] + "/" + name, [re.compile(p) for p in keep])
+        return
+    lean(sys.argv[1], sys.argv[2], [re.compile(p) for p in sys.argv[3:]])
+
+
+def lean(src, dst, pats):
     with open(src, "rb") as f:
         blob = f.read()
     n = struct.unpack("<Q", blob[:8])[0]

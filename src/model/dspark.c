@@ -1,0 +1,161 @@
+/* The DSpark drafter of V4.1 checkpoints (spec §10): the mtp.* stages draft a block of tokens
+ * after an anchor in one forward of their own.
+ *
+ * Features: every target forward averages the streams entering each target layer, projects
+ * them (stage 0's main_proj and main_norm) and writes, per stage, that stage's window row of
+ * the position into the sequence's stage window. So the stage windows are sequence state like
+ * the layers' windows: copied, saved, restored and rolled back with them, always holding the
+ * rows of the tokens the sequence holds.
+ *
+ * Draft: the block is the anchor (the token at position L of a sequence of L tokens) and
+ * block - 1 noise tokens at positions L .. L + block - 1. Each stage is a V4.1 block whose
+ * attention lets every block row see the stage's window rows of positions L - W .. L - 1 and
+ * every row of the block (non-causal). The last stage's collapse goes through its norm and
+ * the shared head; then, row by row, the Markov head adds a bias from the previous token's
+ * embedding, the draft is the argmax (ties to the lower id), and the confidence head reads
+ * the collapse and that embedding. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "core/core.h"
+#include "model/model.h"
+
+int dsv4_spec_window(dsv4_step *f, const float *mh, dsv4_err *err)
+{
+    dsv4_model *m = f->m;
+    const dsv4_config *c = &m->cfg;
+    const dsv4_spec *S = &m->spec;
+    int R = f->R, D = c->dim, d = c->head_dim, nt = c->n_spec_target;
+    float *mx = dsv4_fbuf((size_t)R * D, err), *kv = dsv4_fbuf((size_t)R * d, err);
+    int rc = err && err->code;
+    if (!rc) {
+        dsv4_lin(m, &S->main_proj, 0, D, mh, R, (int64_t)nt * D, mx, D, 0);
+        m->be->rmsnorm(mx, R, D, S->main_norm, (float)c->norm_eps, mx);
+        dsv4_rnd(m, mx, (int64_t)R * D);
+        for (int st = 0; st < S->n; st++) {
+            dsv4_v41_window_row(m, &S->st[st], mx, R, f->pos, kv);
+            for (int r = 0; r < R; r++) {
+                dsv4_seq *s = f->b->seqs[f->row_seq[r]];
+                memcpy(s->skv[st] + (f->pos[r] % s->kv_cap) * d, kv + (int64_t)r * d, d * sizeof(float));
+            }
+        }
+    }
+    free(mx);
+    free(kv);
+    return rc;
+}
+
+typedef struct stage_ctx {
+    dsv4_model *m;
+    dsv4_seq *s;
+    int st, B;
+    const int64_t *pos;
+} stage_ctx;
+
+/* A stage's attention over the block's rows: the stage window's last W rows before the block,
+ * then every block row. */
+static int stage_attention(void *ctx, const float *a, float *y, dsv4_err *err)
+{
+    stage_ctx *sc = ctx;
+    dsv4_model *m = sc->m;
+    const dsv4_config *c = &m->cfg;
+    const dsv4_layer *L = &m->spec.st[sc->st];
+    dsv4_seq *s = sc->s;
+    int B = sc->B, H = c->n_heads, d = c->head_dim, W = c->window;
+    int64_t Hd = (int64_t)H * d, p0 = sc->pos[0];
+    float *qr = dsv4_fbuf((size_t)B * c->q_lora, err), *q = dsv4_fbuf((size_t)B * Hd, err);
+    float *kv = dsv4_fbuf((size_t)B * d, err), *o = dsv4_fbuf((size_t)B * Hd, err);
+    const float **keys = malloc((size_t)(W + B) * sizeof *keys);
+    int rc = err && err->code;
+    if (!rc && !keys)
+        rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory in a draft stage's attention");
+    if (!rc) {
+        dsv4_v41_qkv(m, L, a, B, sc->pos, qr, q, kv);
+        int nk = 0;
+        for (int64_t j = p0 - W < 0 ? 0 : p0 - W; j < p0; j++)
+            keys[nk++] = s->skv[sc->st] + (j % s->kv_cap) * d;
+        for (int r = 0; r < B; r++)
+            keys[nk++] = kv + (int64_t)r * d;
+        for (int r = 0; r < B; r++)
+            m->be->attend(q + (int64_t)r * Hd, H, d, keys, nk, 1.0f / sqrtf((float)d), L->sink, o + (int64_t)r * Hd);
+        rc = dsv4_v41_attn_out(m, L, o, B, sc->pos, y, err);
+    }
+    free(keys);
+    free(qr);
+    free(q);
+    free(kv);
+    free(o);
+    return rc;
+}
+
+int dsv4_spec_block(const dsv4_model *m) { return m->spec.on ? m->cfg.spec_block : 0; }
+
+int dsv4_spec_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int32_t *ids, float *logits, float *conf, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    const dsv4_spec *S = &m->spec;
+    dsv4_err_clear(err);
+    if (!S->on)
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED, !S->n ? "%s: no DSpark stages (mtp.*) in this checkpoint"
+                                                  : S->asked ? "%s: DSpark drafting runs on the CPU backend"
+                                                             : "%s: loaded without its draft stages (dsv4_load_opts.draft_stages)", m->dir);
+    if (!s || s->m != m)
+        return dsv4_fail(err, DSV4_E_ARG, "DSpark draft: the sequence is NULL or belongs to another model");
+    if (anchor < 0 || anchor >= c->vocab)
+        return dsv4_fail(err, DSV4_E_ARG, "DSpark draft: anchor %d is outside the vocabulary (0..%d)", anchor, c->vocab - 1);
+    int B = c->spec_block, n = c->hc_mult, D = c->dim, V = c->vocab, rk = c->spec_markov_rank;
+    int32_t tok[DSV4_MAX_SPEC_BLOCK];
+    int64_t pos[DSV4_MAX_SPEC_BLOCK];
+    for (int r = 0; r < B; r++) {
+        tok[r] = r ? c->spec_noise : anchor;
+        pos[r] = s->len + r;
+    }
+    float *X = dsv4_fbuf((size_t)B * n * D, err), *pin = dsv4_fbuf((size_t)B * n, err);
+    float *xh = dsv4_fbuf((size_t)B * D, err), *hn = dsv4_fbuf((size_t)B * D, err);
+    float *lg = dsv4_fbuf((size_t)B * V, err), *bias = dsv4_fbuf(V, err), *me = dsv4_fbuf(rk, err);
+    int rc = err && err->code;
+    if (rc)
+        goto out;
+    m->be->embed(&m->embed, tok, B, n, X);
+    dsv4_rnd(m, X, (int64_t)B * n * D);
+    for (int r = 0; r < B; r++) /* one-hot start: the first site reads stream 0 */
+        for (int i = 0; i < n; i++)
+            pin[r * n + i] = i == 0;
+    for (int st = 0; st < S->n && !rc; st++) {
+        stage_ctx sc = {m, s, st, B, pos};
+        rc = dsv4_v41_block(m, &S->st[st], tok, B, X, pin, stage_attention, &sc, err);
+    }
+    if (rc)
+        goto out;
+    m->be->hc_collapse(X, B, n, D, pin, xh);
+    dsv4_rnd(m, xh, (int64_t)B * D);
+    m->be->rmsnorm(xh, B, D, S->norm, (float)c->norm_eps, hn);
+    dsv4_rnd(m, hn, (int64_t)B * D);
+    m->be->linear(&m->head, 0, V, hn, B, D, lg, V);
+    ids[0] = anchor;
+    for (int r = 0; r < B; r++) {
+        float *row = lg + (size_t)r * V;
+        m->be->embed(&S->mk_embed, &ids[r], 1, 1, me);
+        m->be->linear(&S->mk_head, 0, V, me, 1, rk, bias, V);
+        int best = 0;
+        for (int v = 0; v < V; v++) {
+            row[v] += bias[v];
+            if (row[v] > row[best])
+                best = v;
+        }
+        ids[r + 1] = best;
+        if (conf)
+            conf[r] = dsv4_dot(S->conf, xh + (int64_t)r * D, D) + dsv4_dot(S->conf + D, me, rk);
+    }
+    if (logits)
+        memcpy(logits, lg, (size_t)B * V * sizeof(float));
+out:
+    free(X);
+    free(pin);
+    free(xh);
+    free(hn);
+    free(lg);
+    free(bias);
+    free(me);
+    return rc;
+}
