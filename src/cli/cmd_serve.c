@@ -107,6 +107,8 @@ int dsv4_cmd_serve(int argc, char **argv)
     if (cli_model_default(&mo, "serve"))
         return 2;
     o.model_dir = mo.dir;
+    if (!mo.load.kv) /* serving keeps production caches unless told otherwise */
+        mo.load.kv = DSV4_KV_AUTO;
     o.load = mo.load;
     char *file_key = NULL;
     const char *env_key = getenv("DSV4_API_KEY");

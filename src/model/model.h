@@ -97,6 +97,7 @@ struct dsv4_model {
     dsv4_arena arena;
     dsv4_graphs graphs;
     dsv4_numerics numerics;
+    int kv_prod;             /* production caches (kernels/kv_format.h) */
     int max_rollback;
     dsv4_weight embed, head;
     float *norm;
@@ -134,6 +135,10 @@ typedef struct dsv4_lstate {
     float *ent;              /* [ent_cap, d]: emitted compressed entries */
     float *ic, *iz;          /* [c_cap, 2 * index_dim]: the indexer compressor's inputs */
     float *ikey;             /* [ent_cap, index_dim]: indexer keys */
+    /* Production caches: the same rows packed (kernels/kv_format.h); kv, ent, ikey NULL. */
+    uint8_t *pkv;            /* [kv_cap] WINDOW rows of head_dim */
+    uint8_t *pent;           /* [ent_cap] MAIN rows of head_dim */
+    uint8_t *pikey;          /* [ent_cap] INDEX rows of index_dim */
     int64_t ent_cap;
 } dsv4_lstate;
 
