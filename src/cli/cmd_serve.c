@@ -12,7 +12,7 @@ static void serve_usage(FILE *f)
     fprintf(f, "usage: dsv4 serve [-m DIR] [--tokenizer DIR] [--host 127.0.0.1] [--port 8080] [--lanes N]\n"
                "                  [--api-key-file FILE | --api-key K] [--name NAME] [--cache-mb MB] [--queue N]\n"
                "                  [--max-connections N] [--client-connections N] [--idle-timeout S]\n"
-               "                  [--max-score-tokens N] [--draft K] [model options]\n"
+               "                  [--max-score-tokens N] [--draft K] [--kv-budget-mb MB] [model options]\n"
                "  Serves DIR over an OpenAI-compatible API: /v1/completions, /v1/chat/completions, /v1/models,\n"
                "  /tokenize, /detokenize, /health, /metrics. --port 0 takes any free port (the log names it).\n"
                "  The tokenizer is read from DIR unless --tokenizer names another folder or tokenizer.json.\n"
@@ -23,6 +23,9 @@ static void serve_usage(FILE *f)
                "  --idle-timeout (%d) seconds. --max-score-tokens (%d): given tokens one request may score.\n"
                "  --draft K: requests that give no \"draft\" propose K tokens a step by prompt lookup (0..%d,\n"
                "  default 0); drafts never change a token, only the speed (docs/draft.md).\n"
+               "  KV caches: production formats unless --kv exact (docs/kv.md); --kv-budget-mb (default half\n"
+               "  of physical memory) bounds what the lanes' caches hold: the context each lane is admitted\n"
+               "  is what fits (logged at start); a longer request is refused with 400 context_length_exceeded.\n"
                "  SIGTERM or SIGINT cancels what is in flight and exits.\n%s",
             DSV4_DEFAULT_MAX_CONNECTIONS, DSV4_DEFAULT_CLIENT_CONNECTIONS, DSV4_DEFAULT_IDLE_TIMEOUT,
             DSV4_DEFAULT_MAX_SCORE_TOKENS, DSV4_DRAFT_MAX, cli_model_usage());
@@ -96,7 +99,12 @@ int dsv4_cmd_serve(int argc, char **argv)
         else if (!strcmp(a, "--max-score-tokens") && (o.max_score_tokens = (int)strtol(v, &end, 10), !*end) &&
                  o.max_score_tokens > 0)
             ;
-        else if (!strcmp(a, "--cache-mb")) {
+        else if (!strcmp(a, "--kv-budget-mb")) {
+            long mb = strtol(v, &end, 10);
+            if (*end || mb <= 0)
+                goto bad;
+            o.kv_budget = (size_t)mb << 20;
+        } else if (!strcmp(a, "--cache-mb")) {
             long mb = strtol(v, &end, 10);
             if (*end || mb <= 0)
                 goto bad;

@@ -81,6 +81,8 @@ typedef struct waiter {
     int gone;                 /* the client closed its end while suspended */
 } waiter;
 
+#define KV_LIMIT_NOTE " (what the KV-cache budget, --kv-budget-mb, holds for each lane)"
+
 typedef struct server {
     dsv4_model *m;
     dsv4_tokenizer *tok;
@@ -89,6 +91,7 @@ typedef struct server {
     const char *family;       /* "deepseek_v4" or "deepseek_v41": the chat format and DSML tags */
     int vocab, eos;
     int64_t ctx;
+    int kv_limited;           /* ctx is what the KV-cache budget holds for each lane (below the model's) */
     atomic_uint_fast64_t http_requests, http_errors, id_counter;
     atomic_int active;        /* generations not yet freed (shutdown waits for them) */
     histo ttft, duration;     /* time to first token and whole request, of successful generations */
@@ -454,8 +457,8 @@ static int parse_sampling(server *s, gen *g, const cJSON *j, const char *raw, si
     int64_t room = s->ctx - r->n_prompt;
     if (room <= 0) {
         b->code = "context_length_exceeded";
-        return fail_bad(b, g->chat ? "messages" : "prompt", "the prompt has %d tokens; the context holds %lld", r->n_prompt,
-                        (long long)s->ctx);
+        return fail_bad(b, g->chat ? "messages" : "prompt", "the prompt has %d tokens; the context holds %lld%s", r->n_prompt,
+                        (long long)s->ctx, s->kv_limited ? KV_LIMIT_NOTE : "");
     }
     /* teacher forcing: the continuation is given; its tokens are scored, not sampled */
     const cJSON *ft = cJSON_GetObjectItemCaseSensitive(j, "forced_tokens");
@@ -479,8 +482,8 @@ static int parse_sampling(server *s, gen *g, const cJSON *j, const char *raw, si
         max_tokens = g->chat ? (room < INT_MAX - r->n_prompt ? room : INT_MAX - r->n_prompt) : 16;
     if (max_tokens > room) {
         b->code = "context_length_exceeded";
-        return fail_bad(b, "max_tokens", "the prompt (%d tokens) plus max_tokens (%lld) exceeds the context of %lld tokens",
-                        r->n_prompt, (long long)max_tokens, (long long)s->ctx);
+        return fail_bad(b, "max_tokens", "the prompt (%d tokens) plus max_tokens (%lld) exceeds the context of %lld tokens%s",
+                        r->n_prompt, (long long)max_tokens, (long long)s->ctx, s->kv_limited ? KV_LIMIT_NOTE : "");
     }
     r->max_tokens = (int)max_tokens;
 
@@ -2083,6 +2086,29 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     s.eos = mi.eos_id;
     s.ctx = mi.max_position;
     s.family = mi.family;
+    { /* admission: the context each lane can reach within the KV-cache budget, before any allocation */
+        int lanes = o->n_lanes ? o->n_lanes : 4;
+        size_t budget = o->kv_budget;
+        if (!budget) {
+            long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+            budget = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 2 : (size_t)8 << 30;
+        }
+        int64_t fit = dsv4_kv_fit(s.m, lanes, budget);
+        if (fit < 1) {
+            dsv4_fail(err, DSV4_E_ARG, "the KV-cache budget (%.1f MB) does not hold one empty sequence for each of %d lanes "
+                      "(%.1f MB each)", budget / 1048576.0, lanes, dsv4_seq_bytes_at(s.m, 0) / 1048576.0);
+            dsv4_tokenizer_free(s.tok);
+            dsv4_model_free(s.m);
+            return err->code;
+        }
+        if (fit < s.ctx) {
+            s.ctx = fit;
+            s.kv_limited = 1;
+        }
+        dsv4_log("dsv4 serve: %s KV caches; %lld tokens of context for each of %d lanes within %.0f MB of KV-cache budget "
+                 "(%.1f B/token)", dsv4_model_kv(s.m), (long long)s.ctx, lanes, budget / 1048576.0,
+                 (double)(dsv4_seq_bytes_at(s.m, 1 << 20) - dsv4_seq_bytes_at(s.m, 0)) / (1 << 20));
+    }
     s.api_key = o->api_key;
     const char *base = strrchr(o->model_dir, '/');
     char name[256];

@@ -25,6 +25,7 @@ typedef struct dsv4_server_opts {
     int idle_timeout_s;       /* a connection with nothing to send or receive is closed; 0: 15 */
     int max_score_tokens;     /* given tokens one request may score (echoed prompt, forced); 0: 16384 */
     int draft;                /* prompt-lookup proposal length of requests that give no "draft"; 0: none */
+    size_t kv_budget;         /* bytes the lanes' KV caches may hold; 0: half of physical memory */
 } dsv4_server_opts;
 
 enum { DSV4_DEFAULT_MAX_CONNECTIONS = 1024, DSV4_DEFAULT_CLIENT_CONNECTIONS = 128, DSV4_DEFAULT_IDLE_TIMEOUT = 15,
