@@ -132,9 +132,9 @@ typedef struct dsv4_batch {
 } dsv4_batch;
 int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err);
 
-/* What a sequence's caches hold at `ctx` tokens of context, in bytes: as dsv4 keeps them
- * now (fp32) and in the quantized store of production engines (window e4m3 + UE8M0/32,
- * entries e2m1 + E4M3/16, index keys e2m1 + UE8M0/32). */
+/* What a sequence's window rows, compressed entries and indexer keys hold at `ctx` tokens of
+ * context, in bytes: in exact caches (fp32) and, the _q figures, in production caches (window
+ * e4m3 + UE8M0/32, entries e2m1 + E4M3/16, index keys e2m1 + UE8M0/32; docs/kv.md). */
 typedef struct dsv4_state_cost_t {
     double window_bytes, entry_bytes, ikey_bytes;
     double window_bytes_q, entry_bytes_q, ikey_bytes_q;

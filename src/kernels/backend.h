@@ -183,6 +183,12 @@ typedef struct dsv4_backend {
 
 const dsv4_backend *dsv4_backend_cpu(void);
 
+/* Seconds the CPU has spent scoring indexer keys (V4's attn_step, V4.1's index sources) since
+ * the process started, for the benchmark's indexer share of a step; add: the V4.1 forward's
+ * scoring reports its own. One forward at a time updates it. */
+double dsv4_index_seconds(void);
+void dsv4_index_seconds_add(double s);
+
 /* The dot product every CPU op uses: one fixed reduction order per length. */
 float dsv4_dot(const float *a, const float *b, int64_t n);
 

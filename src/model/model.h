@@ -177,6 +177,9 @@ dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size
 
 /* Sequence state helpers shared by the forward. */
 int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err);
+/* A sequence at n tokens of context whose caches hold random rows (uniform in [-1, 1), stored
+ * in the model's format): what a step at that depth reads, for benchmarks, without the prefill. */
+int dsv4_seq_fill_synthetic(dsv4_seq *s, int64_t n, uint64_t seed, dsv4_err *err);
 /* Rows of the compressor-input ring of a layer (its span plus the rollback reach). */
 int dsv4_c_cap(const dsv4_model *m, const dsv4_layer *L);
 

@@ -332,3 +332,60 @@ int dsv4_seq_truncate(dsv4_seq *s, int64_t n, dsv4_err *err)
     s->len = n;
     return 0;
 }
+
+/* Random rows of width n (uniform in [-1, 1)) stored as the model keeps them at dst (backend memory). */
+static void fill_rows(const dsv4_model *m, void *dst, int64_t rows, int n, int fmt, float *tmp, uint8_t *pk, uint64_t *x)
+{
+    size_t rb = fmt < 0 ? (size_t)n * sizeof(float) : (size_t)dsv4_kv_row_bytes(fmt, n);
+    for (int64_t r = 0; r < rows; r++) {
+        for (int i = 0; i < n; i++) {
+            *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+            tmp[i] = (float)((*x >> 40) * 0x1p-23 - 1.0);
+        }
+        if (fmt >= 0)
+            dsv4_kv_pack(fmt, tmp, n, pk);
+        m->mem->upload((uint8_t *)dst + (size_t)r * rb, fmt >= 0 ? (void *)pk : (void *)tmp, rb);
+    }
+}
+
+int dsv4_seq_fill_synthetic(dsv4_seq *s, int64_t n, uint64_t seed, dsv4_err *err)
+{
+    const dsv4_model *m = s->m;
+    const dsv4_config *c = &m->cfg;
+    if (dsv4_seq_reserve(s, n, err))
+        return err->code;
+    int w = c->head_dim > 2 * c->index_dim ? 2 * c->head_dim : 2 * c->index_dim;
+    float *tmp = dsv4_fbuf((size_t)w, err);
+    uint8_t *pk = dsv4_xmalloc((size_t)w * sizeof(float), err);
+    if (!tmp || !pk) {
+        free(tmp);
+        free(pk);
+        return err->code;
+    }
+    uint64_t x = seed * 0x9E3779B97F4A7C15ull + 1;
+    int prod = m->kv_prod;
+    for (int i = 0; i < c->n_layers; i++) {
+        const dsv4_layer *L = &m->layers[i];
+        dsv4_lstate *ls = &s->L[i];
+        fill_rows(m, prod ? (void *)ls->pkv : (void *)ls->kv, s->kv_cap, c->head_dim, prod ? DSV4_KV_WINDOW : -1, tmp, pk, &x);
+        if (L->cw) {
+            fill_rows(m, ls->c, dsv4_c_cap(m, L), L->cw, -1, tmp, pk, &x);
+            fill_rows(m, ls->z, dsv4_c_cap(m, L), L->cw, -1, tmp, pk, &x);
+        }
+        if (L->icw) {
+            fill_rows(m, ls->ic, dsv4_c_cap(m, L), L->icw, -1, tmp, pk, &x);
+            fill_rows(m, ls->iz, dsv4_c_cap(m, L), L->icw, -1, tmp, pk, &x);
+        }
+        if (L->own_ent)
+            fill_rows(m, prod ? (void *)ls->pent : (void *)ls->ent, n / L->ratio, c->head_dim, prod ? DSV4_KV_MAIN : -1, tmp, pk, &x);
+        if (L->own_ikey)
+            fill_rows(m, prod ? (void *)ls->pikey : (void *)ls->ikey, n / L->ratio, c->index_dim, prod ? DSV4_KV_INDEX : -1, tmp,
+                      pk, &x);
+    }
+    for (int i = 0; s->etok && i < s->e_cap; i++)
+        s->etok[i] = m->engram_pad;
+    s->len = s->hi = n;
+    free(tmp);
+    free(pk);
+    return 0;
+}

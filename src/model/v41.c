@@ -358,6 +358,7 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
             }
             int64_t nvis = (p + 1) / L->ratio;
             if (L->index_source) {
+                double t0 = dsv4_now();
                 index_scores(m, qi + (int64_t)r * nI * ci, wt + (int64_t)r * nI, &s->L[L->ikey_src], nvis, kt, tmp);
                 if (L->cand_source)
                     sh->ncand[r] = candidate_blocks(c, tmp, nvis, sh->cand + (int64_t)r * c->candidate_topk_blocks, btmp);
@@ -374,6 +375,7 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
                             tmp[w].s = -INFINITY;
                 }
                 sh->ntopk[r] = dsv4_topk_ascending(tmp, nvis, K, sh->topk + (int64_t)r * K);
+                dsv4_index_seconds_add(dsv4_now() - t0);
             }
             const dsv4_lstate *es = &s->L[L->kv_src];
             for (int i = 0; i < sh->ntopk[r]; i++) {

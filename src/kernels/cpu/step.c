@@ -190,6 +190,10 @@ static void ring_store(const dsv4_attn_args *a, const float *step, void *const *
     }
 }
 
+static double index_s;
+double dsv4_index_seconds(void) { return index_s; }
+void dsv4_index_seconds_add(double s) { index_s += s; }
+
 size_t dsv4_cpu_attn_work(int R, int64_t vis_cap, int topk)
 {
     (void)R, (void)vis_cap, (void)topk; /* attn_step takes its own scratch, bounded per row */
@@ -248,7 +252,9 @@ void dsv4_cpu_attn_step(const dsv4_attn_args *a)
         if (a->ratio) {
             int64_t nvis = (p + 1) / a->ratio;
             if (a->csa) {
+                double t0 = dsv4_now();
                 int n = index_select(a, b, r, nvis, sel, best, kt);
+                index_s += dsv4_now() - t0;
                 for (int i = 0; i < n; i++) {
                     if (prod)
                         dsv4_kv_unpack(DSV4_KV_MAIN, b->pent + sel[i] * re_b, d, ek + (int64_t)i * d);
