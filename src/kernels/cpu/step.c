@@ -244,6 +244,8 @@ void dsv4_cpu_attn_step(const dsv4_attn_args *a)
         dsv4_kv_unpack(DSV4_KV_WINDOW, rowb, d, kvq + (int64_t)r * d);
     }
     const dsv4_backend *be = dsv4_backend_cpu();
+    int ek_seq = -1;
+    int64_t ek_n = 0;
     for (int r = 0; r < R; r++) {
         int s = rw->seq[r];
         const dsv4_lbufs *b = &a->st[s];
@@ -260,12 +262,16 @@ void dsv4_cpu_attn_step(const dsv4_attn_args *a)
                         dsv4_kv_unpack(DSV4_KV_MAIN, b->pent + sel[i] * re_b, d, ek + (int64_t)i * d);
                     keys[nk++] = prod ? ek + (int64_t)i * d : b->ent + sel[i] * d;
                 }
-            } else
-                for (int64_t w = 0; w < nvis; w++) {
-                    if (prod)
-                        dsv4_kv_unpack(DSV4_KV_MAIN, b->pent + w * re_b, d, ek + w * d);
-                    keys[nk++] = prod ? ek + w * d : b->ent + w * d;
+            } else {
+                if (prod && ek_seq != s) { /* a sequence's rows are consecutive: its entries unpack once a step */
+                    ek_seq = s;
+                    ek_n = 0;
                 }
+                for (; prod && ek_n < nvis; ek_n++)
+                    dsv4_kv_unpack(DSV4_KV_MAIN, b->pent + ek_n * re_b, d, ek + ek_n * d);
+                for (int64_t w = 0; w < nvis; w++)
+                    keys[nk++] = prod ? ek + w * d : b->ent + w * d;
+            }
         }
         int nw = 0;
         for (int64_t j = p - a->window + 1 < 0 ? 0 : p - a->window + 1; j <= p; j++, nw++) {
