@@ -335,8 +335,8 @@ int dsv4_cmd_bench(int argc, char **argv)
     }
     dsv4_state_cost_t sc;
     dsv4_state_cost(m, 131072, &sc);
-    printf("state at 131072 tokens (these %d layers): fp32 %.1f MB (window %.1f, entries %.1f, index keys %.1f); "
-           "quantized store %.1f MB\n",
+    printf("state at 131072 tokens (these %d layers): exact caches %.1f MB (window %.1f, entries %.1f, index keys %.1f); "
+           "production caches %.1f MB\n",
            info.n_layers, (sc.window_bytes + sc.entry_bytes + sc.ikey_bytes) / 1e6, sc.window_bytes / 1e6,
            sc.entry_bytes / 1e6, sc.ikey_bytes / 1e6, (sc.window_bytes_q + sc.entry_bytes_q + sc.ikey_bytes_q) / 1e6);
     dsv4_model_free(m);

@@ -98,8 +98,8 @@ void dsv4_model_print_info(const dsv4_model *m, FILE *f)
         dsv4_state_cost_t sc;
         dsv4_state_cost(m, ctxs[k], &sc);
         double tot = sc.window_bytes + sc.entry_bytes + sc.ikey_bytes, totq = sc.window_bytes_q + sc.entry_bytes_q + sc.ikey_bytes_q;
-        fprintf(f, "state @%lld tokens: fp32 %.1f MB (window %.1f, entries %.1f, index keys %.1f) = %.0f B/token; "
-                   "quantized store %.1f MB = %.0f B/token\n",
+        fprintf(f, "state @%lld tokens: exact caches %.1f MB (window %.1f, entries %.1f, index keys %.1f) = %.0f B/token; "
+                   "production caches %.1f MB = %.0f B/token\n",
                 (long long)ctxs[k], tot / 1e6, sc.window_bytes / 1e6, sc.entry_bytes / 1e6, sc.ikey_bytes / 1e6,
                 tot / ctxs[k], totq / 1e6, totq / ctxs[k]);
     }

@@ -17,6 +17,7 @@
 #include "check.h"
 #include "core/core.h"
 #include "fixtures.h"
+#include "model/model.h"
 
 /* KL(p_exact || p_prod) of one position's logits, in nats. */
 static double kl_of(const float *e, const float *p, int V)
@@ -104,6 +105,16 @@ static void size_check(dsv4_model *mx, dsv4_model *mp, const char *name, const i
         CHECK(dsv4_seq_bytes(s) == dsv4_seq_bytes_at(ms[k], T), "%s %s: seq_bytes %zu, seq_bytes_at %zu", name,
               dsv4_model_kv(ms[k]), dsv4_seq_bytes(s), dsv4_seq_bytes_at(ms[k], T));
         dsv4_seq_free(s);
+        /* the benchmark's synthetic depth: the state of n tokens, and a step on it reads finite rows */
+        dsv4_seq *f = dsv4_seq_new(ms[k], &err);
+        int one = 1;
+        float *lg = malloc(sizeof(float) * 200000);
+        dsv4_batch bf = {.n_seqs = 1, .seqs = &f, .ids = &ids, .n_ids = &one, .logits = lg};
+        CHECK(!dsv4_seq_fill_synthetic(f, 1000, 7, &err) && dsv4_seq_len(f) == 1000 &&
+                  dsv4_seq_bytes(f) == dsv4_seq_bytes_at(ms[k], 1000) && !dsv4_forward(ms[k], &bf, &err) && isfinite(lg[0]),
+              "%s %s: a synthetic state of 1000 tokens: %s", name, dsv4_model_kv(ms[k]), err.msg);
+        free(lg);
+        dsv4_seq_free(f);
         size_t budget = dsv4_seq_bytes_at(ms[k], 4096) * 3;
         int64_t fit = dsv4_kv_fit(ms[k], 3, budget);
         CHECK(fit >= 1 && dsv4_kv_fit(ms[k], 4, budget) <= fit && dsv4_kv_fit(ms[k], 3, 1000) == 0,
