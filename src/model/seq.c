@@ -354,7 +354,7 @@ int dsv4_seq_fill_synthetic(dsv4_seq *s, int64_t n, uint64_t seed, dsv4_err *err
     const dsv4_config *c = &m->cfg;
     if (dsv4_seq_reserve(s, n, err))
         return err->code;
-    int w = c->head_dim > 2 * c->index_dim ? 2 * c->head_dim : 2 * c->index_dim;
+    int w = 2 * (c->head_dim > c->index_dim ? c->head_dim : c->index_dim); /* the widest row: a CSA compressor's 2 d */
     float *tmp = dsv4_fbuf((size_t)w, err);
     uint8_t *pk = dsv4_xmalloc((size_t)w * sizeof(float), err);
     if (!tmp || !pk) {
