@@ -195,9 +195,19 @@ DSV4_KV_HD void dsv4_kv_unpack(int fmt, const uint8_t *row, int n, float *x)
         if (fmt == DSV4_KV_WINDOW)
             for (int k = j * B; k < e; k++)
                 x[k] = dsv4_kv_e4m3_value(row[k]) * s;
-        else
-            for (int k = j * B; k < e; k++)
-                x[k] = dsv4_kv_e2m1_value((uint8_t)((k & 1) ? row[k / 2] >> 4 : row[k / 2] & 15)) * s;
+        else {
+            /* blocks start at even k (B is even): whole bytes, two values each */
+            const float v[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                 -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+            int k = j * B;
+            for (; k + 1 < e; k += 2) {
+                uint8_t b = row[k / 2];
+                x[k] = v[b & 15] * s;
+                x[k + 1] = v[b >> 4] * s;
+            }
+            if (k < e)
+                x[k] = v[row[k / 2] & 15] * s;
+        }
     }
 }
 
