@@ -57,8 +57,16 @@ typedef struct dsv4_load_opts {
      * forward then also fills their windows, so dsv4_spec_draft / dsv4_mtp_draft can propose.
      * 0: the stages are bound (a missing tensor still fails) but cost nothing. */
     int draft_stages;
+    /* The KV caches (window rows, compressed entries, indexer keys; docs/kv.md): EXACT keeps
+     * them in fp32; PRODUCTION packs them in the production engine's formats (window e4m3 +
+     * UE8M0 per 32, entries e2m1 + E4M3 per 16, indexer keys e2m1 + UE8M0 per 32); AUTO is
+     * PRODUCTION where the backend has it, else EXACT. DEFAULT (0) is EXACT. */
+    int kv;
 } dsv4_load_opts;
 enum { DSV4_ENGRAM_AUTO = 0, DSV4_ENGRAM_RESIDENT = 1, DSV4_ENGRAM_STREAMED = 2 };
+enum { DSV4_KV_DEFAULT = 0, DSV4_KV_EXACT = 1, DSV4_KV_PRODUCTION = 2, DSV4_KV_AUTO = 3 };
+/* The loaded model's cache format: "exact" or "production". */
+const char *dsv4_model_kv(const dsv4_model *m);
 
 /* Loads a checkpoint folder (config.json + model.safetensors or sharded index). */
 dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err);
@@ -102,6 +110,14 @@ int dsv4_seq_restore(dsv4_seq *s, const void *buf, size_t len, dsv4_err *err);
 int dsv4_seq_truncate(dsv4_seq *s, int64_t n_tokens, dsv4_err *err);
 /* Bytes of state the sequence holds now. */
 size_t dsv4_seq_bytes(const dsv4_seq *s);
+/* Bytes of state a sequence holds once it has n_tokens of context, in the model's cache format
+ * (what dsv4_seq_bytes reports then; the entry buffers grow by doubling, so a sequence's
+ * allocation is at most this plus the entries of n_tokens more). */
+size_t dsv4_seq_bytes_at(const dsv4_model *m, int64_t n_tokens);
+/* Admission: the most tokens of context each of `lanes` sequences can reach within `budget`
+ * bytes of state, counting each sequence's allocation as the entry buffers grow (doubling), so
+ * no allocation outgrows the budget; 0 when not even an empty sequence fits. */
+int64_t dsv4_kv_fit(const dsv4_model *m, int lanes, size_t budget);
 
 /* ---- forward --------------------------------------------------------------------- */
 /* One step over several sequences: sequence i appends n_ids[i] tokens ids[i][0..]. Rows are
@@ -141,9 +157,9 @@ int dsv4_mtp_on(const dsv4_model *m);
  * sequence is not changed: dsv4_forward fills its MTP window. */
 int dsv4_mtp_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int k, int32_t *out, dsv4_err *err);
 
-/* What a sequence's caches hold at `ctx` tokens of context, in bytes: as dsv4 keeps them
- * now (fp32) and in the quantized store of production engines (window e4m3 + UE8M0/32,
- * entries e2m1 + E4M3/16, index keys e2m1 + UE8M0/32). */
+/* What a sequence's window rows, compressed entries and indexer keys hold at `ctx` tokens of
+ * context, in bytes: in exact caches (fp32) and, the _q figures, in production caches (window
+ * e4m3 + UE8M0/32, entries e2m1 + E4M3/16, index keys e2m1 + UE8M0/32; docs/kv.md). */
 typedef struct dsv4_state_cost_t {
     double window_bytes, entry_bytes, ikey_bytes;
     double window_bytes_q, entry_bytes_q, ikey_bytes_q;

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include "cli/cli.h"
 #include "core/core.h"
+#include "model/model.h"
 
 /* Read bandwidth of all threads summing a buffer much larger than the caches (GB/s). */
 static double read_bandwidth(void)
@@ -114,11 +115,66 @@ static int time_decode(dsv4_model *m, int P, int N, int lanes, int V, const char
     return rc;
 }
 
+/* At each depth D: a sequence whose caches hold D tokens of random rows (the fill is not timed),
+ * then a prompt chunk of C tokens (prefill tok/s at D) and N decode steps after two untimed ones
+ * (ms/token at D + C), with the indexer's share of each. */
+static int depth_runs(dsv4_model *m, const int *Ds, int nD, int C, int N, int V, dsv4_err *err)
+{
+    float *lg = malloc((size_t)V * sizeof(float));
+    int32_t *ids = malloc((size_t)C * sizeof *ids);
+    if (!lg || !ids) {
+        free(lg);
+        free(ids);
+        return dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < C; i++)
+        ids[i] = (int32_t)((i * 7919 + 13) % V);
+    printf("depth runs (%s KV caches; each state filled with random rows, not timed):\n", dsv4_model_kv(m));
+    printf("  %9s %12s %14s %10s %12s %10s %12s\n", "depth", "state MB", "prefill tok/s", "index %", "decode ms", "index %",
+           "tok/s");
+    int rc = 0;
+    for (int k = 0; k < nD && !rc; k++) {
+        dsv4_seq *s = dsv4_seq_new(m, err);
+        if (!s || dsv4_seq_fill_synthetic(s, Ds[k], (uint64_t)k + 1, err)) {
+            rc = err->code ? err->code : DSV4_E_NOMEM;
+            dsv4_seq_free(s);
+            break;
+        }
+        const int32_t *p = ids;
+        int c = C, one = 1;
+        dsv4_batch b = {.n_seqs = 1, .seqs = &s, .ids = &p, .n_ids = &c, .logits = lg};
+        double i0 = dsv4_index_seconds(), t0 = dsv4_now();
+        rc = dsv4_forward(m, &b, err);
+        double tp = dsv4_now() - t0, ip = dsv4_index_seconds() - i0, td = 0, id = 0;
+        int32_t next = argmax(lg, V);
+        const int32_t *q = &next;
+        dsv4_batch d = {.n_seqs = 1, .seqs = &s, .ids = &q, .n_ids = &one, .logits = lg};
+        for (int i = 0; i < N + 2 && !rc; i++) {
+            if (i == 2) {
+                t0 = dsv4_now();
+                i0 = dsv4_index_seconds();
+            }
+            rc = dsv4_forward(m, &d, err);
+            next = argmax(lg, V);
+        }
+        td = (dsv4_now() - t0) / N;
+        id = (dsv4_index_seconds() - i0) / N;
+        if (!rc)
+            printf("  %9d %12.1f %14.1f %10.1f %12.2f %10.1f %12.3f\n", Ds[k], dsv4_seq_bytes(s) / 1e6, C / tp,
+                   100.0 * ip / tp, td * 1e3, 100.0 * id / td, 1.0 / td);
+        fflush(stdout);
+        dsv4_seq_free(s);
+    }
+    free(lg);
+    free(ids);
+    return rc;
+}
+
 int dsv4_cmd_bench(int argc, char **argv)
 {
     cli_model_opts o = {0};
     const char *synth = NULL, *graphs = "on";
-    int layers = 2, N = 8, elayers = 0, Ps[8] = {64}, nP = 1, Ls[8] = {1}, nL = 1, capture = 0;
+    int layers = 2, N = 8, elayers = 0, Ps[8] = {64}, nP = 1, Ls[8] = {1}, nL = 1, capture = 0, Ds[8], nD = 0;
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
             printf("usage: dsv4 bench (-m DIR | --synthetic v4-flash [--layers N] [--expert-layers E]) [--prefill P,...]\n"
@@ -136,7 +192,11 @@ int dsv4_cmd_bench(int argc, char **argv)
                    "  --lanes L,...         sequences decoded together, one token each per step (default 1)\n"
                    "  --graphs on|off|both  replay recorded steps (GPU; default on); both: batch-1 decode each way\n"
                    "  --capture             the last decode step of each run inside the GPU profiler's capture\n"
-                   "                        range (ncu --profile-from-start off); it waits before and after\n%s",
+                   "                        range (ncu --profile-from-start off); it waits before and after\n"
+                   "  --depths D,...        instead of the runs above: at each context depth D, a state of D\n"
+                   "                        tokens of random cache rows, a prompt chunk of the first --prefill\n"
+                   "                        count on it, then --decode steps: prefill tok/s, decode ms/token and\n"
+                   "                        the indexer's share of each (the fill is not timed)\n%s",
                    cli_model_usage());
             return 0;
         }
@@ -158,6 +218,12 @@ int dsv4_cmd_bench(int argc, char **argv)
             graphs = argv[++i];
         else if (!strcmp(argv[i], "--capture"))
             capture = 1;
+        else if (!strcmp(argv[i], "--depths") && i + 1 < argc) {
+            if (!(nD = int_list(argv[++i], Ds, 8))) {
+                fprintf(stderr, "dsv4 bench: --depths takes a list of positive counts\n");
+                return 2;
+            }
+        }
         else {
             fprintf(stderr, "dsv4 bench: unknown option '%s' (see -h)\n", argv[i]);
             return 2;
@@ -202,6 +268,23 @@ int dsv4_cmd_bench(int argc, char **argv)
     double bw = gpu ? dsv4_device_bandwidth("cuda") : read_bandwidth();
     printf("measured %s bandwidth: %.1f GB/s\n", gpu ? "device copy (read + write)" : "read (all threads)", bw);
     fflush(stdout);
+    {
+        double px = 0, pp = 0;
+        int64_t big = (int64_t)1 << 20;
+        dsv4_state_cost_t a;
+        dsv4_state_cost(m, big, &a);
+        px = (a.entry_bytes + a.ikey_bytes) / big;
+        pp = (a.entry_bytes_q + a.ikey_bytes_q) / big;
+        printf("state per token of context (these %d layers): exact %.1f B, production %.1f B; this run keeps %s "
+               "caches\n", info.n_layers, px, pp, dsv4_model_kv(m));
+    }
+    if (nD) {
+        int rc = depth_runs(m, Ds, nD, Ps[0], N, V, &err);
+        if (rc)
+            fprintf(stderr, "dsv4 bench: %s\n", err.msg);
+        dsv4_model_free(m);
+        return rc ? 1 : 0;
+    }
     float *lg = malloc((size_t)V * sizeof(float));
     double flops = 2.0 * dsv4_token_params(m);
     int rc = lg ? 0 : 1;
@@ -252,8 +335,8 @@ int dsv4_cmd_bench(int argc, char **argv)
     }
     dsv4_state_cost_t sc;
     dsv4_state_cost(m, 131072, &sc);
-    printf("state at 131072 tokens (these %d layers): fp32 %.1f MB (window %.1f, entries %.1f, index keys %.1f); "
-           "quantized store %.1f MB\n",
+    printf("state at 131072 tokens (these %d layers): exact caches %.1f MB (window %.1f, entries %.1f, index keys %.1f); "
+           "production caches %.1f MB\n",
            info.n_layers, (sc.window_bytes + sc.entry_bytes + sc.ikey_bytes) / 1e6, sc.window_bytes / 1e6,
            sc.entry_bytes / 1e6, sc.ikey_bytes / 1e6, (sc.window_bytes_q + sc.entry_bytes_q + sc.ikey_bytes_q) / 1e6);
     dsv4_model_free(m);

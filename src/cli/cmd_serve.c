@@ -15,7 +15,7 @@ static void serve_usage(FILE *f)
                "                  [--max-connections N] [--client-connections N] [--idle-timeout S]\n"
                "                  [--max-score-tokens N] [--draft K] [--drafter lookup|dspark|mtp]\n"
                "                  [--draft-busy-max N] [--draft-row-cost C] [--max-tokens N] [--cors ORIGINS|none]\n"
-               "                  [model options]\n"
+               "                  [--kv-budget-mb MB] [model options]\n"
                "  Serves DIR over an OpenAI-compatible API: /v1/completions, /v1/chat/completions, /v1/responses,\n"
                "  /v1/models, /tokenize, /detokenize, /health, /metrics. --port 0 takes any free port (the log names it).\n"
                "  The tokenizer is read from DIR unless --tokenizer names another folder or tokenizer.json.\n"
@@ -34,6 +34,9 @@ static void serve_usage(FILE *f)
                "  --max-tokens N: a chat's max_tokens when the request gives none (default %d, at most the\n"
                "  rest of the context). --cors: the browser origins that may call the API: any (the\n"
                "  default, as llama.cpp and vLLM), none, or a comma-separated list (https://app.example).\n"
+               "  KV caches: production formats unless --kv exact (docs/kv.md); --kv-budget-mb (default half\n"
+               "  of physical memory) bounds what the lanes' caches hold: the context each lane is admitted\n"
+               "  is what fits (logged at start); a longer request is refused with 400 context_length_exceeded.\n"
                "  SIGTERM or SIGINT cancels what is in flight and exits.\n%s",
             DSV4_DEFAULT_MAX_CONNECTIONS, DSV4_DEFAULT_CLIENT_CONNECTIONS, DSV4_DEFAULT_IDLE_TIMEOUT,
             DSV4_DEFAULT_MAX_SCORE_TOKENS, DSV4_DRAFT_MAX, DSV4_POLICY_ROW_COST, DSV4_DEFAULT_CHAT_MAX_TOKENS,
@@ -120,7 +123,12 @@ int dsv4_cmd_serve(int argc, char **argv)
             ;
         else if (!strcmp(a, "--cors"))
             o.cors = v;
-        else if (!strcmp(a, "--cache-mb")) {
+        else if (!strcmp(a, "--kv-budget-mb")) {
+            long mb = strtol(v, &end, 10);
+            if (*end || mb <= 0)
+                goto bad;
+            o.kv_budget = (size_t)mb << 20;
+        } else if (!strcmp(a, "--cache-mb")) {
             long mb = strtol(v, &end, 10);
             if (*end || mb <= 0)
                 goto bad;
@@ -131,6 +139,8 @@ int dsv4_cmd_serve(int argc, char **argv)
     if (cli_model_default(&mo, "serve"))
         return 2;
     o.model_dir = mo.dir;
+    if (!mo.load.kv) /* serving keeps production caches unless told otherwise */
+        mo.load.kv = DSV4_KV_AUTO;
     o.load = mo.load;
     o.load.draft_stages = o.drafter != DSV4_DRAFTER_LOOKUP;
     char *file_key = NULL;

@@ -1,5 +1,5 @@
 /* Options every model-running command shares: -m DIR, --threads N, --device cpu|cuda,
- * --numerics ref|fp32, --engram-tables auto|resident|streamed. */
+ * --numerics ref|fp32, --engram-tables auto|resident|streamed, --kv exact|production. */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +41,16 @@ int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o)
             fprintf(stderr, "dsv4: --engram-tables takes auto, resident or streamed, not '%s'\n", v);
             exit(2);
         }
+    } else if (!strcmp(a, "--kv")) {
+        const char *v = argv[++*i];
+        if (!strcmp(v, "exact"))
+            o->load.kv = DSV4_KV_EXACT;
+        else if (!strcmp(v, "production"))
+            o->load.kv = DSV4_KV_PRODUCTION;
+        else {
+            fprintf(stderr, "dsv4: --kv takes exact or production, not '%s'\n", v);
+            exit(2);
+        }
     } else
         return 0;
     return 1;
@@ -55,7 +65,9 @@ const char *cli_model_usage(void)
            "  --numerics ref|fp32  V4.1 reference rounding or exact fp32 (default: ref for V4.1, fp32 for V4)\n"
            "  --engram-tables auto|resident|streamed\n"
            "                       V4.1 Engram tables through the mapping or read by row from disk\n"
-           "                       (default auto: streamed when larger than half of RAM and not cached)\n";
+           "                       (default auto: streamed when larger than half of RAM and not cached)\n"
+           "  --kv exact|production  KV caches in fp32, or packed in the production formats (docs/kv.md;\n"
+           "                       default exact, serve: production where the backend has it)\n";
 }
 
 static int has_config(const char *dir)

@@ -13,8 +13,14 @@
 /* What one sequence keeps for one V4 layer (model/seq.c owns the buffers; backend memory):
  * kv [kv_cap, d] window rows and c, z [c_cap, cw] compressor inputs, rings by position mod
  * cap; ent [*, d] compressed entries and ikey [*, ci] indexer keys, by entry index; ic, iz
- * [c_cap, 2 ci] the indexer compressor's inputs. Absent parts are NULL. */
-typedef struct dsv4_lbufs { float *kv, *c, *z, *ent, *ic, *iz, *ikey; } dsv4_lbufs;
+ * [c_cap, 2 ci] the indexer compressor's inputs. Absent parts are NULL. With production caches
+ * (kernels/kv_format.h) the window rows, entries and keys are packed rows instead: pkv
+ * [kv_cap] WINDOW rows of d, pent [*] MAIN rows of d, pikey [*] INDEX rows of ci (kv, ent and
+ * ikey are then NULL). */
+typedef struct dsv4_lbufs {
+    float *kv, *c, *z, *ent, *ic, *iz, *ikey;
+    uint8_t *pkv, *pent, *pikey;
+} dsv4_lbufs;
 
 /* Largest compression ratio a compressor pools over (V4-Flash HCA: 128). */
 #define DSV4_MAX_RATIO 1024
@@ -67,7 +73,11 @@ typedef struct dsv4_attn_args {
     const float *ic, *iz;    /* [R, 2 ci] */
     const float *qi, *wt;    /* [R, nI ci], [R, nI] */
     float *o;                /* [R, H d] */
-    float *work;             /* DSV4_ATTN_WORK(R, vis_cap, topk) floats of backend scratch */
+    float *work;             /* attn_work(R, vis_cap, topk) floats of backend scratch */
+    /* Production caches: the step's window rows, each emitted entry and key are stored packed
+     * and every read (this step's rows too) sees the stored value, so a row's result still does
+     * not depend on the step it is in. */
+    int kv_prod;
 } dsv4_attn_args;
 #define DSV4_ATTN_WORK(R, vis_cap, topk) ((size_t)(R) * ((size_t)(vis_cap) + (size_t)(topk) + 1))
 
@@ -164,9 +174,20 @@ typedef struct dsv4_backend {
      * failure, and check() reports it into err and clears it (returns its code, 0 if none).
      * NULL where the ops cannot fail. */
     int (*check)(dsv4_err *err);
+    /* Floats of scratch attn_step takes in `work` for R rows (NULL: DSV4_ATTN_WORK). */
+    size_t (*attn_work)(int R, int64_t vis_cap, int topk);
+    /* 1 when attn_step reads and writes production caches (kv_prod); a model with production
+     * caches refuses a backend without them. */
+    int kv_production;
 } dsv4_backend;
 
 const dsv4_backend *dsv4_backend_cpu(void);
+
+/* Seconds the CPU has spent scoring indexer keys (V4's attn_step, V4.1's index sources) since
+ * the process started, for the benchmark's indexer share of a step; add: the V4.1 forward's
+ * scoring reports its own. One forward at a time updates it. */
+double dsv4_index_seconds(void);
+void dsv4_index_seconds_add(double s);
 
 /* The dot product every CPU op uses: one fixed reduction order per length. */
 float dsv4_dot(const float *a, const float *b, int64_t n);

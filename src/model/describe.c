@@ -4,6 +4,7 @@
 #include <unistd.h>
 #include <string.h>
 #include "core/core.h"
+#include "kernels/kv_format.h"
 #include "model/model.h"
 
 void dsv4_state_cost(const dsv4_model *m, int64_t ctx, dsv4_state_cost_t *out)
@@ -14,15 +15,15 @@ void dsv4_state_cost(const dsv4_model *m, int64_t ctx, dsv4_state_cost_t *out)
         const dsv4_layer *L = &m->layers[i];
         int64_t win = ctx < c->window ? ctx : c->window;
         out->window_bytes += (double)win * c->head_dim * 4;
-        out->window_bytes_q += (double)win * (c->head_dim + c->head_dim / 32);
+        out->window_bytes_q += (double)win * dsv4_kv_row_bytes(DSV4_KV_WINDOW, c->head_dim);
         if (!L->own_ent)
             continue;
         int64_t ne = ctx / L->ratio;
         out->entry_bytes += (double)ne * c->head_dim * 4;
-        out->entry_bytes_q += (double)ne * (c->head_dim / 2 + c->head_dim / 16);
+        out->entry_bytes_q += (double)ne * dsv4_kv_row_bytes(DSV4_KV_MAIN, c->head_dim);
         if (L->own_ikey) {
             out->ikey_bytes += (double)ne * c->index_dim * 4;
-            out->ikey_bytes_q += (double)ne * (c->index_dim / 2 + c->index_dim / 32);
+            out->ikey_bytes_q += (double)ne * dsv4_kv_row_bytes(DSV4_KV_INDEX, c->index_dim);
         }
     }
 }
@@ -97,8 +98,8 @@ void dsv4_model_print_info(const dsv4_model *m, FILE *f)
         dsv4_state_cost_t sc;
         dsv4_state_cost(m, ctxs[k], &sc);
         double tot = sc.window_bytes + sc.entry_bytes + sc.ikey_bytes, totq = sc.window_bytes_q + sc.entry_bytes_q + sc.ikey_bytes_q;
-        fprintf(f, "state @%lld tokens: fp32 %.1f MB (window %.1f, entries %.1f, index keys %.1f) = %.0f B/token; "
-                   "quantized store %.1f MB = %.0f B/token\n",
+        fprintf(f, "state @%lld tokens: exact caches %.1f MB (window %.1f, entries %.1f, index keys %.1f) = %.0f B/token; "
+                   "production caches %.1f MB = %.0f B/token\n",
                 (long long)ctxs[k], tot / 1e6, sc.window_bytes / 1e6, sc.entry_bytes / 1e6, sc.ikey_bytes / 1e6,
                 tot / ctxs[k], totq / 1e6, totq / ctxs[k]);
     }

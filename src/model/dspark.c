@@ -33,7 +33,7 @@ int dsv4_spec_window(dsv4_step *f, const float *mh, dsv4_err *err)
         m->be->rmsnorm(mx, R, D, S->main_norm, (float)c->norm_eps, mx);
         dsv4_rnd(m, mx, (int64_t)R * D);
         for (int st = 0; st < S->n; st++) {
-            dsv4_v41_window_row(m, &S->st[st], mx, R, f->pos, kv);
+            dsv4_v41_window_row(m, &S->st[st], mx, R, f->pos, kv, 0);
             for (int r = 0; r < R; r++) {
                 dsv4_seq *s = f->b->seqs[f->row_seq[r]];
                 memcpy(s->skv[st] + (f->pos[r] % s->kv_cap) * d, kv + (int64_t)r * d, d * sizeof(float));

@@ -926,10 +926,43 @@ static dsv4_model *model_new(const dsv4_load_opts *o, const char *dir, dsv4_err 
     return m;
 }
 
+/* The backend a device name selects (model_new refused the ones this build lacks). */
+static const dsv4_backend *backend_of(int cuda)
+{
+#ifdef DSV4_CUDA
+    if (cuda)
+        return dsv4_backend_cuda();
+#else
+    (void)cuda;
+#endif
+    return dsv4_backend_cpu();
+}
+
+/* The KV cache format: production where asked (or AUTO) and the backend keeps it. */
+static int model_kv(dsv4_model *m, const dsv4_load_opts *o, int cuda, dsv4_err *err)
+{
+    const dsv4_backend *be = backend_of(cuda);
+    if (o->kv < DSV4_KV_DEFAULT || o->kv > DSV4_KV_AUTO)
+        return dsv4_fail(err, DSV4_E_ARG, "kv cache format %d is unknown (exact, production, auto)", o->kv);
+    if (o->kv == DSV4_KV_PRODUCTION && !be->kv_production)
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED,
+                         "--kv production: the %s backend does not keep production KV caches yet (it keeps exact fp32 "
+                         "ones: use --kv exact)", be->name);
+    m->kv_prod = o->kv == DSV4_KV_PRODUCTION || (o->kv == DSV4_KV_AUTO && be->kv_production);
+    if (m->kv_prod && (m->cfg.head_dim % 2 || m->cfg.index_dim % 2))
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: production KV caches pack two e2m1 values a byte; head_dim %d and "
+                         "index_head_dim %d must be even", m->dir, m->cfg.head_dim, m->cfg.index_dim);
+    return 0;
+}
+
+const char *dsv4_model_kv(const dsv4_model *m) { return m->kv_prod ? "production" : "exact"; }
+
 static int model_check(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
     int cuda = o->device && !strcmp(o->device, "cuda");
+    if (model_kv(m, o, cuda, err))
+        return err->code;
     /* V4.1 defaults to its bf16 reference emulation on the CPU; the CUDA backend is verified in
      * fp32 only (through it, 'ref' missed the fixture's 2e-2 gate: docs/cuda.md) */
     m->numerics = o->numerics ? o->numerics

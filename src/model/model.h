@@ -126,6 +126,7 @@ struct dsv4_model {
     dsv4_arena arena;
     dsv4_graphs graphs;
     dsv4_numerics numerics;
+    int kv_prod;             /* production caches (kernels/kv_format.h) */
     int max_rollback;
     dsv4_weight embed, head;
     float *norm;
@@ -166,6 +167,10 @@ typedef struct dsv4_lstate {
     float *ent;              /* [ent_cap, d]: emitted compressed entries */
     float *ic, *iz;          /* [c_cap, 2 * index_dim]: the indexer compressor's inputs */
     float *ikey;             /* [ent_cap, index_dim]: indexer keys */
+    /* Production caches: the same rows packed (kernels/kv_format.h); kv, ent, ikey NULL. */
+    uint8_t *pkv;            /* [kv_cap] WINDOW rows of head_dim */
+    uint8_t *pent;           /* [ent_cap] MAIN rows of head_dim */
+    uint8_t *pikey;          /* [ent_cap] INDEX rows of index_dim */
     int64_t ent_cap;
 } dsv4_lstate;
 
@@ -207,6 +212,9 @@ dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size
 
 /* Sequence state helpers shared by the forward. */
 int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err);
+/* A sequence at n tokens of context whose caches hold random rows (uniform in [-1, 1), stored
+ * in the model's format): what a step at that depth reads, for benchmarks, without the prefill. */
+int dsv4_seq_fill_synthetic(dsv4_seq *s, int64_t n, uint64_t seed, dsv4_err *err);
 /* Rows of the compressor-input ring of a layer (its span plus the rollback reach). */
 int dsv4_c_cap(const dsv4_model *m, const dsv4_layer *L);
 
@@ -249,8 +257,10 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err);
  * (roped) and the window row kv [R, d] (kv_norm'd, roped, REF: the cache's e4m3 round trip). */
 void dsv4_v41_qkv(const dsv4_model *m, const dsv4_layer *L, const float *a, int R, const int64_t *pos, float *qr,
                   float *q, float *kv);
-/* The window row alone (what a DSpark stage's window takes from the target). */
-void dsv4_v41_window_row(const dsv4_model *m, const dsv4_layer *L, const float *a, int R, const int64_t *pos, float *kv);
+/* The window row alone (what a DSpark stage's window takes from the target); packed: it goes to a
+ * production cache, whose packing rounds it (no REF round trip here). */
+void dsv4_v41_window_row(const dsv4_model *m, const dsv4_layer *L, const float *a, int R, const int64_t *pos, float *kv,
+                         int packed);
 /* The attention's output: o [R, H d] (in place: rounded, inverse rope) through wo_a's groups and wo_b into y [R, D]. */
 int dsv4_v41_attn_out(const dsv4_model *m, const dsv4_layer *L, float *o, int R, const int64_t *pos, float *y,
                       dsv4_err *err);

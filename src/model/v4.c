@@ -102,7 +102,7 @@ static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
                         .window = c->window, .scale = 1.0f / sqrtf((float)d), .eps = eps, .sink = L->sink,
                         .inv_freq = m->inv_freq_compress, .ratio = L->ratio, .csa = L->csa, .comp = dsv4_pool_of(&L->comp),
                         .icomp = dsv4_pool_of(&L->icomp), .nI = nI, .ci = ci, .topk = c->index_topk,
-                        .iw_scale = 1.0f / sqrtf((float)nI)};
+                        .iw_scale = 1.0f / sqrtf((float)nI), .kv_prod = m->kv_prod};
     float *qr = ftake(m, (size_t)R * c->q_lora, err), *q = ftake(m, (size_t)R * Hd, err), *kv = ftake(m, (size_t)R * d, err);
     float *o = ftake(m, (size_t)R * Hd, err), *t = ftake(m, (size_t)R * c->o_groups * c->o_lora, err);
     float *cc = NULL, *zz = NULL, *ic = NULL, *iz = NULL, *qi = NULL, *wt = NULL;
@@ -116,7 +116,8 @@ static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
         qi = ftake(m, (size_t)R * nI * ci, err);
         wt = ftake(m, (size_t)R * nI, err);
     }
-    A.work = ftake(m, DSV4_ATTN_WORK(R, A.vis_cap, A.topk), err);
+    size_t nwork = be->attn_work ? be->attn_work(R, A.vis_cap, A.topk) : DSV4_ATTN_WORK(R, A.vis_cap, A.topk);
+    A.work = nwork ? ftake(m, nwork, err) : NULL;
     if (err && err->code)
         return err->code;
 
@@ -308,7 +309,7 @@ static int step_rows(fwd *f, const dsv4_batch *b, int64_t *start, int32_t *first
     for (int li = 0; li < NL; li++)
         for (int i = 0; i < S; i++) {
             dsv4_lstate *ls = &b->seqs[i]->L[li];
-            hst[(int64_t)li * S + i] = (dsv4_lbufs){ls->kv, ls->c, ls->z, ls->ent, ls->ic, ls->iz, ls->ikey};
+            hst[(int64_t)li * S + i] = (dsv4_lbufs){ls->kv, ls->c, ls->z, ls->ent, ls->ic, ls->iz, ls->ikey, ls->pkv, ls->pent, ls->pikey};
             if (ls->ent_cap > f->vis_cap[li])
                 f->vis_cap[li] = ls->ent_cap;
         }

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "core/core.h"
+#include "kernels/kv_format.h"
 #include "model/engram.h"
 #include "model/model.h"
 
@@ -146,24 +147,35 @@ static int engram_apply(dsv4_step *f, int ei, prefetch *pf, float *X, dsv4_err *
 }
 
 /* Index scores of one query over the nvis visible keys: sum_h w_h relu(q_h . k) (REF: bf16
- * per-head products, weighted terms and sum, as the reference's bf16 einsum). */
-static void index_scores(const dsv4_model *m, const float *qi, const float *wt, const float *ikey, int64_t nvis, dsv4_scored *out)
+ * per-head products, weighted terms and sum, as the reference's bf16 einsum). Production keys
+ * are unpacked a tile at a time into kt [INDEX_TILE, ci]. */
+#define INDEX_TILE 1024
+static void index_scores(const dsv4_model *m, const float *qi, const float *wt, const dsv4_lstate *src, int64_t nvis,
+                         float *kt, dsv4_scored *out)
 {
     const dsv4_config *c = &m->cfg;
     int nI = c->index_heads, ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
-    /* entries are independent: threads split them, each score summed in one order */
-#pragma omp parallel for schedule(static) if (nvis * nI * ci > 1 << 20)
-    for (int64_t w = 0; w < nvis; w++) {
-        float s = 0;
-        for (int h = 0; h < nI; h++) {
-            float dp = dsv4_dot(qi + (int64_t)h * ci, ikey + w * ci, ci);
-            if (ref)
-                dp = dsv4_bf16_to_f32(dsv4_f32_to_bf16(dp));
-            float t = wt[h] * (dp > 0 ? dp : 0);
-            s += ref ? dsv4_bf16_to_f32(dsv4_f32_to_bf16(t)) : t;
+    int rb = dsv4_kv_row_bytes(DSV4_KV_INDEX, ci);
+    for (int64_t w0 = 0; w0 < nvis; w0 += INDEX_TILE) {
+        int64_t nt = nvis - w0 < INDEX_TILE ? nvis - w0 : INDEX_TILE;
+        const float *keys = m->kv_prod ? kt : src->ikey + w0 * ci;
+        if (m->kv_prod)
+            for (int64_t i = 0; i < nt; i++)
+                dsv4_kv_unpack(DSV4_KV_INDEX, src->pikey + (w0 + i) * rb, ci, kt + i * ci);
+        /* entries are independent: threads split them, each score summed in one order */
+#pragma omp parallel for schedule(static) if (nt * nI * ci > 1 << 20)
+        for (int64_t i = 0; i < nt; i++) {
+            float s = 0;
+            for (int h = 0; h < nI; h++) {
+                float dp = dsv4_dot(qi + (int64_t)h * ci, keys + i * ci, ci);
+                if (ref)
+                    dp = dsv4_bf16_to_f32(dsv4_f32_to_bf16(dp));
+                float t = wt[h] * (dp > 0 ? dp : 0);
+                s += ref ? dsv4_bf16_to_f32(dsv4_f32_to_bf16(t)) : t;
+            }
+            out[w0 + i].s = ref ? dsv4_bf16_to_f32(dsv4_f32_to_bf16(s)) : s;
+            out[w0 + i].w = w0 + i;
         }
-        out[w].s = ref ? dsv4_bf16_to_f32(dsv4_f32_to_bf16(s)) : s;
-        out[w].w = w;
     }
 }
 
@@ -219,14 +231,22 @@ static void emit_group(dsv4_step *f, int li, dsv4_lstate *ls, int64_t w, const f
         f->be->rmsnorm(kk, 1, ci, L->ik_norm, eps, kk);
         dsv4_rnd(m, kk, ci);
         rope_at(f, kk, 1, ci, p);
-        if (ref)
-            dsv4_fp4_roundtrip(kk, ci, 32, 0);
-        memcpy(ls->ikey + w * ci, kk, ci * sizeof(float));
+        if (m->kv_prod) /* the stored format is the round trip */
+            dsv4_kv_pack(DSV4_KV_INDEX, kk, ci, ls->pikey + w * dsv4_kv_row_bytes(DSV4_KV_INDEX, ci));
+        else {
+            if (ref)
+                dsv4_fp4_roundtrip(kk, ci, 32, 0);
+            memcpy(ls->ikey + w * ci, kk, ci * sizeof(float));
+        }
     }
     rope_at(f, lat, 1, d, p);
-    if (ref)
-        dsv4_fp4_roundtrip(lat, d, 16, 1);
-    memcpy(ls->ent + w * d, lat, d * sizeof(float));
+    if (m->kv_prod)
+        dsv4_kv_pack(DSV4_KV_MAIN, lat, d, ls->pent + w * dsv4_kv_row_bytes(DSV4_KV_MAIN, d));
+    else {
+        if (ref)
+            dsv4_fp4_roundtrip(lat, d, 16, 1);
+        memcpy(ls->ent + w * d, lat, d * sizeof(float));
+    }
 }
 
 /* Rope tables of a layer: the compressed layers' (YaRN) or the main one. */
@@ -235,7 +255,8 @@ static const float *freq_of(const dsv4_model *m, const dsv4_layer *L)
     return L->ratio ? m->inv_freq_compress : m->inv_freq_main;
 }
 
-void dsv4_v41_window_row(const dsv4_model *m, const dsv4_layer *L, const float *a, int R, const int64_t *pos, float *kv)
+void dsv4_v41_window_row(const dsv4_model *m, const dsv4_layer *L, const float *a, int R, const int64_t *pos, float *kv,
+                         int packed)
 {
     const dsv4_config *c = &m->cfg;
     int d = c->head_dim;
@@ -244,7 +265,7 @@ void dsv4_v41_window_row(const dsv4_model *m, const dsv4_layer *L, const float *
     dsv4_rnd(m, kv, (int64_t)R * d);
     m->be->rope(kv, R, d, 1, d, c->rope_dim, freq_of(m, L), pos, 0);
     dsv4_rnd(m, kv, (int64_t)R * d);
-    if (m->numerics == DSV4_NUMERICS_REF)
+    if (m->numerics == DSV4_NUMERICS_REF && !packed) /* a packed cache stores the round trip's codes itself */
         dsv4_fp8_roundtrip(kv, (int64_t)R * d, 32);
 }
 
@@ -260,7 +281,7 @@ void dsv4_v41_qkv(const dsv4_model *m, const dsv4_layer *L, const float *a, int 
     dsv4_lin(m, &L->wq_b, 0, Hd, qr, R, c->q_lora, q, Hd, 0);
     m->be->rope(q, R, Hd, H, d, c->rope_dim, freq_of(m, L), pos, 0);
     dsv4_rnd(m, q, (int64_t)R * Hd);
-    dsv4_v41_window_row(m, L, a, R, pos, kv);
+    dsv4_v41_window_row(m, L, a, R, pos, kv, m->kv_prod);
 }
 
 int dsv4_v41_attn_out(const dsv4_model *m, const dsv4_layer *L, float *o, int R, const int64_t *pos, float *y,
@@ -306,6 +327,7 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
         wt = dsv4_fbuf((size_t)R * nI, err);
     }
     const float **keys = NULL;
+    float *wk = NULL, *ek = NULL, *kt = NULL; /* production: unpacked window rows, entries, a tile of keys */
     dsv4_scored *tmp = NULL, *btmp = NULL;
     uint8_t *bmask = NULL;
     int rc = err && err->code;
@@ -345,7 +367,12 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
     tmp = malloc((max_vis + 1) * sizeof *tmp);
     btmp = malloc((max_vis + 1) * sizeof *btmp);
     bmask = malloc(max_vis + 1);
-    if (!keys || !tmp || !btmp || !bmask) {
+    if (m->kv_prod) {
+        wk = malloc((size_t)W * d * sizeof(float));
+        ek = malloc((size_t)(c->index_topk > 0 ? c->index_topk : 1) * d * sizeof(float));
+        kt = malloc((size_t)INDEX_TILE * (ci > 0 ? ci : 1) * sizeof(float));
+    }
+    if (!keys || !tmp || !btmp || !bmask || (m->kv_prod && (!wk || !ek || !kt))) {
         rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory in layer %d's attention", li);
         goto out;
     }
@@ -355,7 +382,11 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
         dsv4_seq *s = f->b->seqs[f->row_seq[r]];
         dsv4_lstate *ls = &s->L[li];
         int64_t p = f->pos[r];
-        memcpy(ls->kv + (p % s->kv_cap) * d, kv + (int64_t)r * d, d * sizeof(float));
+        size_t wrb = (size_t)dsv4_kv_row_bytes(DSV4_KV_WINDOW, d), erb = (size_t)dsv4_kv_row_bytes(DSV4_KV_MAIN, d);
+        if (m->kv_prod)
+            dsv4_kv_pack(DSV4_KV_WINDOW, kv + (int64_t)r * d, d, ls->pkv + (p % s->kv_cap) * wrb);
+        else
+            memcpy(ls->kv + (p % s->kv_cap) * d, kv + (int64_t)r * d, d * sizeof(float));
         int nk = 0;
         if (L->ratio) {
             if (L->own_ent) {
@@ -369,7 +400,8 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
             }
             int64_t nvis = (p + 1) / L->ratio;
             if (L->index_source) {
-                index_scores(m, qi + (int64_t)r * nI * ci, wt + (int64_t)r * nI, s->L[L->ikey_src].ikey, nvis, tmp);
+                double t0 = dsv4_now();
+                index_scores(m, qi + (int64_t)r * nI * ci, wt + (int64_t)r * nI, &s->L[L->ikey_src], nvis, kt, tmp);
                 if (L->cand_source)
                     sh->ncand[r] = candidate_blocks(c, tmp, nvis, sh->cand + (int64_t)r * c->candidate_topk_blocks, btmp);
                 if (L->cand_filter) { /* outside the kept blocks: -inf, chosen only to fill the k slots */
@@ -385,18 +417,30 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
                             tmp[w].s = -INFINITY;
                 }
                 sh->ntopk[r] = dsv4_topk_ascending(tmp, nvis, K, sh->topk + (int64_t)r * K);
+                dsv4_index_seconds_add(dsv4_now() - t0);
             }
-            const float *ent = s->L[L->kv_src].ent;
-            for (int i = 0; i < sh->ntopk[r]; i++)
-                keys[nk++] = ent + sh->topk[(int64_t)r * K + i] * d;
+            const dsv4_lstate *es = &s->L[L->kv_src];
+            for (int i = 0; i < sh->ntopk[r]; i++) {
+                int64_t w = sh->topk[(int64_t)r * K + i];
+                if (m->kv_prod)
+                    dsv4_kv_unpack(DSV4_KV_MAIN, es->pent + w * erb, d, ek + (int64_t)i * d);
+                keys[nk++] = m->kv_prod ? ek + (int64_t)i * d : es->ent + w * d;
+            }
         }
-        for (int64_t j = p - W + 1 < 0 ? 0 : p - W + 1; j <= p; j++)
-            keys[nk++] = ls->kv + (j % s->kv_cap) * d;
+        int nw = 0;
+        for (int64_t j = p - W + 1 < 0 ? 0 : p - W + 1; j <= p; j++, nw++) {
+            if (m->kv_prod)
+                dsv4_kv_unpack(DSV4_KV_WINDOW, ls->pkv + (j % s->kv_cap) * wrb, d, wk + (int64_t)nw * d);
+            keys[nk++] = m->kv_prod ? wk + (int64_t)nw * d : ls->kv + (j % s->kv_cap) * d;
+        }
         be->attend(q + (int64_t)r * Hd, H, d, keys, nk, scale, L->sink, o + (int64_t)r * Hd);
     }
     rc = dsv4_v41_attn_out(m, L, o, R, f->pos, y, err);
 out:
     free(keys);
+    free(wk);
+    free(ek);
+    free(kt);
     free(tmp);
     free(btmp);
     free(bmask);

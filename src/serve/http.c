@@ -1072,6 +1072,30 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     s.a.eos = mi.eos_id;
     s.a.ctx = mi.max_position;
     s.a.family = mi.family;
+    { /* admission: the context each lane can reach within the KV-cache budget, before any allocation */
+        int lanes = o->n_lanes ? o->n_lanes : 4;
+        size_t budget = o->kv_budget;
+        if (!budget) {
+            long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+            budget = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 2 : (size_t)8 << 30;
+        }
+        int64_t fit = dsv4_kv_fit(s.m, lanes, budget);
+        if (fit < 1) {
+            dsv4_fail(err, DSV4_E_ARG, "the KV-cache budget (%.1f MB) does not hold one empty sequence for each of %d lanes "
+                      "(%.1f MB each)", budget / 1048576.0, lanes, dsv4_seq_bytes_at(s.m, 0) / 1048576.0);
+            dsv4_vocab_trie_free(trie);
+            dsv4_tokenizer_free(s.a.tok);
+            dsv4_model_free(s.m);
+            return err->code;
+        }
+        if (fit < s.a.ctx) {
+            s.a.ctx = fit;
+            s.a.kv_limited = 1;
+        }
+        dsv4_log("dsv4 serve: %s KV caches; %lld tokens of context for each of %d lanes within %.0f MB of KV-cache budget "
+                 "(%.1f B/token)", dsv4_model_kv(s.m), (long long)s.a.ctx, lanes, budget / 1048576.0,
+                 (double)(dsv4_seq_bytes_at(s.m, 1 << 20) - dsv4_seq_bytes_at(s.m, 0)) / (1 << 20));
+    }
     s.api_key = o->api_key;
     const char *base = strrchr(o->model_dir, '/');
     char name[256];

@@ -33,6 +33,7 @@ typedef struct dsv4_server_opts {
     int max_tokens;           /* a chat's max_tokens when the request gives none (bounded by the context); 0: 4096 */
     const char *cors;         /* allowed browser origins: NULL or "*": any; "none": no CORS headers; else a
                                * comma-separated list of origins (scheme://host[:port]) */
+    size_t kv_budget;         /* bytes the lanes' KV caches may hold; 0: half of physical memory */
 } dsv4_server_opts;
 
 enum { DSV4_DEFAULT_MAX_CONNECTIONS = 1024, DSV4_DEFAULT_CLIENT_CONNECTIONS = 128, DSV4_DEFAULT_IDLE_TIMEOUT = 15,

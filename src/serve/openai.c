@@ -14,6 +14,9 @@
 #include "text/chat.h"
 #include "text/grammar.h"
 
+/* Said after a context the KV-cache budget bounds. */
+#define KV_LIMIT_NOTE " (what the KV-cache budget, --kv-budget-mb, holds for each lane)"
+
 enum { TAKE = 64,            /* tokens taken from the request at a time */
        CONSTRAINT_CACHE = 16 /* masks a constrained request keeps (its recent grammar states) */ };
 
@@ -361,15 +364,15 @@ static int check_room(const oai_api *s, const oai_gen *g, dsv4_request *r, oai_b
     int64_t room = s->ctx - r->n_prompt, max_tokens = r->max_tokens;
     if (room <= 0) {
         b->code = "context_length_exceeded";
-        return oai_fail(b, g->chat ? "messages" : "prompt", "the prompt has %d tokens; the context holds %lld", r->n_prompt,
-                        (long long)s->ctx);
+        return oai_fail(b, g->chat ? "messages" : "prompt", "the prompt has %d tokens; the context holds %lld%s", r->n_prompt,
+                        (long long)s->ctx, s->kv_limited ? KV_LIMIT_NOTE : "");
     }
     if (max_tokens < 0)
         max_tokens = g->chat ? (room < s->max_tokens ? room : s->max_tokens) : 16;
     if (max_tokens > room) {
         b->code = "context_length_exceeded";
-        return oai_fail(b, "max_tokens", "the prompt (%d tokens) plus max_tokens (%lld) exceeds the context of %lld tokens",
-                        r->n_prompt, (long long)max_tokens, (long long)s->ctx);
+        return oai_fail(b, "max_tokens", "the prompt (%d tokens) plus max_tokens (%lld) exceeds the context of %lld tokens%s",
+                        r->n_prompt, (long long)max_tokens, (long long)s->ctx, s->kv_limited ? KV_LIMIT_NOTE : "");
     }
     r->max_tokens = (int)max_tokens;
     return 0;

@@ -33,6 +33,7 @@ typedef struct oai_api {
     const char *name, *family;   /* the served model's name; "deepseek_v4" or "deepseek_v41" (chat format, DSML tags) */
     int vocab, eos;
     int64_t ctx;
+    int kv_limited;              /* ctx is what the KV-cache budget holds for each lane (below the model's) */
     int max_score_tokens;        /* given tokens one request may score (--max-score-tokens) */
     int max_tokens;              /* a chat's default max_tokens (--max-tokens) */
     int draft;                   /* requests' default proposal length (--draft) */

@@ -212,7 +212,9 @@ int main(void)
 {
     lookup_cases();
     dsv4_err err = {0};
-    dsv4_load_opts lo = {.device = getenv("DSV4_TEST_DEVICE")};
+    const char *kv = getenv("DSV4_TEST_KV"); /* production: tests/suite_kv.sh */
+    dsv4_load_opts lo = {.device = getenv("DSV4_TEST_DEVICE"),
+                         .kv = kv && !strcmp(kv, "production") ? DSV4_KV_PRODUCTION : DSV4_KV_EXACT};
     dsv4_model *m = dsv4_model_load(MODEL, &lo, &err);
     CHECK(m != NULL, MODEL ": %s", err.msg);
     if (!m)

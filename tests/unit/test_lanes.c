@@ -147,8 +147,11 @@ int main(void)
     char dir[1024];
     snprintf(dir, sizeof dir, "%s", CHECK_FIXTURES "/v4/v4-tiny-v");
     dsv4_err err = {0};
-    /* DSV4_TEST_DEVICE=cuda runs the same contracts over the CUDA backend */
-    dsv4_load_opts lo = {.n_threads = 1, .max_rollback = ROLLBACK, .device = getenv("DSV4_TEST_DEVICE")};
+    /* DSV4_TEST_DEVICE=cuda runs the same contracts over the CUDA backend; DSV4_TEST_KV=production
+     * with production KV caches (tests/suite_kv.sh) */
+    const char *kv = getenv("DSV4_TEST_KV");
+    dsv4_load_opts lo = {.n_threads = 1, .max_rollback = ROLLBACK, .device = getenv("DSV4_TEST_DEVICE"),
+                         .kv = kv && !strcmp(kv, "production") ? DSV4_KV_PRODUCTION : DSV4_KV_EXACT};
     model = dsv4_model_load(dir, &lo, &err);
     CHECK(model != NULL, "load %s: %s", dir, err.msg);
     if (!model)

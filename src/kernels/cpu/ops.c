@@ -494,6 +494,8 @@ static const dsv4_backend cpu_backend = {
     .route = dsv4_cpu_route,
     .experts = dsv4_cpu_experts,
     .add = dsv4_cpu_add,
+    .attn_work = dsv4_cpu_attn_work,
+    .kv_production = 1,
 };
 
 const dsv4_backend *dsv4_backend_cpu(void) { return &cpu_backend; }

@@ -7,6 +7,7 @@
 #include "core/core.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/kv_format.h"
 
 void *dsv4_cpu_alloc(size_t bytes) { return calloc(1, bytes ? bytes : 1); }
 void dsv4_cpu_free(void *p) { free(p); }
@@ -136,40 +137,91 @@ static void emit(const dsv4_attn_args *a, int s, const dsv4_pool *cp, const floa
     free(gz);
 }
 
-static int index_select(const dsv4_attn_args *a, int r, const float *ikey, int64_t nvis, int64_t *sel, dsv4_scored *tmp)
+/* The indexer scores entries in tiles of this many against a running top-k, so its scratch is
+ * [topk + tile] whatever the context. */
+#define INDEX_TILE 1024
+
+/* The topk entries of highest score for row r, ascending (the scores and their order are the
+ * same as one pass over every entry gives). kt: [INDEX_TILE, ci] unpacked keys (production);
+ * best: [topk + INDEX_TILE]. */
+static int index_select(const dsv4_attn_args *a, const dsv4_lbufs *b, int r, int64_t nvis, int64_t *sel,
+                        dsv4_scored *best, float *kt)
 {
     const float *qi = a->qi + (int64_t)r * a->nI * a->ci, *wt = a->wt + (int64_t)r * a->nI;
     float isq = 1.0f / sqrtf((float)a->ci);
-    for (int64_t w = 0; w < nvis; w++) {
-        float s = 0;
-        for (int h = 0; h < a->nI; h++) {
-            float dp = dsv4_dot(qi + (int64_t)h * a->ci, ikey + w * a->ci, a->ci);
-            s += wt[h] * a->iw_scale * (dp > 0 ? dp : 0);
+    int ci = a->ci, rb = dsv4_kv_row_bytes(DSV4_KV_INDEX, ci);
+    int64_t n = 0;
+    for (int64_t w0 = 0; w0 < nvis; w0 += INDEX_TILE) {
+        int nt = nvis - w0 < INDEX_TILE ? (int)(nvis - w0) : INDEX_TILE;
+        const float *keys = b->ikey ? b->ikey + w0 * ci : kt;
+        if (a->kv_prod)
+            for (int i = 0; i < nt; i++)
+                dsv4_kv_unpack(DSV4_KV_INDEX, b->pikey + (w0 + i) * rb, ci, kt + (int64_t)i * ci);
+        for (int i = 0; i < nt; i++) {
+            float sc = 0;
+            for (int h = 0; h < a->nI; h++) {
+                float dp = dsv4_dot(qi + (int64_t)h * ci, keys + (int64_t)i * ci, ci);
+                sc += wt[h] * a->iw_scale * (dp > 0 ? dp : 0);
+            }
+            best[n + i].s = sc * isq;
+            best[n + i].w = w0 + i;
         }
-        tmp[w].s = s * isq;
-        tmp[w].w = w;
+        n = dsv4_best_k(best, n + nt, a->topk);
     }
-    return dsv4_topk_ascending(tmp, nvis, a->topk, sel);
+    return dsv4_topk_ascending(best, n, a->topk, sel);
 }
 
 /* Rows of a per-token stream into a ring: only each sequence's last `cap` rows, so no two
- * rows of a step share a slot. */
-static void ring_store(const dsv4_attn_args *a, const float *step, float *const *rings, int cap, int width)
+ * rows of a step share a slot. pack: the ring holds WINDOW rows of `width` values. */
+static void ring_store(const dsv4_attn_args *a, const float *step, void *const *rings, int cap, int width, int pack)
 {
     const dsv4_rows *rw = &a->rows;
+    size_t rb = pack ? (size_t)dsv4_kv_row_bytes(DSV4_KV_WINDOW, width) : (size_t)width * sizeof(float);
     for (int r = 0; r < rw->R; r++) {
         int s = rw->seq[r];
         int64_t end = rw->start[s] + ((s + 1 < rw->S ? rw->first[s + 1] : rw->R) - rw->first[s]);
-        if (rw->pos[r] + cap >= end)
-            memcpy(rings[s] + (rw->pos[r] % cap) * width, step + (int64_t)r * width, width * sizeof(float));
+        if (rw->pos[r] + cap < end)
+            continue;
+        uint8_t *dst = (uint8_t *)rings[s] + (size_t)(rw->pos[r] % cap) * rb;
+        if (pack)
+            dsv4_kv_pack(DSV4_KV_WINDOW, step + (int64_t)r * width, width, dst);
+        else
+            memcpy(dst, step + (int64_t)r * width, width * sizeof(float));
     }
+}
+
+static double index_s;
+double dsv4_index_seconds(void) { return index_s; }
+void dsv4_index_seconds_add(double s) { index_s += s; }
+
+size_t dsv4_cpu_attn_work(int R, int64_t vis_cap, int topk)
+{
+    (void)R, (void)vis_cap, (void)topk; /* attn_step takes its own scratch, bounded per row */
+    return 0;
 }
 
 void dsv4_cpu_attn_step(const dsv4_attn_args *a)
 {
     const dsv4_rows *rw = &a->rows;
-    int R = rw->R, d = a->d, cw = (1 + a->csa) * d, ci = a->ci;
+    int R = rw->R, d = a->d, cw = (1 + a->csa) * d, ci = a->ci, prod = a->kv_prod;
     int64_t Hd = (int64_t)a->H * d;
+    size_t rw_b = (size_t)dsv4_kv_row_bytes(DSV4_KV_WINDOW, d), re_b = (size_t)dsv4_kv_row_bytes(DSV4_KV_MAIN, d),
+           ri_b = (size_t)dsv4_kv_row_bytes(DSV4_KV_INDEX, ci > 0 ? ci : 2);
+    float *ebuf = malloc((size_t)(d > ci ? d : ci) * sizeof(float));
+    int64_t vis = a->ratio ? a->vis_cap : 0, nek = a->csa ? a->topk : vis;
+    /* production: this step's window rows as they are stored; unpacked ring rows and entries */
+    float *kvq = prod ? malloc((size_t)R * d * sizeof(float)) : NULL, *wk = prod ? malloc((size_t)a->window * d * sizeof(float)) : NULL;
+    float *ek = prod && nek ? malloc((size_t)nek * d * sizeof(float)) : NULL;
+    float *kt = prod && a->csa ? malloc((size_t)INDEX_TILE * ci * sizeof(float)) : NULL;
+    uint8_t *rowb = prod ? malloc(rw_b) : NULL;
+    const float **keys = malloc((a->window + nek + 1) * sizeof *keys);
+    int64_t *sel = malloc(((a->csa ? a->topk : 0) + 1) * sizeof *sel);
+    dsv4_scored *best = malloc(((a->csa ? a->topk : 0) + INDEX_TILE) * sizeof *best);
+    if (!ebuf || !keys || !sel || !best || (prod && (!kvq || !wk || (nek && !ek) || (a->csa && !kt) || !rowb))) {
+        for (int64_t i = 0; i < (int64_t)R * Hd; i++)
+            a->o[i] = NAN;
+        R = 0;
+    }
     if (a->ratio)
         for (int r = 0; r < R; r++) {
             int s = rw->seq[r];
@@ -178,20 +230,22 @@ void dsv4_cpu_attn_step(const dsv4_attn_args *a)
                 continue;
             int64_t w = p / a->ratio;
             const dsv4_lbufs *b = &a->st[s];
-            emit(a, s, &a->comp, a->cc, a->zz, b->c, b->z, w, b->ent + w * d);
-            if (a->csa)
-                emit(a, s, &a->icomp, a->ic, a->iz, b->ic, b->iz, w, b->ikey + w * ci);
+            emit(a, s, &a->comp, a->cc, a->zz, b->c, b->z, w, prod ? ebuf : b->ent + w * d);
+            if (prod)
+                dsv4_kv_pack(DSV4_KV_MAIN, ebuf, d, b->pent + w * re_b);
+            if (a->csa) {
+                emit(a, s, &a->icomp, a->ic, a->iz, b->ic, b->iz, w, prod ? ebuf : b->ikey + w * ci);
+                if (prod)
+                    dsv4_kv_pack(DSV4_KV_INDEX, ebuf, ci, b->pikey + w * ri_b);
+            }
         }
-    int64_t vis = a->ratio ? a->vis_cap : 0;
-    const float **keys = malloc((a->window + vis + 1) * sizeof *keys);
-    int64_t *sel = malloc((vis + 1) * sizeof *sel);
-    dsv4_scored *tmp = malloc((vis + 1) * sizeof *tmp);
-    if (!keys || !sel || !tmp) {
-        for (int64_t i = 0; i < (int64_t)R * Hd; i++)
-            a->o[i] = NAN;
-        R = 0;
+    for (int r = 0; r < R && prod; r++) {
+        dsv4_kv_pack(DSV4_KV_WINDOW, a->kv + (int64_t)r * d, d, rowb);
+        dsv4_kv_unpack(DSV4_KV_WINDOW, rowb, d, kvq + (int64_t)r * d);
     }
     const dsv4_backend *be = dsv4_backend_cpu();
+    int ek_seq = -1;
+    int64_t ek_n = 0;
     for (int r = 0; r < R; r++) {
         int s = rw->seq[r];
         const dsv4_lbufs *b = &a->st[s];
@@ -200,21 +254,48 @@ void dsv4_cpu_attn_step(const dsv4_attn_args *a)
         if (a->ratio) {
             int64_t nvis = (p + 1) / a->ratio;
             if (a->csa) {
-                int n = index_select(a, r, b->ikey, nvis, sel, tmp);
-                for (int i = 0; i < n; i++)
-                    keys[nk++] = b->ent + sel[i] * d;
-            } else
+                double t0 = dsv4_now();
+                int n = index_select(a, b, r, nvis, sel, best, kt);
+                index_s += dsv4_now() - t0;
+                for (int i = 0; i < n; i++) {
+                    if (prod)
+                        dsv4_kv_unpack(DSV4_KV_MAIN, b->pent + sel[i] * re_b, d, ek + (int64_t)i * d);
+                    keys[nk++] = prod ? ek + (int64_t)i * d : b->ent + sel[i] * d;
+                }
+            } else {
+                if (prod && ek_seq != s) { /* a sequence's rows are consecutive: its entries unpack once a step */
+                    ek_seq = s;
+                    ek_n = 0;
+                }
+                for (; prod && ek_n < nvis; ek_n++)
+                    dsv4_kv_unpack(DSV4_KV_MAIN, b->pent + ek_n * re_b, d, ek + ek_n * d);
                 for (int64_t w = 0; w < nvis; w++)
-                    keys[nk++] = b->ent + w * d;
+                    keys[nk++] = prod ? ek + w * d : b->ent + w * d;
+            }
         }
-        for (int64_t j = p - a->window + 1 < 0 ? 0 : p - a->window + 1; j <= p; j++)
-            keys[nk++] = tok_row(a, s, j, a->kv, b->kv, a->kv_cap, d);
+        int nw = 0;
+        for (int64_t j = p - a->window + 1 < 0 ? 0 : p - a->window + 1; j <= p; j++, nw++) {
+            if (!prod)
+                keys[nk++] = tok_row(a, s, j, a->kv, b->kv, a->kv_cap, d);
+            else if (j >= rw->start[s])
+                keys[nk++] = tok_row(a, s, j, kvq, NULL, a->kv_cap, d);
+            else {
+                dsv4_kv_unpack(DSV4_KV_WINDOW, b->pkv + (size_t)(j % a->kv_cap) * rw_b, d, wk + (int64_t)nw * d);
+                keys[nk++] = wk + (int64_t)nw * d;
+            }
+        }
         be->attend(a->q + (int64_t)r * Hd, a->H, d, keys, nk, a->scale, a->sink, a->o + (int64_t)r * Hd);
     }
+    free(ebuf);
+    free(kvq);
+    free(wk);
+    free(ek);
+    free(kt);
+    free(rowb);
     free(keys);
     free(sel);
-    free(tmp);
-    float **rings = malloc((size_t)rw->S * sizeof *rings);
+    free(best);
+    void **rings = malloc((size_t)rw->S * sizeof *rings);
     if (!rings)
         return;
     for (int k = 0; k < 5; k++) {
@@ -224,10 +305,10 @@ void dsv4_cpu_attn_step(const dsv4_attn_args *a)
             continue;
         for (int s = 0; s < rw->S; s++) {
             const dsv4_lbufs *b = &a->st[s];
-            float *rs[5] = {b->kv, b->c, b->z, b->ic, b->iz};
+            void *rs[5] = {prod ? (void *)b->pkv : (void *)b->kv, b->c, b->z, b->ic, b->iz};
             rings[s] = rs[k];
         }
-        ring_store(a, step[k], rings, cap, width);
+        ring_store(a, step[k], rings, cap, width, k == 0 && prod);
     }
     free(rings);
 }
