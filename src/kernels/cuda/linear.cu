@@ -109,7 +109,7 @@ void dsv4cu::tc_fold(const float *part, int S, int64_t rows, int nr, int64_t pld
 
 int dsv4cu::tc_blocks(const wdev &w, int nt, int64_t nr)
 {
-    return nt ? (int)cdiv(cdiv(nr, 16) * w.tcs, TC_RW) : (int)cdiv(nr, TC_TW * 16);
+    return nt ? (int)cdiv(cdiv(nr, 16 * TC_MR(nt)) * w.tcs, TC_RW) : (int)cdiv(nr, TC_TW * 16);
 }
 
 /* The device's multiprocessors (device 0: the backend runs on one). */

@@ -117,6 +117,8 @@ __device__ __forceinline__ const uint8_t *tc_row(const wdev &w, int64_t r)
  * w / tcs), and the tile path's block: TC_TW warps of one row group each, over TC_TN tokens.
  * TC_SMAX bounds tcs. */
 enum { TC_RW = 4, TC_TW = 8, TC_TN = 64, TC_SMAX = 64 };
+/* m-tiles of a register-path warp for NT n-tiles */
+#define TC_MR(NT) ((NT) == 1 ? 4 : 2)
 
 /* Where run slice s of S begins: slices are contiguous, in order, fixed by the run count and S. */
 __device__ __forceinline__ int tc_slice(int nrun, int S, int s) { return (int)((int64_t)nrun * s / S); }
@@ -174,81 +176,101 @@ __device__ __forceinline__ void tc_step(float acc[4], const uint32_t a[4], const
  * 16-byte aligned. */
 
 /* The register path, for few tokens: y[t, i] = sum_k W[r0 + i, k] x[t, k], i < nr, t < T, through
- * a row map M (linear.cuh). Block blk of TC_RW warps; tokens 8 NT at a time, each warp splitting
- * its own x values. Split (part != NULL, required when tcs > TC_RW): slice s goes to the map
- * m.with_y(part + s slab, pld). */
+ * a row map M (linear.cuh). Block blk of TC_RW warps; a row group is TC_MR(NT) m-tiles of 16 rows
+ * (each m-tile's sums are those of a 16-row group above: the m-tiles only share x loads and
+ * splits); tokens 8 NT at a time, each warp splitting its own x values. Split (part != NULL,
+ * required when tcs > TC_RW): slice s goes to the map m.with_y(part + s slab, pld). */
 template <int F, int NT, class M>
 __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const M &m, int T, int blk, float *part,
                                         int64_t pld, int64_t slab)
 {
     typedef typename tcf<F>::CT CT;
-    enum { G = tcf<F>::G, U = tcf<F>::U };
+    enum { G = tcf<F>::G, MR = TC_MR(NT), UR = tcf<F>::U * 2 / MR > 0 ? tcf<F>::U * 2 / MR : 1 };
     const bool scaled = F != DSV4_WF_BF16;
-    __shared__ float red[TC_RW][4 * NT][32];
-    __shared__ float4 xsm[TC_RW][U][NT][G][32]; /* each lane's own x chunks, no sharing */
+    __shared__ float red[TC_RW][MR * NT * 4][32];
+    __shared__ float4 xsm[TC_RW][UR][NT][G][32]; /* each lane's own x chunks, no sharing */
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int S = w.tcs, gw = blk * TC_RW + wid, i0 = gw / S * 16, sub = gw % S;
+    const int S = w.tcs, gw = blk * TC_RW + wid, i0 = gw / S * 16 * MR, sub = gw % S;
     const bool live = i0 < nr;
     const int k = (int)w.k, nrun = (k + 16 * G - 1) / (16 * G);
     const int c_lo = tc_slice(nrun, S, sub), c_hi = tc_slice(nrun, S, sub + 1);
-    const int64_t ra = r0 + (i0 + g < nr ? i0 + g : i0), rb = r0 + (i0 + g + 8 < nr ? i0 + g + 8 : i0);
-    const uint8_t *pa = tc_row<F>(w, ra), *pb = tc_row<F>(w, rb);
-    const int64_t sa = scaled ? tc_srow<F>(w, ra) : 0, sb = scaled ? tc_srow<F>(w, rb) : 0;
-    for (int t0 = 0; t0 < T; t0 += 8 * NT) {
-        float acc[NT][4];
+    /* rows g and g + 8 of each m-tile (rows past nr read the group's first row; dropped) as byte
+     * offsets from w.q, and their first scale index */
+    uint32_t ro[MR][2];
+    int so[MR][2];
 #pragma unroll
-        for (int j = 0; j < NT; j++)
-            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    for (int mt = 0; mt < MR; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int i = i0 + 16 * mt + g + 8 * h;
+            int64_t r = r0 + (i < nr ? i : i0);
+            ro[mt][h] = (uint32_t)(tc_row<F>(w, r) - w.q);
+            so[mt][h] = scaled ? (int)tc_srow<F>(w, r) : 0;
+        }
+    for (int t0 = 0; t0 < T; t0 += 8 * NT) {
+        float acc[MR][NT][4];
+#pragma unroll
+        for (int mt = 0; mt < MR; mt++)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+                acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
         const float *xr[NT];
 #pragma unroll
         for (int j = 0; j < NT; j++)
             xr[j] = t0 + 8 * j + g < T ? m.xr(t0 + 8 * j + g) : NULL;
         if (live)
-            for (int c0 = c_lo; c0 < c_hi; c0 += U) {
-                /* U runs' weight loads, and their x copied to this lane's shared slots, are
+            for (int c0 = c_lo; c0 < c_hi; c0 += UR) {
+                /* UR runs' weight loads, and their x copied to this lane's shared slots, are
                  * issued together before the first use */
-                CT qa[U], qb[U];
+                CT q[UR][MR][2];
 #pragma unroll
-                for (int v = 0; v < U; v++) {
+                for (int v = 0; v < UR; v++) {
                     int kk = (c0 + v) * 16 * G + 4 * G * t;
                     bool in = c0 + v < c_hi && kk < k;
-                    if (in) {
-                        qa[v] = tc_load<F>(pa, kk);
-                        qb[v] = tc_load<F>(pb, kk);
-                    }
+                    if (in)
+#pragma unroll
+                        for (int mt = 0; mt < MR; mt++)
+#pragma unroll
+                            for (int h = 0; h < 2; h++)
+                                q[v][mt][h] = tc_load<F>(w.q + ro[mt][h], kk);
 #pragma unroll
                     for (int j = 0; j < NT; j++)
 #pragma unroll
                         for (int u = 0; u < G; u++)
-                            cp16(&xsm[wid][v][j][u][lane], in && xr[j] ? (const float4 *)(xr[j] + kk) + u : (const float4 *)pa,
+                            cp16(&xsm[wid][v][j][u][lane], in && xr[j] ? (const float4 *)(xr[j] + kk) + u : (const float4 *)w.q,
                                  in && xr[j]);
                 }
                 cp_wait();
 #pragma unroll
-                for (int v = 0; v < U; v++) {
+                for (int v = 0; v < UR; v++) {
                     int c = c0 + v, kk = c * 16 * G + 4 * G * t;
                     if (c >= c_hi)
                         break;
-                    float s0 = 1.0f, s1 = 1.0f;
-                    if (scaled) {
-                        int bi = tc_sblock<F>(w, c);
-                        s0 = scale_at(w.s, w.e8m0, sa + bi);
-                        s1 = scale_at(w.s, w.e8m0, sb + bi);
-                    }
+                    int bi = scaled ? tc_sblock<F>(w, c) : 0;
 #pragma unroll
                     for (int u = 0; u < G; u++) {
-                        uint32_t a[4] = {0u, 0u, 0u, 0u};
-                        if (kk < k) {
-                            tc_decode<F>(qa[v], u, a[0], a[2]);
-                            tc_decode<F>(qb[v], u, a[1], a[3]);
-                        }
+                        uint32_t b01[NT][3], b23[NT][3];
 #pragma unroll
                         for (int j = 0; j < NT; j++) {
-                            uint32_t b01[3], b23[3];
                             float4 xv = xsm[wid][v][j][u][lane];
-                            split3(xv.x, xv.y, b01);
-                            split3(xv.z, xv.w, b23);
-                            tc_step<F>(acc[j], a, b01, b23, s0, s1);
+                            split3(xv.x, xv.y, b01[j]);
+                            split3(xv.z, xv.w, b23[j]);
+                        }
+#pragma unroll
+                        for (int mt = 0; mt < MR; mt++) {
+                            uint32_t a[4] = {0u, 0u, 0u, 0u};
+                            if (kk < k) {
+                                tc_decode<F>(q[v][mt][0], u, a[0], a[2]);
+                                tc_decode<F>(q[v][mt][1], u, a[1], a[3]);
+                            }
+                            float s0 = 1.0f, s1 = 1.0f;
+                            if (scaled) {
+                                s0 = scale_at(w.s, w.e8m0, so[mt][0] + bi);
+                                s1 = scale_at(w.s, w.e8m0, so[mt][1] + bi);
+                            }
+#pragma unroll
+                            for (int j = 0; j < NT; j++)
+                                tc_step<F>(acc[mt][j], a, b01[j], b23[j], s0, s1);
                         }
                     }
                 }
@@ -257,41 +279,49 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
             const M pm = m.with_y(part + sub * slab, pld);
             if (live)
 #pragma unroll
-                for (int j = 0; j < NT; j++)
+                for (int mt = 0; mt < MR; mt++)
 #pragma unroll
-                    for (int q = 0; q < 4; q++) {
-                        int tk = t0 + 8 * j + 2 * t + (q & 1), i = i0 + g + (q >> 1) * 8;
-                        if (tk < T && i < nr)
-                            pm.yr(tk)[i] = acc[j][q];
-                    }
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int qd = 0; qd < 4; qd++) {
+                            int tk = t0 + 8 * j + 2 * t + (qd & 1), i = i0 + 16 * mt + g + (qd >> 1) * 8;
+                            if (tk < T && i < nr)
+                                pm.yr(tk)[i] = acc[mt][j][qd];
+                        }
             continue;
         }
         if (S > 1) {
             __syncthreads();
             if (sub)
 #pragma unroll
-                for (int j = 0; j < NT; j++)
+                for (int mt = 0; mt < MR; mt++)
 #pragma unroll
-                    for (int q = 0; q < 4; q++)
-                        red[wid][4 * j + q][lane] = acc[j][q];
+                    for (int j = 0; j < NT; j++)
+#pragma unroll
+                        for (int qd = 0; qd < 4; qd++)
+                            red[wid][(mt * NT + j) * 4 + qd][lane] = acc[mt][j][qd];
             __syncthreads();
             if (!sub)
                 for (int o = 1; o < S; o++)
 #pragma unroll
-                    for (int j = 0; j < NT; j++)
+                    for (int mt = 0; mt < MR; mt++)
 #pragma unroll
-                        for (int q = 0; q < 4; q++)
-                            acc[j][q] += red[wid + o][4 * j + q][lane];
+                        for (int j = 0; j < NT; j++)
+#pragma unroll
+                            for (int qd = 0; qd < 4; qd++)
+                                acc[mt][j][qd] += red[wid + o][(mt * NT + j) * 4 + qd][lane];
         }
         if (live && !sub)
 #pragma unroll
-            for (int j = 0; j < NT; j++)
+            for (int mt = 0; mt < MR; mt++)
 #pragma unroll
-                for (int q = 0; q < 4; q++) {
-                    int tk = t0 + 8 * j + 2 * t + (q & 1), i = i0 + g + (q >> 1) * 8;
-                    if (tk < T && i < nr)
-                        m.yr(tk)[i] = acc[j][q];
-                }
+                for (int j = 0; j < NT; j++)
+#pragma unroll
+                    for (int qd = 0; qd < 4; qd++) {
+                        int tk = t0 + 8 * j + 2 * t + (qd & 1), i = i0 + 16 * mt + g + (qd >> 1) * 8;
+                        if (tk < T && i < nr)
+                            m.yr(tk)[i] = acc[mt][j][qd];
+                    }
     }
 }
 
@@ -429,7 +459,7 @@ __device__ __forceinline__ void tc_any(const wdev &w, int64_t r0, int nr, const 
         tc_rows<F, NT>(w, r0, nr, m, T, blk, part, pld, slab);
 }
 
-#define TC_BOUNDS(NT) __launch_bounds__((NT) ? TC_RW * 32 : TC_TW * 32, (NT) ? 8 : 2)
+#define TC_BOUNDS(NT) __launch_bounds__((NT) ? TC_RW * 32 : TC_TW * 32, (NT) ? 4 : 2)
 
 /* Host side (linear.cu): whether a weight takes the tensor-core path (from its form, shape and
  * scale blocks alone, so every call over it sums the same way); the n-tiles of a register-path
