@@ -192,7 +192,7 @@ void dsv4_index_seconds_add(double s);
 /* The dot product every CPU op uses: one fixed reduction order per length. */
 float dsv4_dot(const float *a, const float *b, int64_t n);
 
-/* CPU reference pieces the V4.1 forward shares (kernels/cpu/attn.c). */
+/* CPU reference pieces the V4.1 forward shares (kernels/cpu/step.c). */
 /* Pooled group w of a compressor: per channel, softmax over the group's slots of z (+ ape)
  * weighting c, rings [c_cap, (1 + overlap) dim] by position mod c_cap; out [dim]. */
 void dsv4_pool_group(const dsv4_pool *cp, const float *cring, const float *zring, int c_cap, int64_t w, float *out);

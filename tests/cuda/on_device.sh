@@ -4,9 +4,9 @@
 # lib/ holding the shared libraries the image lacks), else builds with CUDA=1 there. Then, as
 # `make test-cuda`: the op test, every V4 and V4.1 fixture through the CUDA backend, the same
 # fixtures with a device budget that spills routed experts to pinned host memory, and a budget
-# that must be refused (one after the other: eight at once ran past their limits). Then the
-# timings: `dsv4 bench --synthetic v4-flash --layers 2` with graph replay on and off, and with
-# experts spilled. Last, the op test under compute-sanitizer.
+# that must be refused (one after the other, so no run's time limit is spent waiting on the
+# others' use of the device). Then the timings: `dsv4 bench --synthetic v4-flash --layers 2`
+# with graph replay on and off, and with experts spilled. Last, the op test under compute-sanitizer.
 # `on_device.sh bench`: instead, our rows of the benchmark table (43 layers, lanes, 4k prefill);
 # `on_device.sh peers`: the transformers and PyTorch peers beside ours on the same 2 layers;
 # `on_device.sh ncu`: the hardware counters of each kernel of one decode step.

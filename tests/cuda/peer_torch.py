@@ -1,4 +1,4 @@
-"""Peer numbers for bench_cuda's linear table (docs/cuda.md): PyTorch's FP8 scaled matmul
+"""Peer numbers for bench_cuda's linear table (docs/bench.md): PyTorch's FP8 scaled matmul
 (torch._scaled_mm, e4m3 weights) and BF16 matmul (torch.nn.functional.linear) at the same
 [n, k] shapes, batch 1 and a prefill batch, timed as bench_cuda times ours: each shape's
 weight rotated over >= 512 MB of copies (L2 cannot serve them), the calls captured in a CUDA

@@ -119,9 +119,9 @@ static void step(dsv4_exl3_enc *e, const float *cost, float *next, float tp, uin
 }
 
 /* The free pass that picks the final state only looks at positions FREE_START..255: the final
- * state's low bits hardly depend on the distant past. Measured on 64 Gaussian tiles per K
- * (K = 2, 3, 4): starting at 128 instead of 0 changes the MSE by at most 0.4 % (noise level)
- * and makes a tile ~1.35x faster; starting at 192 already costs ~1 % at K = 2. */
+ * state's low bits hardly depend on the distant past, so the first half of the tile can be
+ * skipped without changing the error beyond noise; a later start does change it
+ * (docs/bench.md, "EXL3 quantizer"). */
 #define FREE_START 128
 
 /* One Viterbi pass over the targets t[start..255] (trellis order). fix >= 0: only states whose

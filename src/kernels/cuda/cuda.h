@@ -3,7 +3,7 @@
  * Weights are uploaded once (dsv4_cuda_put_weight: the stored bytes and scales as they are,
  * decoded inside the kernels) and found again by their host address. Activations and sequence
  * state live in device memory from the table's alloc; an op given device buffers only queues
- * its kernels (one stream, no copies, no waiting). The older ops also take host buffers
+ * its kernels (one stream, no copies, no waiting). The other ops also take host buffers
  * (decided per pointer): those are copied in and their outputs back, synchronously. attn_step
  * and experts take device buffers only. Any constant array an op reads (norm weights, hc
  * params, sinks, rope tables, router bias) is used in place when it is device memory, from its

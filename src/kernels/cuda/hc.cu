@@ -111,8 +111,8 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
     /* The mixes, by warp 0: lane j < n stream j's pre, post and comb row (hc_mix.h); then lane
      * l < n n holds comb element (l / n, l % n) through the Sinkhorn steps, gathering its row's
      * or column's entries by shuffles and summing them in index order, as the CPU does. One
-     * division per lane and half-step: a thread dividing a whole line waited on each division
-     * in turn. */
+     * division per lane and half-step, so a line's divisions run side by side rather than one
+     * after another in a single thread. */
     if (threadIdx.x < 32) {
         int l = threadIdx.x, jr = l / n, kc = l % n;
         bool own = l < n * n;

@@ -7,8 +7,8 @@
  * bit for bit. The order differs from the CPU's, so GPU and CPU agree to rounding only.
  *
  * Buffers: the ops run over device buffers without copies or waits (the V4 forward's step
- * arena and sequence state); the older ops also take host buffers, copied in and out per call
- * (V4.1's stateful steps, tests).
+ * arena and sequence state); the ops other than attn_step and experts also take host buffers,
+ * copied in and out per call (V4.1's stateful steps, tests).
  *
  * Files: runtime.cu (device, residency, scratch, buffers, memory, graphs), linear.cu,
  * experts.cu, norm.cu (rmsnorm, rope), hc.cu, attend.cu, elementwise.cu, embed.cu, step.cu
