@@ -22,8 +22,8 @@ __global__ void __launch_bounds__(LIN_WARPS * 32) k_linear(wdev w, int64_t r0, i
 }
 
 /* A group: job blockIdx.x / bpj. Kept apart from k_linear because a run-time job index into the
- * parameters cost the single launches registers and time (measured: FP4 expert 6.6 -> 10.3 us).
- * The T = 1 build is held to 64 registers (4 blocks a multiprocessor). */
+ * parameters costs the single launches registers and time (docs/bench.md, "Linear kernel designs
+ * measured"). The T = 1 build is held to 64 registers (4 blocks a multiprocessor). */
 template <int F, bool VEC, int TT>
 __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_linear_group(lin_jobs J, int T)
 {
