@@ -23,6 +23,7 @@
 #include "serve/sampler.h"
 
 #define N_GEN 12
+#include "lanes_run.h"
 
 /* Plain (k = 0) or MTP-drafted generation through dsv4_draft_step: ids and logprobs. */
 static int run(dsv4_model *m, const int32_t *prompt, int T, const dsv4_sample_params *sp, int k, int32_t *ids,
@@ -106,53 +107,6 @@ static void check_state(dsv4_model *m)
     printf("  MTP window: rollback, restore and copy give the uninterrupted run's draft\n");
 }
 
-static int64_t lanes_run(dsv4_model *m, int n_lanes, int draft, int mixed, int cached, const dsv4_sample_params *sp,
-                         int32_t (*ids)[N_GEN], double (*lps)[N_GEN], int *nk)
-{
-    static const int32_t p0[] = {0, 5, 7, 9, 11, 5, 7}, p1[] = {0, 100, 200, 300}, p2[] = {0, 9, 9, 9, 9, 9},
-                         p3[] = {0, 42, 17, 42, 17, 42, 17, 42};
-    const int32_t *pr[4] = {p0, p1, p2, p3};
-    int T[4] = {7, 4, 6, 8};
-    dsv4_err err = {0};
-    dsv4_lanes_opts o = {.n_lanes = n_lanes, .drafter = DSV4_DRAFTER_MTP, .cache_bytes = cached ? 64 << 20 : 0,
-                          .draft_row_cost = 1e-9}; /* full depth: the random stages are kept too seldom for the policy */
-    dsv4_lanes *l = dsv4_lanes_new(m, &o, &err);
-    CHECK(l != NULL, "lanes: %s", err.msg);
-    if (!l)
-        return 0;
-    int64_t proposed = 0;
-    for (int round = 0; round < 1 + cached; round++) {
-        dsv4_request *rs[4];
-        for (int k = 0; k < 4; k++) {
-            rs[k] = dsv4_request_new(pr[k], T[k], &err);
-            rs[k]->sp = *sp;
-            rs[k]->sp.seed += (uint64_t)k;
-            rs[k]->max_tokens = N_GEN;
-            rs[k]->use_cache = cached;
-            rs[k]->draft = mixed && k == 0 ? 0 : draft;
-            CHECK(!dsv4_lanes_submit(l, rs[k], &err), "submit: %s", err.msg);
-        }
-        for (int guard = 0; guard < 5000; guard++) {
-            int done = 1;
-            for (int k = 0; k < 4; k++)
-                done &= rs[k]->finish != 0;
-            if (done || dsv4_lanes_step(l, &err) < 0)
-                break;
-        }
-        for (int k = 0; k < 4; k++) {
-            CHECK(rs[k]->finish == DSV4_FINISH_LENGTH, "lanes: finish %d (%s)", rs[k]->finish, rs[k]->errmsg);
-            nk[k] = rs[k]->n_out;
-            for (int i = 0; i < rs[k]->n_out && i < N_GEN; i++) {
-                ids[k][i] = rs[k]->out[i].id;
-                lps[k][i] = rs[k]->out[i].logprob;
-            }
-            proposed += rs[k]->draft_proposed;
-            dsv4_request_release(rs[k]);
-        }
-    }
-    dsv4_lanes_free(l);
-    return proposed;
-}
 
 /* The synthetic folder with one tensor renamed in its header: refused by name. */
 static void check_missing(const char *dir, const char *name)
@@ -220,11 +174,11 @@ int main(void)
             static int32_t lref[4][N_GEN], lgot[4][N_GEN];
             static double lrlp[4][N_GEN], lglp[4][N_GEN];
             int lnr[4], lng[4];
-            lanes_run(m, 1, 0, 0, 0, &sp, lref, lrlp, lnr);
+            lanes_run(m, 1, DSV4_DRAFTER_MTP, 0, 0, 0, &sp, lref, lrlp, lnr, NULL, NULL);
             int64_t proposed = 0;
             for (int lanes = 1; lanes <= 3; lanes += 2)
                 for (int v = 0; v < 3; v++) {
-                    proposed += lanes_run(m, lanes, v == 1 ? 16 : 3, v == 1, v == 2, &sp, lgot, lglp, lng);
+                    lanes_run(m, lanes, DSV4_DRAFTER_MTP, v == 1 ? 16 : 3, v == 1, v == 2, &sp, lgot, lglp, lng, NULL, &proposed);
                     for (int k = 0; k < 4; k++)
                         CHECK(lng[k] == lnr[k] && !memcmp(lgot[k], lref[k], lnr[k] * sizeof(int32_t)) &&
                                   !memcmp(lglp[k], lrlp[k], lnr[k] * sizeof(double)),
