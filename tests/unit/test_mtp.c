@@ -24,6 +24,7 @@
 
 #define N_GEN 12
 #include "lanes_run.h"
+#include "renamed.h"
 
 /* Plain (k = 0) or MTP-drafted generation through dsv4_draft_step: ids and logprobs. */
 static int run(dsv4_model *m, const int32_t *prompt, int T, const dsv4_sample_params *sp, int k, int32_t *ids,
@@ -111,40 +112,17 @@ static void check_state(dsv4_model *m)
 /* The synthetic folder with one tensor renamed in its header: refused by name. */
 static void check_missing(const char *dir, const char *name)
 {
-    char tmp[] = "/tmp/dsv4_mtp_missing_XXXXXX", src[512], dst[512];
-    CHECK(mkdtemp(tmp) != NULL, "mkdtemp");
+    char tmp[] = "/tmp/dsv4_mtp_missing_XXXXXX";
     const char *files[] = {"config.json", "model.safetensors"};
-    for (int i = 0; i < 2; i++) {
-        snprintf(src, sizeof src, "%s/%s", dir, files[i]);
-        snprintf(dst, sizeof dst, "%s/%s", tmp, files[i]);
-        size_t n = 0;
-        char *b = dsv4_read_file(src, &n, NULL);
-        if (b && i == 1) {
-            char needle[160];
-            snprintf(needle, sizeof needle, "\"%s\"", name);
-            char *at = memmem(b, n, needle, strlen(needle));
-            CHECK(at != NULL, "%s not in the synthetic checkpoint", name);
-            if (at)
-                at[1] = 'X';
-        }
-        FILE *f = fopen(dst, "wb");
-        if (b && f)
-            fwrite(b, 1, n, f);
-        if (f)
-            fclose(f);
-        free(b);
-    }
+    if (renamed_copy(dir, files, 2, name, tmp))
+        return;
     dsv4_err err = {0};
     dsv4_load_opts lo = {.draft_stages = 0}; /* bound either way */
     dsv4_model *m = dsv4_model_load(tmp, &lo, &err);
     CHECK(!m && strstr(err.msg, name), "missing %s: %s", name, m ? "loaded" : err.msg);
     printf("  without %s: refused (%s)\n", name, err.msg);
     dsv4_model_free(m);
-    for (int i = 0; i < 2; i++) {
-        snprintf(dst, sizeof dst, "%s/%s", tmp, files[i]);
-        remove(dst);
-    }
-    rmdir(tmp);
+    renamed_remove(tmp, files, 2);
 }
 
 int main(void)
