@@ -70,6 +70,7 @@ const char *dsv4_model_kv(const dsv4_model *m);
 /* Loads a checkpoint folder (config.json + model.safetensors or sharded index). */
 dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_err *err);
 void dsv4_model_free(dsv4_model *m);
+
 typedef struct dsv4_model_info {
     const char *family;     /* "deepseek_v4" or "deepseek_v41" */
     int vocab_size, hidden_size, n_layers, n_heads, head_dim;
@@ -78,6 +79,10 @@ typedef struct dsv4_model_info {
     size_t weight_bytes;    /* bytes of weights as stored */
 } dsv4_model_info;
 void dsv4_model_get_info(const dsv4_model *m, dsv4_model_info *out);
+/* 1 when some routed experts are read from host memory at every use (the CUDA loader's plan
+ * when they do not all fit the device); 0 on the CPU. */
+int dsv4_model_experts_in_host(const dsv4_model *m);
+
 /* ---- sequences ------------------------------------------------------------------- */
 /* A sequence owns every cache one conversation needs (window rows, compressor windows,
  * compressed entries, indexer keys). It belongs to one model. */
@@ -140,10 +145,6 @@ int dsv4_mtp_on(const dsv4_model *m);
  * Returns how many were written to out (0 for an empty sequence), or minus an error code. The
  * sequence is not changed: dsv4_forward fills its MTP window. */
 int dsv4_mtp_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int k, int32_t *out, dsv4_err *err);
-
-/* 1 when some routed experts are read from host memory at every use (the CUDA loader's plan
- * when they do not all fit the device); 0 on the CPU. */
-int dsv4_model_experts_in_host(const dsv4_model *m);
 
 /* ---- misc ------------------------------------------------------------------------ */
 const char *dsv4_version(void);
