@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include "cli/cli.h"
 #include "core/core.h"
+#include "model/diag.h"
 #include "model/model.h"
 
 /* Read bandwidth of all threads summing a buffer much larger than the caches (GB/s). */

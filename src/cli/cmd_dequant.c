@@ -8,6 +8,7 @@
 #include "io/safetensors.h"
 #include "io/weight.h"
 #include "kernels/cpu/exl3.h"
+#include "kernels/cpu/weight_decode.h"
 
 static void usage(FILE *f)
 {

@@ -1,6 +1,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "cli/cli.h"
+#include "model/diag.h"
 
 int dsv4_cmd_info(int argc, char **argv)
 {

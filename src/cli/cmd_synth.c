@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/cli.h"
+#include "model/diag.h"
 
 int dsv4_cmd_synth(int argc, char **argv)
 {

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "cli/cli.h"
+#include "model/diag.h"
 
 int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o)
 {

@@ -12,7 +12,7 @@ typedef enum {
     DSV4_WF_F16,
     DSV4_WF_FP8,   /* e4m3 [n, k] + power-of-two scale per (bn x bk) block */
     DSV4_WF_FP4,   /* e2m1 pairs [n, k/2] (low nibble = even k) + scale per (1 x bk) group */
-    DSV4_WF_EXL3,  /* trellis-coded (see kernels/cpu/exl3.h) */
+    DSV4_WF_EXL3,  /* trellis-coded (see io/exl3_format.h) */
     DSV4_WF_COUNT
 } dsv4_wform;
 
@@ -42,9 +42,6 @@ int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k
 
 /* Frees what a binding owns (the EXL3 record); a no-op for the other forms. */
 void dsv4_weight_release(dsv4_weight *w);
-
-/* Decodes row r (k values) to fp32: exactly, except EXL3 (rotations in double, rounded once). */
-void dsv4_weight_row(const dsv4_weight *w, int64_t r, float *out);
 
 /* Reads a small tensor (norm weights, biases, hc params: F32/BF16/F16) into a new fp32
  * array, checking its element count. */

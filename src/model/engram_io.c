@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include "core/core.h"
+#include "kernels/cpu/weight_decode.h"
 #include "model/model.h"
 
 #define DIO_ALIGN 4096

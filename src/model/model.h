@@ -8,6 +8,7 @@
 #include "io/safetensors.h"
 #include "io/weight.h"
 #include "kernels/backend.h"
+#include "model/diag.h"
 #include "model/engram.h"
 
 /* One compressor (attention's or the indexer's): width cd = d (HCA, one window) or 2d

@@ -12,6 +12,7 @@
 #include "io/st_write.h"
 #include "io/weight.h"
 #include "kernels/cpu/exl3.h"
+#include "kernels/cpu/weight_decode.h"
 
 /* fp32 matvec vs the double product with the dense weight: |y - ref| <= MV_TOL · ||x|| · ||W_c||
  * (the Cauchy-Schwarz scale of the dot product, which the two orthonormal rotations keep).

@@ -12,6 +12,7 @@
 #include "core/core.h"
 #include "io/weight.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/weight_decode.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 static uint32_t rnd(void)

@@ -18,6 +18,7 @@
 #include "check.h"
 #include "core/core.h"
 #include "dsv4.h"
+#include "model/diag.h"
 #include "serve/draft.h"
 #include "serve/lanes.h"
 #include "serve/sampler.h"

@@ -25,6 +25,7 @@
 #include "check.h"
 #include "core/core.h"
 #include "io/safetensors.h"
+#include "model/diag.h"
 #include "model/engram.h"
 #include "fixtures.h"
 

@@ -15,6 +15,7 @@
 #include "core/core.h"
 #include "io/safetensors.h"
 #include "fixtures.h"
+#include "model/diag.h"
 
 int main(int argc, char **argv)
 {

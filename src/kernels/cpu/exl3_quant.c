@@ -14,6 +14,7 @@
 #include <string.h>
 #include "core/core.h"
 #include "kernels/cpu/exl3.h"
+#include "kernels/cpu/weight_decode.h"
 #ifdef __AVX2__
 #include <immintrin.h>
 #endif

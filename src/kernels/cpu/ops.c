@@ -11,6 +11,7 @@
 #include "kernels/hc_mix.h"
 #include "kernels/cpu/cpu.h"
 #include "kernels/cpu/exl3.h"
+#include "kernels/cpu/weight_decode.h"
 
 float dsv4_dot(const float *a, const float *b, int64_t n)
 {

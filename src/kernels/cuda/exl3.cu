@@ -36,8 +36,8 @@
 #include <unordered_map>
 extern "C" { /* the C headers carry no linkage of their own */
 #include "core/core.h"
+#include "io/exl3_format.h"
 #include "io/weight.h"
-#include "kernels/cpu/exl3.h"
 }
 #include "kernels/cuda/exl3_cuda.h"
 
