@@ -1914,6 +1914,8 @@ int main(void)
         {DSV4_WF_FP8, 200, 320, 64, 64, 1, 37, 173, 3, 5, 3},    /* sub-range, strided in and out */
         {DSV4_WF_FP8, 70, 100, 64, 64, 0, 0, 70, 5, 0, 0},       /* k % 16 != 0: element path, f32 scales */
         {DSV4_WF_FP8, 96, 2048, 128, 128, 0, 0, 96, 1, 0, 0},    /* f32 scales, long rows */
+        {DSV4_WF_FP8, 96, 96, 64, 64, 1, 0, 96, 9, 0, 0},        /* a run past k (tensor cores), tokens past 4 */
+        {DSV4_WF_BF16, 50, 40, 0, 0, 0, 0, 50, 7, 0, 0},         /* the same, BF16 */
         {DSV4_WF_FP4, 128, 1024, 1, 32, 1, 0, 128, 9, 0, 0},
         {DSV4_WF_FP4, 64, 96, 1, 32, 1, 3, 60, 2, 2, 1},         /* k % 32 == 0, sub-range */
         {DSV4_WF_FP4, 40, 80, 1, 16, 1, 0, 40, 3, 0, 0},         /* bk 16: element path */
@@ -1938,9 +1940,10 @@ int main(void)
     }
     const lin_case ic[] = {
         {DSV4_WF_FP8, 384, 1024, 128, 128, 1, 0, 0, 0, 0, 0}, {DSV4_WF_FP8, 200, 512, 64, 64, 0, 0, 0, 0, 0, 0},
-        {DSV4_WF_FP8, 256, 4096, 128, 128, 1, 0, 0, 0, 0, 0}, /* 16 k slices: the register path split */
+        {DSV4_WF_FP8, 256, 4096, 128, 128, 1, 0, 0, 0, 0, 0}, /* 16 k slices: a split launch */
         {DSV4_WF_FP4, 256, 1024, 1, 32, 1, 0, 0, 0, 0, 0},    {DSV4_WF_BF16, 300, 768, 0, 0, 0, 0, 0, 0, 0, 0},
         {DSV4_WF_FP8, 70, 100, 64, 64, 0, 0, 0, 0, 0, 0},     {DSV4_WF_F16, 64, 256, 0, 0, 0, 0, 0, 0, 0, 0},
+        {DSV4_WF_FP8, 96, 96, 64, 64, 1, 0, 0, 0, 0, 0}, /* a run past k */
         {DSV4_WF_F32, 50, 132, 0, 0, 0, 0, 0, 0, 0, 0},
     };
     for (size_t i = 0; i < sizeof ic / sizeof ic[0]; i++)

@@ -195,10 +195,9 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_d
     linear_rows<F, VEC, TT>(w, 0, D, m, n, blockIdx.y);
 }
 
-/* The tensor-core builds of the two (mma.cuh): the register path (NT = 1) for tiles of up to 8
- * pairs, the tile path (NT = 0) for tiles of up to TC_TN. Split (part != NULL): W1's slabs at
- * part, W3's after them (S1 slabs of [RK, I] each), W2's at part; blockIdx.z is W1 / W3 in its
- * low bit and the tile path's slice above it. */
+/* The tensor-core builds of the two (mma.cuh): NT = 1 for tiles of up to 8 pairs, TC_TN / 8 for
+ * tiles of up to TC_TN. Split (part != NULL): W1's slabs at part, W3's after them (S1 slabs of
+ * [RK, I] each), W2's at part; blockIdx.z is W1 / W3 in its low bit and the slice above it. */
 template <int F, int NT>
 __global__ void TC_BOUNDS(NT) k_tc_ex_up(const wdev *t1, const wdev *t3, const int *tiles, const int *ntiles,
                                          const int *ord, const float *x, float *G, float *U, int K, int D, int I,
@@ -211,8 +210,8 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_up(const wdev *t1, const wdev *t3, const i
     int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = z ? t3[e] : t1[e];
     pair_map m = {x, z ? U : G, ord + s0, K, D, I};
-    tc_any<F, NT>(w, 0, I, m, n, blockIdx.y, part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, I, slab,
-                  (int)(blockIdx.z >> 1));
+    tc_rows<F, NT>(w, 0, I, m, n, blockIdx.y, part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, I, slab,
+                   (int)(blockIdx.z >> 1), (int)(gridDim.z >> 1));
 }
 
 template <int F, int NT>
@@ -226,7 +225,7 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_down(const wdev *t2, const int *tiles, con
     int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = t2[e];
     pair_map m = {G, Y, ord + s0, 1, I, D};
-    tc_any<F, NT>(w, 0, D, m, n, blockIdx.y, part, D, slab, (int)blockIdx.z);
+    tc_rows<F, NT>(w, 0, D, m, n, blockIdx.y, part, D, slab, (int)blockIdx.z, (int)gridDim.z);
 }
 
 /* h = swiglu(g, u), times the pair's weight when pre_weight; into G. */
@@ -270,23 +269,23 @@ __global__ void k_ex_sum(const float *Y, const float *wts, const int32_t *eid, i
 enum { EX_TC_TILE = TC_TN, EX_TC_BUSY = 16 };
 
 /* The tensor-core path: W1/W3, the activation, W2, each tile's rows in one pass; a launch split
- * into slice partials (tc_split, from the weight and the tile grid) is folded after it. The
+ * into slice groups (tc_groups, from the weight and the tile grid) is folded after it. The
  * grids cover the tile bound NT; tiles past the count exit. */
 template <int F, int NTT>
 static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const wdev *t2, const wdev *t3, int NT,
                               const int *tiles, const int *ntiles, const int *ord, float *G, float *U, float *Y)
 {
     wdev d1 = wdev_of_n(&a->w1[0], NULL, NULL, a->K), d2 = wdev_of_n(&a->w2[0], NULL, NULL, a->K);
-    int K = a->K, D = a->D, I = a->I, threads = NTT ? TC_RW * 32 : TC_TW * 32;
+    int K = a->K, D = a->D, I = a->I, threads = TC_TW * 32;
     int64_t RK = (int64_t)a->R * K, slab1 = RK * I, slab2 = RK * D;
-    int rb1 = tc_blocks(d1, NTT, I), rb2 = tc_blocks(d2, NTT, D);
-    bool sp1 = tc_split(d1, NTT, (int64_t)NT * rb1 * 2), sp2 = tc_split(d2, NTT, (int64_t)NT * rb2);
+    int rb1 = tc_blocks(I), rb2 = tc_blocks(D);
+    int z1 = tc_groups(d1.tcs, (int64_t)NT * rb1 * 2, NTT), z2 = tc_groups(d2.tcs, (int64_t)NT * rb2, NTT);
+    bool sp1 = z1 > 1, sp2 = z2 > 1;
     float *p1 = sp1 ? tc_part_buf((size_t)2 * d1.tcs * slab1 + (sp2 ? (size_t)d2.tcs * slab2 : 0)) : NULL;
     float *p2 = sp2 ? (sp1 ? p1 + (size_t)2 * d1.tcs * slab1 : tc_part_buf((size_t)d2.tcs * slab2)) : NULL;
     if ((sp1 && !p1) || (sp2 && !p2))
         return;
-    dim3 g1((unsigned)NT, (unsigned)rb1, sp1 && !NTT ? 2u * d1.tcs : 2u);
-    dim3 g2((unsigned)NT, (unsigned)rb2, sp2 && !NTT ? (unsigned)d2.tcs : 1u);
+    dim3 g1((unsigned)NT, (unsigned)rb1, 2u * (unsigned)z1), g2((unsigned)NT, (unsigned)rb2, (unsigned)z2);
     launch_k(k_tc_ex_up<F, NTT>, g1, threads, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
              d1.tcs);
     if (sp1) {
@@ -319,7 +318,7 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
             if (tile <= 8)
                 launch_tc_experts<F, 1>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
             else
-                launch_tc_experts<F, 0>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+                launch_tc_experts<F, TC_TN / 8>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
             return;
         }
     }
@@ -512,8 +511,8 @@ static void experts_run(const dsv4_experts_args *a)
         t1 = NULL;
     }
     if (t1 && t2 && t3) {
-        /* the tensor cores' tile path pays when experts hold many pairs each (prefill), the
-         * register path's 8-pair tiles otherwise (decode, lanes) */
+        /* the tensor cores' 64-pair tiles pay when experts hold many pairs each (prefill),
+         * 8-pair tiles otherwise (decode, lanes) */
         int tile = tc ? (RK >= (int64_t)EX_TC_BUSY * E ? EX_TC_TILE : 8) : RK <= EX_SOLO_PAIRS ? 1 : LIN_TT;
         int64_t NT = tile == 1 ? RK : (RK / tile + E < RK ? RK / tile + E : RK);
         float *G = a->work, *U = G + RK * I, *Y = U + RK * I;

@@ -33,7 +33,7 @@ struct wdev {
     int cpb, cshift;            /* 8-element chunks per scale block, its log2 (-1: not a power of two) */
     int wpr;                    /* warps per output row (chunk path) */
     int tcs;                    /* run slices of a 16-row group (tensor-core path, mma.cuh) */
-    int kss;                    /* log2 of its runs per scale block (-1: not a power of two) */
+    int kss;                    /* log2 of its runs per scale block (tensor-core path: tc_ok) */
 };
 
 

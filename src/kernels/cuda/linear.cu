@@ -49,16 +49,16 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 0) k_line
     linear_rows<F, VEC, TT>(J.w[j], J.r0[j], J.nrj[j], m, T, b - J.b0[j]);
 }
 
-/* The tensor-core builds of the three (mma.cuh): NT n-tiles a pass on the register path, or
- * NT = 0 for the tile path; blockIdx.y takes tokens y TB .. y TB + TB - 1. */
+/* The tensor-core builds of the three (mma.cuh): NT n-tiles a pass; blockIdx.y takes tokens
+ * y TB .. y TB + TB - 1, blockIdx.z is the slice of a split launch. */
 template <int F, int NT>
 __global__ void TC_BOUNDS(NT) k_tc_linear(wdev w, int64_t r0, int nr, dense_map m, int T, int TB, float *part)
 {
     PDL_WAIT();
     int tb = (int)blockIdx.y * TB;
     /* a split launch's slabs are [T, nr] dense, shifted with the tokens */
-    tc_any<F, NT>(w, r0, nr, m.at(tb), min(TB, T - tb), blockIdx.x, part ? part + (int64_t)tb * nr : NULL, nr,
-                  (int64_t)T * nr, (int)blockIdx.z);
+    tc_rows<F, NT>(w, r0, nr, m.at(tb), min(TB, T - tb), blockIdx.x, part ? part + (int64_t)tb * nr : NULL, nr,
+                   (int64_t)T * nr, (int)blockIdx.z, (int)gridDim.z);
 }
 
 template <int F, int NT>
@@ -68,8 +68,10 @@ __global__ void TC_BOUNDS(NT) k_tc_group(lin_jobs J, int T, int TB)
     int j = blockIdx.x / J.bpj, tb = (int)blockIdx.y * TB;
     dense_map m = {J.x[j], J.y[j], J.ldx, J.ldy};
     float *pt = J.part[j];
-    tc_any<F, NT>(J.w[j], J.r0[j], J.nr, m.at(tb), min(TB, T - tb), blockIdx.x % J.bpj, pt ? pt + (int64_t)tb * J.nr : NULL,
-                  J.nr, (int64_t)T * J.nr, (int)blockIdx.z);
+    if (!pt && blockIdx.z)
+        return;
+    tc_rows<F, NT>(J.w[j], J.r0[j], J.nr, m.at(tb), min(TB, T - tb), blockIdx.x % J.bpj, pt ? pt + (int64_t)tb * J.nr : NULL,
+                   J.nr, (int64_t)T * J.nr, (int)blockIdx.z, J.zj[j]);
 }
 
 template <int F, int NT>
@@ -81,8 +83,10 @@ __global__ void TC_BOUNDS(NT) k_tc_multi(lin_jobs J, int T, int TB)
         j++;
     dense_map m = {J.x[j], J.y[j], J.ldx, J.nrj[j]};
     float *pt = J.part[j];
-    tc_any<F, NT>(J.w[j], J.r0[j], J.nrj[j], m.at(tb), min(TB, T - tb), b - J.b0[j],
-                  pt ? pt + (int64_t)tb * J.nrj[j] : NULL, J.nrj[j], (int64_t)T * J.nrj[j], (int)blockIdx.z);
+    if (!pt && blockIdx.z)
+        return;
+    tc_rows<F, NT>(J.w[j], J.r0[j], J.nrj[j], m.at(tb), min(TB, T - tb), b - J.b0[j],
+                   pt ? pt + (int64_t)tb * J.nrj[j] : NULL, J.nrj[j], (int64_t)T * J.nrj[j], (int)blockIdx.z, J.zj[j]);
 }
 
 /* y = the left-to-right sum of S slabs (mma.cuh, tc_fold). */
@@ -107,9 +111,9 @@ void dsv4cu::tc_fold(const float *part, int S, int64_t rows, int nr, int64_t pld
     launch_k(k_tc_fold, (unsigned)cdiv(rows * nr, 256), 256, 0, st, part, S, rows, nr, pld, slab, y, ldy);
 }
 
-int dsv4cu::tc_blocks(const wdev &w, int nt, int64_t nr)
+int dsv4cu::tc_blocks(int64_t nr)
 {
-    return nt ? (int)cdiv(cdiv(nr, 16 * TC_MR(nt)) * w.tcs, TC_RW) : (int)cdiv(nr, TC_TW * 16);
+    return (int)cdiv(nr, TC_TW * 16);
 }
 
 /* The device's multiprocessors (device 0: the backend runs on one). */
@@ -121,10 +125,26 @@ static int sm_count(void)
     return n;
 }
 
-/* The tile path splits below two blocks a multiprocessor. */
-bool dsv4cu::tc_split(const wdev &w, int nt, int64_t blocks)
+/* A launch of `blocks` blocks is split into Z slice groups, a power of two up to S, chosen for
+ * the fewest waves per group of the device's block slots (two a multiprocessor: TC_BOUNDS):
+ * a group's blocks walk S / Z slices each, so the time goes as waves(blocks Z) / Z. Ties and
+ * gains under 1/8 keep the smaller Z (fewer slabs to fold). The 64-token pass (nt > 2) splits
+ * into single slices below one wave, or not at all (mma.cuh). */
+int dsv4cu::tc_groups(int S, int64_t blocks, int nt)
 {
-    return nt ? w.tcs > TC_RW : w.tcs > 1 && blocks < 2 * (int64_t)sm_count();
+    const int64_t slots = 2 * (int64_t)sm_count();
+    if (nt > 2)
+        return blocks < slots ? S : 1;
+    int best = 1;
+    double best_t = (double)cdiv(blocks, slots);
+    for (int Z = 2; Z <= S; Z *= 2) {
+        double t = (double)cdiv(blocks * Z, slots) / Z;
+        if (t < best_t * 0.875) {
+            best = Z;
+            best_t = t;
+        }
+    }
+    return best;
 }
 
 /* Slice partials: grows, never freed (a recorded graph may still read an outgrown one). */
@@ -143,11 +163,12 @@ float *dsv4cu::tc_part_buf(size_t n)
     return g_part;
 }
 
-/* A form's run (mma.cuh, tcf): k-steps a run (G) and runs loaded together (U). */
-static void tc_run_shape(int form, int *G, int *U)
+/* A form's run (mma.cuh, tcf): k-steps a run (G), and runs a few-token k-tile (RT). */
+static void tc_run_shape(int form, int *G, int *RT)
 {
     *G = form == DSV4_WF_FP8 ? (int)tcf<DSV4_WF_FP8>::G : form == DSV4_WF_FP4 ? (int)tcf<DSV4_WF_FP4>::G : (int)tcf<DSV4_WF_BF16>::G;
-    *U = form == DSV4_WF_FP8 ? (int)tcf<DSV4_WF_FP8>::U : form == DSV4_WF_FP4 ? (int)tcf<DSV4_WF_FP4>::U : (int)tcf<DSV4_WF_BF16>::U;
+    *RT = form == DSV4_WF_FP8 ? tc_ks<DSV4_WF_FP8, 1>() / *G : form == DSV4_WF_FP4 ? tc_ks<DSV4_WF_FP4, 1>() / *G
+                                                                                 : tc_ks<DSV4_WF_BF16, 1>() / *G;
 }
 
 /* The tensor-core switch (cuda.h): -1 until read from DSV4_CUDA_TC or set. */
@@ -165,25 +186,25 @@ extern "C" int dsv4_cuda_tensor_cores(void)
 }
 
 /* Whether a weight takes the tensor-core path: the switch on, a form exact in bf16, rows whose
- * thread chunks (4 G elements) tile them, and each run inside one scale block. */
+ * thread chunks (4 G elements) tile them, and a power-of-two number of whole runs a scale block. */
 bool dsv4cu::tc_ok(const dsv4_weight *w)
 {
     if (!dsv4_cuda_tensor_cores())
         return false;
     if (w->form != DSV4_WF_BF16 && w->form != DSV4_WF_FP8 && w->form != DSV4_WF_FP4)
         return false;
-    int G, U;
-    tc_run_shape(w->form, &G, &U);
+    int G, RT;
+    tc_run_shape(w->form, &G, &RT);
     if (w->k <= 0 || w->k % (4 * G) || w->k > INT32_MAX / 2)
         return false;
-    return w->form == DSV4_WF_BF16 || (w->scale && w->bk > 0 && w->bk % (16 * G) == 0 && w->bn > 0);
+    int rps = w->bk > 0 ? w->bk / (16 * G) : 0;
+    return w->form == DSV4_WF_BF16 || (w->scale && w->bk > 0 && w->bk % (16 * G) == 0 && !(rps & (rps - 1)) && w->bn > 0);
 }
 
-/* The register path's n-tiles of 8 tokens for T tokens, or 0: the tile path (either gives a
- * token the same bits). */
+/* n-tiles of 8 tokens a pass for T tokens (each gives a token the same bits). */
 int dsv4cu::tc_nt(int T)
 {
-    return T <= 8 ? 1 : T <= 16 ? 2 : 0;
+    return T <= 8 ? 1 : T <= 16 ? 2 : TC_TN / 8;
 }
 
 /* Whether the weight's path reads x with float4 loads (x rows must be 16-byte aligned). */
@@ -192,60 +213,55 @@ static bool reads_x4(const dsv4_weight *w)
     return tc_ok(w) || vec_ok(w);
 }
 
-/* A tensor-core launch of J: the register path (NT n-tiles) or the tile path (NT = 0), each job
- * split into slice partials where tc_split says so, then folded into its y. */
+/* A tensor-core launch of J, NT n-tiles a pass, each job split into slice partials where
+ * tc_split says so, then folded into its y. */
 template <int F, int NT>
 static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
 {
-    const int TB = NT ? 8 * NT : TC_TN, threads = NT ? TC_RW * 32 : TC_TW * 32;
+    const int TB = 8 * NT, threads = TC_TW * 32;
     unsigned ty = (unsigned)cdiv(T, TB);
-    int nb = 0, S = J.w[0].tcs;
-    bool split = false;
+    int nb = 0, S = 1;
     size_t need = 0;
     int64_t nrj[DSV4_CUDA_GROUP_MAX];
     for (int j = 0; j < J.n; j++) {
         nrj[j] = J.multi ? J.nrj[j] : J.nr;
-        nb += tc_blocks(J.w[j], NT, nrj[j]);
-    }
-    /* one split decision a launch, from its whole grid (the multi launch's weights may differ in
-     * tcs: the tile path's grid.z is the largest, blocks past a job's slices exit) */
-    for (int j = 0; j < J.n; j++)
-        if (tc_split(J.w[j], NT, (int64_t)nb * ty))
-            split = true;
-    for (int j = 0; j < J.n; j++)
+        nb += tc_blocks(nrj[j]);
         S = J.w[j].tcs > S ? J.w[j].tcs : S;
-    J.part[0] = NULL;
-    if (split) {
-        for (int j = 0; j < J.n; j++)
+    }
+    /* one grouping a launch, from its whole grid; a job of fewer slices takes as many groups as
+     * it has (blocks past them exit), and one of a single group writes y itself */
+    int Z = tc_groups(S, (int64_t)nb * ty, NT);
+    for (int j = 0; j < J.n; j++) {
+        J.zj[j] = J.w[j].tcs < Z ? J.w[j].tcs : Z;
+        if (J.zj[j] > 1)
             need += (size_t)J.w[j].tcs * T * nrj[j];
-        float *p = tc_part_buf(need);
-        if (!p)
-            return;
-        for (int j = 0; j < J.n; j++) {
-            J.part[j] = p;
+    }
+    float *p = need ? tc_part_buf(need) : NULL;
+    if (need && !p)
+        return;
+    for (int j = 0; j < J.n; j++) {
+        J.part[j] = J.zj[j] > 1 ? p : NULL;
+        if (J.zj[j] > 1)
             p += (size_t)J.w[j].tcs * T * nrj[j];
-        }
-    } else
-        for (int j = 0; j < J.n; j++)
-            J.part[j] = NULL;
-    dim3 grid(0, ty, NT || !split ? 1 : (unsigned)S);
+    }
+    dim3 grid(0, ty, (unsigned)Z);
     if (J.multi) {
         J.b0[0] = 0;
         for (int j = 0; j < J.n; j++)
-            J.b0[j + 1] = J.b0[j] + tc_blocks(J.w[j], NT, J.nrj[j]);
+            J.b0[j + 1] = J.b0[j] + tc_blocks(J.nrj[j]);
         grid.x = (unsigned)J.b0[J.n];
         launch_k(k_tc_multi<F, NT>, grid, threads, 0, st, J, T, TB);
     } else if (J.n > 1) {
-        J.bpj = tc_blocks(J.w[0], NT, J.nr);
+        J.bpj = tc_blocks(J.nr);
         grid.x = (unsigned)(J.bpj * J.n);
         launch_k(k_tc_group<F, NT>, grid, threads, 0, st, J, T, TB);
     } else {
         dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy};
-        grid.x = (unsigned)tc_blocks(J.w[0], NT, J.nr);
+        grid.x = (unsigned)tc_blocks(J.nr);
         launch_k(k_tc_linear<F, NT>, grid, threads, 0, st, J.w[0], J.r0[0], J.nr, m, T, TB, J.part[0]);
     }
-    if (split)
-        for (int j = 0; j < J.n; j++)
+    for (int j = 0; j < J.n; j++)
+        if (J.part[j])
             tc_fold(J.part[j], J.w[j].tcs, T, (int)nrj[j], nrj[j], (int64_t)T * nrj[j], J.y[j],
                     J.multi ? nrj[j] : J.ldy, st);
 }
@@ -256,7 +272,7 @@ static void launch_tc(lin_jobs &J, int T, cudaStream_t st)
     switch (tc_nt(T)) {
     case 1: launch_tc_nt<F, 1>(J, T, st); break;
     case 2: launch_tc_nt<F, 2>(J, T, st); break;
-    default: launch_tc_nt<F, 0>(J, T, st); break;
+    default: launch_tc_nt<F, TC_TN / 8>(J, T, st); break;
     }
 }
 
@@ -383,16 +399,16 @@ wdev dsv4cu::wdev_of_n(const dsv4_weight *w, const void *q, const void *s, int m
     d.wpr = 1;
     while (d.wpr < LIN_WARPS && groups * d.wpr < LIN_MIN_WARPS && nch >= (int64_t)32 * chunk_shape(w->form).U * d.wpr * 2)
         d.wpr *= 2;
-    /* the tensor-core path: run slices of a 16-row group, doubled while the launch would have
-     * too few warps and each slice keeps two loads of U runs */
-    int G, U;
-    tc_run_shape(w->form, &G, &U);
-    int64_t nrun = cdiv(w->k, 16 * G), g16 = cdiv(w->n, 16) * (mats > 0 ? mats : 1);
+    /* the tensor-core path: run slices of a row, as many as keep two few-token k-tiles each
+     * (the launch then groups them as the device's size asks: tc_groups) */
+    int G, RT;
+    tc_run_shape(w->form, &G, &RT);
+    int64_t nrun = cdiv(w->k, 16 * G);
     d.tcs = 1;
-    while (d.tcs < TC_SMAX && g16 * d.tcs < 4096 && nrun >= (int64_t)U * d.tcs * 2)
+    while (d.tcs < TC_SMAX && nrun >= (int64_t)RT * d.tcs * 4)
         d.tcs *= 2;
     int rps = d.bk / (16 * G); /* runs a scale block */
-    d.kss = d.bk % (16 * G) == 0 && rps > 0 && !(rps & (rps - 1)) ? __builtin_ctz((unsigned)rps) : -1;
+    d.kss = d.bk % (16 * G) == 0 && rps > 0 && !(rps & (rps - 1)) ? __builtin_ctz((unsigned)rps) : 0;
     return d;
 }
 

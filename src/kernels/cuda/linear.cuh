@@ -22,6 +22,7 @@ struct lin_jobs {
     int nrj[DSV4_CUDA_GROUP_MAX];
     int b0[DSV4_CUDA_GROUP_MAX + 1];
     float *part[DSV4_CUDA_GROUP_MAX]; /* tensor-core path: the job's slice partials, or NULL (mma.cuh) */
+    int zj[DSV4_CUDA_GROUP_MAX];      /* and its slice groups */
     int n, nr, bpj, multi;
     int64_t ldx, ldy;           /* a single job's row strides (groups are dense), x's in a multi launch */
 };

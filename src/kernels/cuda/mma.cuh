@@ -11,18 +11,15 @@
  *
  * Batch invariance. In m16n8k16 the weight rows are the M side (16) and the tokens the N side
  * (8), so an output depends only on its weight row, its token's x and the sequence of k-steps,
- * which the weight's shape alone fixes (tc_step, and the sum stated above tc_rows). How many
- * tokens a launch holds, where a token sits in it, which of the two paths runs and how many
- * tokens a pass takes change nothing in a token's operations. */
+ * which the weight's shape alone fixes (tc_run, and the sum stated above tc_rows). How many
+ * tokens a launch holds, where a token sits in it, how many tokens a pass takes and whether the
+ * launch splits change nothing in a token's operations. */
 #ifndef DSV4_CUDA_MMA_CUH
 #define DSV4_CUDA_MMA_CUH
 
 #include "kernels/cuda/linear.cuh"
 
 namespace dsv4cu {
-
-/* k-steps whose weight loads the register path issues together. */
-enum { TC_U = 4 };
 
 /* d = a b + c on one m16n8k16 tile (bf16 in, fp32 accumulate). */
 __device__ __forceinline__ void mma_bf16(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1, const float c[4])
@@ -48,42 +45,13 @@ __device__ __forceinline__ void split3(float x0, float x1, uint32_t p[3])
     p[2] = hi_pair(__float_as_uint(l0), __float_as_uint(l1));
 }
 
-/* 16 bytes from global src to shared dst without passing through registers; zeros when !valid. */
-__device__ __forceinline__ void cp16(void *dst, const void *src, bool valid)
-{
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_wait(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
 /* A form's runs: a run is 16 G elements of a row (G k-steps); thread t of a warp holds the chunk
  * of 4 G elements at 4 G t of it (one load: CT), and k-step u of the run takes that chunk's
- * elements 4 u .. 4 u + 3. U runs are loaded together (the register path's loads in flight). */
+ * elements 4 u .. 4 u + 3: so a run is four chunks, and thread t's chunk of run c is CT c * 4 + t. */
 template <int F> struct tcf;
-template <> struct tcf<DSV4_WF_BF16> { typedef uint4 CT; enum { G = 2, U = 2 }; };
-template <> struct tcf<DSV4_WF_FP8> { typedef uint4 CT; enum { G = 4, U = 2 }; };
-template <> struct tcf<DSV4_WF_FP4> { typedef uint32_t CT; enum { G = 2, U = 4 }; };
-
-/* Thread chunk at element kk of the row at p (the row's first byte). */
-template <int F>
-__device__ __forceinline__ typename tcf<F>::CT tc_load(const uint8_t *p, int kk)
-{
-    if constexpr (F == DSV4_WF_BF16)
-        return __ldg((const uint4 *)(p + 2 * kk));
-    else if constexpr (F == DSV4_WF_FP8)
-        return __ldg((const uint4 *)(p + kk));
-    else
-        return __ldg((const uint32_t *)(p + kk / 2));
-}
-
-/* e2m1 magnitude codes 0..7 as bf16 bits. */
-__device__ __forceinline__ uint32_t e2m1_bf16(uint32_t n)
-{
-    const unsigned long long lo = 0x3fc03f803f000000ull, hi = 0x40c0408040404000ull;
-    uint32_t m = n & 7;
-    uint32_t b = (uint32_t)(((m & 4) ? hi : lo) >> (16 * (m & 3))) & 0xffffu;
-    return b | (n & 8) << 12;
-}
+template <> struct tcf<DSV4_WF_BF16> { typedef uint4 CT; enum { G = 2 }; };
+template <> struct tcf<DSV4_WF_FP8> { typedef uint4 CT; enum { G = 4 }; };
+template <> struct tcf<DSV4_WF_FP4> { typedef uint32_t CT; enum { G = 2 }; };
 
 /* Step u's four elements of a chunk as two bf16 pairs: (0, 1) and (2, 3). */
 template <int F>
@@ -100,9 +68,13 @@ __device__ __forceinline__ void tc_decode(const typename tcf<F>::CT &c, int u, u
         p01 = hi_pair(__float_as_uint(v[0]), __float_as_uint(v[1]));
         p23 = hi_pair(__float_as_uint(v[2]), __float_as_uint(v[3]));
     } else {
-        uint32_t h = c >> (16 * u);
-        p01 = e2m1_bf16(h) | e2m1_bf16(h >> 4) << 16;
-        p23 = e2m1_bf16(h >> 8) | e2m1_bf16(h >> 12) << 16;
+        /* the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as bf16 bits, their low and high bytes
+         * looked up for the four nibbles at once (each nibble's magnitude selects a byte), then
+         * interleaved into pairs; each nibble's sign bit becomes its half's */
+        uint32_t h = c >> (16 * u), sel = h & 0x7777u;
+        uint32_t lo = __byte_perm(0xC0800000u, 0xC0804000u, sel), hi = __byte_perm(0x3F3F3F00u, 0x40404040u, sel);
+        p01 = __byte_perm(lo, hi, 0x5140) | ((h << 12) & 0x8000u) | ((h << 24) & 0x80000000u);
+        p23 = __byte_perm(lo, hi, 0x7362) | ((h << 4) & 0x8000u) | ((h << 16) & 0x80000000u);
     }
 }
 
@@ -113,21 +85,51 @@ __device__ __forceinline__ const uint8_t *tc_row(const wdev &w, int64_t r)
     return w.q + (F == DSV4_WF_BF16 ? r * w.k * 2 : F == DSV4_WF_FP8 ? r * w.k : r * w.k / 2);
 }
 
-/* Warps a block of the register path holds (warp w of the launch is slice w % tcs of row group
- * w / tcs), and the tile path's block: TC_TW warps of one row group each, over TC_TN tokens.
- * TC_SMAX bounds tcs. */
-enum { TC_RW = 4, TC_TW = 8, TC_TN = 64, TC_SMAX = 64 };
-/* m-tiles of a register-path warp for NT n-tiles */
-#define TC_MR(NT) ((NT) == 1 ? 4 : 2)
+/* A block: TC_TW warps, warp wid owning the 16-row group blk * TC_TW + wid, over up to 8 NT
+ * tokens a pass (NT = 1, 2 for few tokens, TC_TN / 8 for many). TC_SMAX bounds tcs. */
+enum { TC_TW = 8, TC_TN = 64, TC_SMAX = 64 };
+
+/* k-steps a k-tile (a whole number of runs): few-token passes take longer tiles, so that a warp
+ * keeps about 2 KB of weights in flight while it computes the tile before. Few-token passes
+ * double-buffer the split x tile (one barrier a tile); the 64-token pass has room for one. */
+template <int F, int NT>
+__host__ __device__ constexpr int tc_ks()
+{
+    return NT > 2 ? 4 : F == DSV4_WF_BF16 ? 4 : 8;
+}
+template <int NT>
+__host__ __device__ constexpr int tc_xbufs()
+{
+    return NT > 2 ? 1 : 2;
+}
+/* Whether the next tile's operands are loaded before the current one is computed: few-token
+ * passes, whose tiles compute quickly; a 64-token pass computes long enough for its block's
+ * other warps to cover the loads, and needs the registers for its sums. */
+template <int NT>
+__host__ __device__ constexpr bool tc_prefetch()
+{
+    return NT <= 2;
+}
+
+/* 16 bytes from global src to shared dst without passing through registers; zeros when !valid. */
+__device__ __forceinline__ void cp16(void *dst, const void *src, bool valid)
+{
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_wait(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
 /* Where run slice s of S begins: slices are contiguous, in order, fixed by the run count and S. */
 __device__ __forceinline__ int tc_slice(int nrun, int S, int s) { return (int)((int64_t)nrun * s / S); }
 
-/* The scale block of run r (a run lies in one block: tc_ok). */
-template <int F>
-__device__ __forceinline__ int tc_sblock(const wdev &w, int r)
+/* Block scale i of a scaled weight (e8m0 bytes or fp32), without branches: e8m0 b is 2^(b - 127)
+ * (b = 0 the subnormal 2^-127, 255 NaN). */
+__device__ __forceinline__ float tc_scale(const wdev &w, int64_t i)
 {
-    return w.kss >= 0 ? r >> w.kss : (int)((uint32_t)(r * 16 * tcf<F>::G) / (uint32_t)w.bk);
+    if (!w.e8m0)
+        return __ldg((const float *)w.s + i);
+    uint32_t b = __ldg((const uint8_t *)w.s + i), v = b ? b << 23 : 0x00400000u;
+    return __uint_as_float(b == 255 ? 0x7fc00000u : v);
 }
 
 /* The first scale index of weight row r (add the k block). */
@@ -137,339 +139,258 @@ __device__ __forceinline__ int64_t tc_srow(const wdev &w, int64_t r)
     return F == DSV4_WF_FP8 ? (int64_t)((uint32_t)r / (uint32_t)w.bn) * w.sk : r * w.sk;
 }
 
-/* One k-step of one n-tile: acc += W_step x_step, either chained into acc (BF16) or summed from
- * zero and added with one fma by each row's block scale (s0 for row g, s1 for row g + 8). */
-template <int F>
-__device__ __forceinline__ void tc_step(float acc[4], const uint32_t a[4], const uint32_t b01[3], const uint32_t b23[3],
-                                        float s0, float s1)
+/* One run of one n-tile, its G k-steps' weight fragments a[u] decoded: acc += W_run x_run.
+ * BF16 chains every product into acc; a scaled form sums the run from zero (the three terms of
+ * each k-step in turn, the k-steps in order) and adds it with one fma by each row's block scale
+ * (s0 for row g, s1 for row g + 8). */
+template <int F, class XF>
+__device__ __forceinline__ void tc_run(float acc[4], const uint32_t (*a)[4], const XF &xfrag, float s0, float s1)
 {
-    if constexpr (F != DSV4_WF_BF16) {
-        const float z[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        float p[4];
-        mma_bf16(p, a, b01[0], b23[0], z);
-        mma_bf16(p, a, b01[1], b23[1], p);
-        mma_bf16(p, a, b01[2], b23[2], p);
+    enum { G = tcf<F>::G };
+    if constexpr (F == DSV4_WF_BF16) {
+#pragma unroll
+        for (int u = 0; u < G; u++)
+#pragma unroll
+            for (int e = 0; e < 3; e++) {
+                uint2 b = xfrag(u, e);
+                mma_bf16(acc, a[u], b.x, b.y, acc);
+            }
+    } else {
+        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int u = 0; u < G; u++)
+#pragma unroll
+            for (int e = 0; e < 3; e++) {
+                uint2 b = xfrag(u, e);
+                mma_bf16(p, a[u], b.x, b.y, p);
+            }
         acc[0] = fmaf(p[0], s0, acc[0]);
         acc[1] = fmaf(p[1], s0, acc[1]);
         acc[2] = fmaf(p[2], s1, acc[2]);
         acc[3] = fmaf(p[3], s1, acc[3]);
-    } else {
-        mma_bf16(acc, a, b01[0], b23[0], acc);
-        mma_bf16(acc, a, b01[1], b23[1], acc);
-        mma_bf16(acc, a, b01[2], b23[2], acc);
     }
 }
 
-/* The sum both paths compute, for weight row i of a 16-row group and token t:
+/* One k-tile's weights in a thread's registers: its two rows' chunks of each run (zero where
+ * the run is not loaded) and their block scales. */
+template <int F, int NT>
+struct tc_tile {
+    enum { G = tcf<F>::G, KS = tc_ks<F, NT>(), RT = KS / G };
+    typename tcf<F>::CT qa[RT], qb[RT];
+    float sa[RT], sb[RT];
+};
+
+/* y[t, i] = sum_k W[r0 + i, k] x[t, k] for rows i < nr and tokens t < T of a row map M
+ * (linear.cuh), computed for weight row i of a 16-row group and token t as
  *   y = P_0 + P_1 + ... + P_{S-1}, added left to right, where P_s is run slice s (tc_slice)
- *   summed from zero over its runs in order, each run's G k-steps in order by tc_step.
- * The register path gives slice s to warp s of the row group and adds the warps' sums in warp
- * order (one block holds the group when tcs <= TC_RW); the tile path walks all slices in one
- * warp, folding each into the total at its end. Split (part != NULL), each slice's sum goes to
- * its own slab of part instead and tc_fold adds the slabs in slice order. S = tcs is fixed by the
- * weight's shape, so the bits are the same on every path and split, for every T.
+ *   summed from zero over its runs in order, each run added by tc_run.
+ * S = tcs is fixed by the weight's shape. Unsplit (part == NULL, Z = 1), a warp walks every
+ * slice and folds each into the total at its end; split into Z groups (Z a power of two <= S;
+ * the 64-token pass takes Z = S only),
+ * block z's warps compute slices z S / Z .. (z + 1) S / Z - 1, each into its own slab
+ * m.with_y(part + s slab, pld), and tc_fold adds the slabs in slice order. Either way, and for
+ * every T, NT, Z, launch shape and place of a token in it, a token's sum is the same sequence of
+ * operations.
  *
  * Fragment mapping: thread (g, t) = (lane / 4, lane % 4) holds rows g and g + 8 of the group and
  * token g of each n-tile; in k-step u of a run it holds the run's elements 4 G t + 4 u .. + 3
  * (tcf), which fill the MMA's k slots 2t, 2t + 1, 2t + 8, 2t + 9: a permutation of the run's k
  * shared by both operands. Needs tc_ok (a run inside one scale block, k % 4 G == 0) and x rows
- * 16-byte aligned. */
-
-/* The register path, for few tokens: y[t, i] = sum_k W[r0 + i, k] x[t, k], i < nr, t < T, through
- * a row map M (linear.cuh). Block blk of TC_RW warps; a row group is TC_MR(NT) m-tiles of 16 rows
- * (each m-tile's sums are those of a 16-row group above: the m-tiles only share x loads and
- * splits); tokens 8 NT at a time, each warp splitting its own x values. Split (part != NULL,
- * required when tcs > TC_RW): slice s goes to the map m.with_y(part + s slab, pld). */
+ * 16-byte aligned.
+ *
+ * The block walks k-tiles of RT runs (k-tiles are aligned to RT runs from 0, so a slice may
+ * start inside one). Each thread reads its share of a tile's x (few-token passes copy it ahead
+ * into shared memory with cp.async, into its own slots: xr), splits it into the three bf16
+ * terms and stores them in fragment order
+ * (xs[buffer][term][n-tile][step][lane]: one 8-byte read a fragment). In few-token passes the
+ * next tile's x copies and weight loads are issued before the current tile is computed, so they
+ * are in flight while it runs (tc_prefetch). */
 template <int F, int NT, class M>
 __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const M &m, int T, int blk, float *part,
-                                        int64_t pld, int64_t slab)
+                                        int64_t pld, int64_t slab, int z, int Z)
 {
-    typedef typename tcf<F>::CT CT;
-    enum { G = tcf<F>::G, MR = TC_MR(NT), UR = tcf<F>::U * 2 / MR > 0 ? tcf<F>::U * 2 / MR : 1 };
+    typedef tc_tile<F, NT> TL;
+    enum { G = TL::G, KS = TL::KS, RT = TL::RT, TN = 8 * NT, XT = 4 * KS, XN = TN * XT,
+           XV = (XN + TC_TW * 32 - 1) / (TC_TW * 32), XB = tc_xbufs<NT>(), PF = tc_prefetch<NT>() };
+    static_assert(KS % G == 0 && (XN % (TC_TW * 32) == 0 || XV == 1), "a k-tile is whole runs, staged evenly");
     const bool scaled = F != DSV4_WF_BF16;
-    __shared__ float red[TC_RW][MR * NT * 4][32];
-    __shared__ float4 xsm[TC_RW][UR][NT][G][32]; /* each lane's own x chunks, no sharing */
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    const int S = w.tcs, gw = blk * TC_RW + wid, i0 = gw / S * 16 * MR, sub = gw % S;
-    const bool live = i0 < nr;
-    const int k = (int)w.k, nrun = (k + 16 * G - 1) / (16 * G);
-    const int c_lo = tc_slice(nrun, S, sub), c_hi = tc_slice(nrun, S, sub + 1);
-    /* rows g and g + 8 of each m-tile (rows past nr read the group's first row; dropped) as byte
-     * offsets from w.q, and their first scale index */
-    uint32_t ro[MR][2];
-    int so[MR][2];
-#pragma unroll
-    for (int mt = 0; mt < MR; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int i = i0 + 16 * mt + g + 8 * h;
-            int64_t r = r0 + (i < nr ? i : i0);
-            ro[mt][h] = (uint32_t)(tc_row<F>(w, r) - w.q);
-            so[mt][h] = scaled ? (int)tc_srow<F>(w, r) : 0;
-        }
-    for (int t0 = 0; t0 < T; t0 += 8 * NT) {
-        float acc[MR][NT][4];
-#pragma unroll
-        for (int mt = 0; mt < MR; mt++)
-#pragma unroll
-            for (int j = 0; j < NT; j++)
-                acc[mt][j][0] = acc[mt][j][1] = acc[mt][j][2] = acc[mt][j][3] = 0.0f;
-        const float *xr[NT];
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-            xr[j] = t0 + 8 * j + g < T ? m.xr(t0 + 8 * j + g) : NULL;
-        if (live)
-            for (int c0 = c_lo; c0 < c_hi; c0 += UR) {
-                /* UR runs' weight loads, and their x copied to this lane's shared slots, are
-                 * issued together before the first use */
-                CT q[UR][MR][2];
-#pragma unroll
-                for (int v = 0; v < UR; v++) {
-                    int kk = (c0 + v) * 16 * G + 4 * G * t;
-                    bool in = c0 + v < c_hi && kk < k;
-                    if (in)
-#pragma unroll
-                        for (int mt = 0; mt < MR; mt++)
-#pragma unroll
-                            for (int h = 0; h < 2; h++)
-                                q[v][mt][h] = tc_load<F>(w.q + ro[mt][h], kk);
-#pragma unroll
-                    for (int j = 0; j < NT; j++)
-#pragma unroll
-                        for (int u = 0; u < G; u++)
-                            cp16(&xsm[wid][v][j][u][lane], in && xr[j] ? (const float4 *)(xr[j] + kk) + u : (const float4 *)w.q,
-                                 in && xr[j]);
-                }
-                cp_wait();
-#pragma unroll
-                for (int v = 0; v < UR; v++) {
-                    int c = c0 + v, kk = c * 16 * G + 4 * G * t;
-                    if (c >= c_hi)
-                        break;
-                    int bi = scaled ? tc_sblock<F>(w, c) : 0;
-#pragma unroll
-                    for (int u = 0; u < G; u++) {
-                        uint32_t b01[NT][3], b23[NT][3];
-#pragma unroll
-                        for (int j = 0; j < NT; j++) {
-                            float4 xv = xsm[wid][v][j][u][lane];
-                            split3(xv.x, xv.y, b01[j]);
-                            split3(xv.z, xv.w, b23[j]);
-                        }
-#pragma unroll
-                        for (int mt = 0; mt < MR; mt++) {
-                            uint32_t a[4] = {0u, 0u, 0u, 0u};
-                            if (kk < k) {
-                                tc_decode<F>(q[v][mt][0], u, a[0], a[2]);
-                                tc_decode<F>(q[v][mt][1], u, a[1], a[3]);
-                            }
-                            float s0 = 1.0f, s1 = 1.0f;
-                            if (scaled) {
-                                s0 = scale_at(w.s, w.e8m0, so[mt][0] + bi);
-                                s1 = scale_at(w.s, w.e8m0, so[mt][1] + bi);
-                            }
-#pragma unroll
-                            for (int j = 0; j < NT; j++)
-                                tc_step<F>(acc[mt][j], a, b01[j], b23[j], s0, s1);
-                        }
-                    }
-                }
-            }
-        if (part) {
-            const M pm = m.with_y(part + sub * slab, pld);
-            if (live)
-#pragma unroll
-                for (int mt = 0; mt < MR; mt++)
-#pragma unroll
-                    for (int j = 0; j < NT; j++)
-#pragma unroll
-                        for (int qd = 0; qd < 4; qd++) {
-                            int tk = t0 + 8 * j + 2 * t + (qd & 1), i = i0 + 16 * mt + g + (qd >> 1) * 8;
-                            if (tk < T && i < nr)
-                                pm.yr(tk)[i] = acc[mt][j][qd];
-                        }
-            continue;
-        }
-        if (S > 1) {
-            __syncthreads();
-            if (sub)
-#pragma unroll
-                for (int mt = 0; mt < MR; mt++)
-#pragma unroll
-                    for (int j = 0; j < NT; j++)
-#pragma unroll
-                        for (int qd = 0; qd < 4; qd++)
-                            red[wid][(mt * NT + j) * 4 + qd][lane] = acc[mt][j][qd];
-            __syncthreads();
-            if (!sub)
-                for (int o = 1; o < S; o++)
-#pragma unroll
-                    for (int mt = 0; mt < MR; mt++)
-#pragma unroll
-                        for (int j = 0; j < NT; j++)
-#pragma unroll
-                            for (int qd = 0; qd < 4; qd++)
-                                acc[mt][j][qd] += red[wid + o][(mt * NT + j) * 4 + qd][lane];
-        }
-        if (live && !sub)
-#pragma unroll
-            for (int mt = 0; mt < MR; mt++)
-#pragma unroll
-                for (int j = 0; j < NT; j++)
-#pragma unroll
-                    for (int qd = 0; qd < 4; qd++) {
-                        int tk = t0 + 8 * j + 2 * t + (qd & 1), i = i0 + 16 * mt + g + (qd >> 1) * 8;
-                        if (tk < T && i < nr)
-                            m.yr(tk)[i] = acc[mt][j][qd];
-                    }
-    }
-}
-
-/* The tile path, for many tokens: the same sums (see above) over TC_TN tokens a pass. Block of
- * TC_TW warps, warp wid owning row group blk * TC_TW + wid; the block splits each 64-element
- * k-tile (4 / G runs) of its tokens' x into the three bf16 terms once, into shared memory in
- * fragment order (xs[term][n-tile][step][lane]: one 8-byte read a fragment). All slices, or split
- * (part != NULL) slice `only` alone, to m.with_y(part + only slab, pld). */
-template <int F, class M>
-__device__ __forceinline__ void tc_rows_tile(const wdev &w, int64_t r0, int nr, const M &m, int T, int blk, float *part,
-                                             int64_t pld, int64_t slab, int only)
-{
-    typedef typename tcf<F>::CT CT;
-    enum { G = tcf<F>::G, NT = TC_TN / 8, KS = 4, RT = KS / G };
-    const bool scaled = F != DSV4_WF_BF16;
-    __shared__ uint2 xs[3][NT][KS][32];
+    __shared__ uint2 xs[XB][3][NT][KS][32];
+    __shared__ float4 xr[PF ? XV : 1][TC_TW * 32];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int S = w.tcs, i0 = (blk * TC_TW + wid) * 16;
-    if (part && only >= S)
+    if (part && z >= Z)
         return;
     const bool live = i0 < nr;
     const int k = (int)w.k, nrun = (k + 16 * G - 1) / (16 * G);
     const int64_t ra = r0 + (i0 + g < nr ? i0 + g : 0), rb = r0 + (i0 + g + 8 < nr ? i0 + g + 8 : 0);
-    const uint8_t *pa = tc_row<F>(w, ra), *pb = tc_row<F>(w, rb);
+    typedef typename tcf<F>::CT CT;
+    /* thread t's chunk of run c of each row: CT c * 4 + t (a run is four chunks) */
+    const CT *ca = (const CT *)tc_row<F>(w, ra) + t, *cb = (const CT *)tc_row<F>(w, rb) + t;
+    const int nch = k / (4 * G);
     const int64_t sa = scaled ? tc_srow<F>(w, ra) : 0, sb = scaled ? tc_srow<F>(w, rb) : 0;
-    /* the x values this thread stages: token ft of the pass, step fs of each k-tile */
-    const int ft = threadIdx.x >> 2, fs = threadIdx.x & 3;
-    const int c_beg = part ? tc_slice(nrun, S, only) : 0, c_end = part ? tc_slice(nrun, S, only + 1) : nrun;
-    for (int t0 = 0; t0 < T; t0 += TC_TN) {
-        const float *fx = t0 + ft < T ? m.xr(t0 + ft) : NULL;
+    const int s_beg = part ? z * (S / Z) : 0, s_end = part ? (z + 1) * (S / Z) : S;
+    const int c_beg = tc_slice(nrun, S, s_beg), c_end = tc_slice(nrun, S, s_end);
+    /* float4 f of token tok's XT in a tile (the v-th this thread stages) is run f / 4G's elements
+     * 4 (f % 4G) .. + 3, which thread t' = (f % 4G) / G holds in step (f / 4G) G + f % G */
+    const int xf = (int)threadIdx.x % XT, xq = xf % (4 * G), xoff = (xf / (4 * G)) * 16 * G + 4 * xq;
+    const int xslot = ((xf / (4 * G)) * G + xq % G) * 32 + (((int)threadIdx.x / XT) & 7) * 4 + xq / G;
+    for (int t0 = 0; t0 < T; t0 += TN) {
+        /* few-token passes keep their x rows' addresses; the 64-token pass needs the registers */
+        const float *xp[PF ? XV : 1];
+        auto xrow = [&](int v) -> const float * {
+            int tok = ((int)threadIdx.x + v * TC_TW * 32) / XT;
+            return t0 + tok < T ? m.xr(t0 + tok) + xoff : NULL;
+        };
+        if constexpr (PF)
+#pragma unroll
+            for (int v = 0; v < XV; v++)
+                xp[v] = xrow(v);
+        /* tile c: this thread's x copies into xr, and its weights into L */
+        auto load = [&](TL &L, int c) {
+#pragma unroll
+            for (int v = 0; v < XV; v++) {
+                if (!PF || (XN < TC_TW * 32 && (int)threadIdx.x >= XN))
+                    break;
+                const float *xv = xp[PF ? v : 0];
+                bool in = xv && c * 16 * G + xoff < k;
+                cp16(&xr[PF ? v : 0][threadIdx.x], in ? (const void *)(xv + c * 16 * G) : (const void *)w.q, in);
+            }
+#pragma unroll
+            for (int v = 0; v < RT; v++) {
+                /* a thread's accumulators hold whole runs (its tokens), so every thread takes the
+                 * run's scales, while only the chunks inside k are loaded */
+                int cc = c + v;
+                bool run = live && cc >= c_beg && cc < c_end, in = run && cc * 4 + t < nch;
+                L.qa[v] = in ? __ldg(ca + cc * 4) : CT{};
+                L.qb[v] = in ? __ldg(cb + cc * 4) : CT{};
+                if (scaled) {
+                    int bi = cc >> w.kss;
+                    L.sa[v] = run ? tc_scale(w, sa + bi) : 0.0f;
+                    L.sb[v] = run ? tc_scale(w, sb + bi) : 0.0f;
+                }
+            }
+        };
         float tot[NT][4], acc[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
             for (int q = 0; q < 4; q++)
                 tot[j][q] = acc[j][q] = 0.0f;
-        int slice = part ? only : 0, next = part ? c_end : tc_slice(nrun, S, 1);
-        /* k-tiles are aligned to RT runs from 0, so a slice may start inside one */
-        for (int c0 = c_beg / RT * RT; c0 < c_end; c0 += RT) {
-            CT qa[RT], qb[RT];
-#pragma unroll
-            for (int v = 0; v < RT; v++) {
-                int kk = (c0 + v) * 16 * G + 4 * G * t;
-                if (live && kk < k) {
-                    qa[v] = tc_load<F>(pa, kk);
-                    qb[v] = tc_load<F>(pb, kk);
-                }
-            }
-            __syncthreads();
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                int kk = (c0 + fs / G) * 16 * G + 4 * G * q + 4 * (fs % G);
-                float4 xv = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                if (fx && kk < k)
-                    xv = __ldg((const float4 *)(fx + kk));
-                uint32_t b01[3], b23[3];
-                split3(xv.x, xv.y, b01);
-                split3(xv.z, xv.w, b23);
-#pragma unroll
-                for (int e = 0; e < 3; e++)
-                    xs[e][ft >> 3][fs][(ft & 7) * 4 + q] = make_uint2(b01[e], b23[e]);
-            }
-            __syncthreads();
-            if (!live)
-                continue;
-#pragma unroll
-            for (int v = 0; v < RT; v++) {
-                int c = c0 + v, kk = c * 16 * G + 4 * G * t;
-                if (c >= c_end)
-                    break;
-                if (c < c_beg)
-                    continue;
-                if (c == next) { /* slice `slice` ends: fold it into the total */
-#pragma unroll
-                    for (int j = 0; j < NT; j++)
-#pragma unroll
-                        for (int q = 0; q < 4; q++) {
-                            tot[j][q] = slice ? tot[j][q] + acc[j][q] : acc[j][q];
-                            acc[j][q] = 0.0f;
-                        }
-                    slice++;
-                    next = tc_slice(nrun, S, slice + 1);
-                }
-                float s0 = 1.0f, s1 = 1.0f;
-                if (scaled) {
-                    int bi = tc_sblock<F>(w, c);
-                    s0 = scale_at(w.s, w.e8m0, sa + bi);
-                    s1 = scale_at(w.s, w.e8m0, sb + bi);
-                }
-#pragma unroll
-                for (int u = 0; u < G; u++) {
-                    uint32_t a[4] = {0u, 0u, 0u, 0u};
-                    if (kk < k) {
-                        tc_decode<F>(qa[v], u, a[0], a[2]);
-                        tc_decode<F>(qb[v], u, a[1], a[3]);
-                    }
-#pragma unroll
-                    for (int j = 0; j < NT; j++) {
-                        uint32_t b01[3], b23[3];
-#pragma unroll
-                        for (int e = 0; e < 3; e++) {
-                            uint2 xv = xs[e][j][v * G + u][lane];
-                            b01[e] = xv.x;
-                            b23[e] = xv.y;
-                        }
-                        tc_step<F>(acc[j], a, b01, b23, s0, s1);
-                    }
-                }
-            }
-        }
-        const M om = part ? m.with_y(part + only * slab, pld) : m;
-        if (live)
+        /* slice s's partial into its slab (split) */
+        auto emit = [&](int sl) {
+            const M om = m.with_y(part + sl * slab, pld);
 #pragma unroll
             for (int j = 0; j < NT; j++)
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
-                    float v = !part && slice ? tot[j][q] + acc[j][q] : acc[j][q];
                     int tk = t0 + 8 * j + 2 * t + (q & 1), i = i0 + g + (q >> 1) * 8;
                     if (tk < T && i < nr)
-                        om.yr(tk)[i] = v;
+                        om.yr(tk)[i] = acc[j][q];
                 }
+        };
+        int slice = s_beg, next = tc_slice(nrun, S, s_beg + 1);
+        const int c_first = c_beg / RT * RT;
+        TL cur;
+        if (PF)
+            load(cur, c_first);
+        int buf = 0;
+        for (int c0 = c_first; c0 < c_end; c0 += RT) {
+            if (!PF)
+                load(cur, c0);
+            if (PF)
+                cp_wait();
+            if (XB == 1 && c0 != c_first) /* the single buffer's last readers are done */
+                __syncthreads();
+#pragma unroll
+            for (int v = 0; v < XV; v++) {
+                if (XN < TC_TW * 32 && (int)threadIdx.x >= XN)
+                    break;
+                float4 xv;
+                if constexpr (PF)
+                    xv = xr[v][threadIdx.x];
+                else {
+                    const float *xq = xrow(v);
+                    xv = xq && c0 * 16 * G + xoff < k ? __ldg((const float4 *)(xq + c0 * 16 * G))
+                                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
+                uint32_t b01[3], b23[3];
+                split3(xv.x, xv.y, b01);
+                split3(xv.z, xv.w, b23);
+                int tok = ((int)threadIdx.x + v * TC_TW * 32) / XT;
+#pragma unroll
+                for (int e = 0; e < 3; e++)
+                    (&xs[buf][e][tok >> 3][0][0])[xslot] = make_uint2(b01[e], b23[e]);
+            }
+            __syncthreads();
+            const bool more = PF && c0 + RT < c_end;
+            TL nx;
+            if (more)
+                load(nx, c0 + RT);
+            if (live)
+#pragma unroll
+                for (int v = 0; v < RT; v++) {
+                    int c = c0 + v;
+                    if (c >= c_end)
+                        break;
+                    if (c < c_beg)
+                        continue;
+                    while (c == next) { /* slice `slice` ends: to its slab, or into the total */
+                        if (PF && part)
+                            emit(slice);
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+#pragma unroll
+                            for (int q = 0; q < 4; q++) {
+                                tot[j][q] = slice ? tot[j][q] + acc[j][q] : acc[j][q];
+                                acc[j][q] = 0.0f;
+                            }
+                        slice++;
+                        next = tc_slice(nrun, S, slice + 1);
+                    }
+                    const float s0 = scaled ? cur.sa[v] : 1.0f, s1 = scaled ? cur.sb[v] : 1.0f;
+                    uint32_t a[G][4];
+#pragma unroll
+                    for (int u = 0; u < G; u++) {
+                        tc_decode<F>(cur.qa[v], u, a[u][0], a[u][2]);
+                        tc_decode<F>(cur.qb[v], u, a[u][1], a[u][3]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+                        tc_run<F>(acc[j], a, [&](int u, int e) { return xs[buf][e][j][v * G + u][lane]; }, s0, s1);
+                }
+            if (more)
+                cur = nx;
+            buf = XB == 1 ? 0 : buf ^ 1;
+        }
+        if (live && part)
+            emit(slice);
+        else if (live)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float v = slice ? tot[j][q] + acc[j][q] : acc[j][q];
+                    int tk = t0 + 8 * j + 2 * t + (q & 1), i = i0 + g + (q >> 1) * 8;
+                    if (tk < T && i < nr)
+                        m.yr(tk)[i] = v;
+                }
+        /* the next pass restages both buffers */
+        __syncthreads();
     }
 }
 
-/* Either path: NT n-tiles a pass on the register path, NT = 0 for the tile path (split: slice
- * `only`; a block past the weight's slices does nothing); a kernel that runs it takes its block
- * size and bounds from TC_BOUNDS(NT). */
-template <int F, int NT, class M>
-__device__ __forceinline__ void tc_any(const wdev &w, int64_t r0, int nr, const M &m, int T, int blk, float *part,
-                                       int64_t pld, int64_t slab, int only)
-{
-    if constexpr (NT == 0)
-        tc_rows_tile<F>(w, r0, nr, m, T, blk, part, pld, slab, only);
-    else
-        tc_rows<F, NT>(w, r0, nr, m, T, blk, part, pld, slab);
-}
-
-#define TC_BOUNDS(NT) __launch_bounds__((NT) ? TC_RW * 32 : TC_TW * 32, (NT) ? 4 : 2)
+/* Kernels that run tc_rows with NT n-tiles a pass take this block size and bound. */
+#define TC_BOUNDS(NT) __launch_bounds__(TC_TW * 32, 2)
 
 /* Host side (linear.cu): whether a weight takes the tensor-core path (from its form, shape and
- * scale blocks alone, so every call over it sums the same way); the n-tiles of a register-path
- * pass for T tokens, 0 for the tile path; the rows one block of either path covers. */
+ * scale blocks alone, so every call over it sums the same way); the n-tiles a pass for T tokens
+ * (1, 2 or TC_TN / 8). */
 bool tc_ok(const dsv4_weight *w);
 int tc_nt(int T);
-/* Blocks a launch of nr rows (of T tokens, TB a block) takes on either path; whether it splits
- * (the register path must when tcs > TC_RW; the tile path does when its blocks would be few). */
-int tc_blocks(const wdev &w, int nt, int64_t nr);
-bool tc_split(const wdev &w, int nt, int64_t blocks);
+/* Blocks a launch over nr rows takes (for each token pass), and the slice groups Z a launch of
+ * that many blocks in all splits into (1: unsplit), from the device's block slots alone. */
+int tc_blocks(int64_t nr);
+int tc_groups(int S, int64_t blocks, int nt);
 /* A device buffer of n floats for slice partials (grows, never freed: recordings may read it). */
 float *tc_part_buf(size_t n);
 /* y[r, i] = part[0][r, i] + part[1][r, i] + ... + part[S-1][r, i] (left to right), r < rows,
