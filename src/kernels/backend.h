@@ -10,16 +10,18 @@
 #include <stdint.h>
 #include "io/weight.h"
 
-/* What one sequence keeps for one V4 layer (model/seq.c owns the buffers; backend memory):
- * kv [kv_cap, d] window rows and c, z [c_cap, cw] compressor inputs, rings by position mod
- * cap; ent [*, d] compressed entries and ikey [*, ci] indexer keys, by entry index; ic, iz
- * [c_cap, 2 ci] the indexer compressor's inputs. Absent parts are NULL. With production caches
- * (kernels/kv_format.h) the window rows, entries and keys are packed rows instead: pkv
- * [kv_cap] WINDOW rows of d, pent [*] MAIN rows of d, pikey [*] INDEX rows of ci (kv, ent and
- * ikey are then NULL). */
+/* What one sequence keeps for one layer (model/seq.c owns the buffers; backend memory): kv
+ * [kv_cap, d] window rows and c, z [c_cap, cw] compressor inputs, rings by position mod cap;
+ * ent [ent_cap, d] compressed entries and ikey [ent_cap, ci] indexer keys, by entry index; ic,
+ * iz [c_cap, 2 ci] the indexer compressor's inputs. Absent parts are NULL. With production
+ * caches (kernels/kv_format.h) the window rows, entries and keys are packed rows instead: pkv
+ * [kv_cap] WINDOW rows of d, pent [ent_cap] MAIN rows of d, pikey [ent_cap] INDEX rows of ci
+ * (kv, ent and ikey are then NULL). ent_cap: the entry rows allocated (the owner grows them;
+ * the ops read within dsv4_attn_args.vis_cap). */
 typedef struct dsv4_lbufs {
     float *kv, *c, *z, *ent, *ic, *iz, *ikey;
     uint8_t *pkv, *pent, *pikey;
+    int64_t ent_cap;
 } dsv4_lbufs;
 
 /* Largest compression ratio a compressor pools over (V4-Flash HCA: 128). */

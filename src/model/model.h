@@ -161,27 +161,13 @@ typedef struct {
 void dsv4_place_plan_make(const dsv4_model *m, size_t avail, dsv4_place_plan *p);
 void dsv4_place_plan_text(const dsv4_place_plan *p, char *buf, size_t n);
 
-/* Per-layer caches of one sequence. Rings hold per-token rows indexed by position mod cap. */
-typedef struct dsv4_lstate {
-    float *kv;               /* [kv_cap, d]: window rows */
-    float *c, *z;            /* [c_cap, cw]: compressor inputs of recent tokens */
-    float *ent;              /* [ent_cap, d]: emitted compressed entries */
-    float *ic, *iz;          /* [c_cap, 2 * index_dim]: the indexer compressor's inputs */
-    float *ikey;             /* [ent_cap, index_dim]: indexer keys */
-    /* Production caches: the same rows packed (kernels/kv_format.h); kv, ent, ikey NULL. */
-    uint8_t *pkv;            /* [kv_cap] WINDOW rows of head_dim */
-    uint8_t *pent;           /* [ent_cap] MAIN rows of head_dim */
-    uint8_t *pikey;          /* [ent_cap] INDEX rows of index_dim */
-    int64_t ent_cap;
-} dsv4_lstate;
-
 /* Rows of one forward step: (sequence, token) pairs in batch order. */
 typedef struct dsv4_step {
     dsv4_model *m;
     const dsv4_backend *be;
     int R;
     int64_t *pos;            /* [R] absolute position of each row */
-    int *row_seq;            /* [R] batch index of each row's sequence */
+    int32_t *row_seq;        /* [R] batch index of each row's sequence */
     const int32_t *ids;      /* [R] token ids */
     const dsv4_batch *b;
     /* The same in backend memory (m->mem), for the ops: */
@@ -198,7 +184,7 @@ struct dsv4_seq {
     int64_t len;             /* tokens consumed */
     int64_t hi;              /* furthest length reached since creation/restore (bounds rollback) */
     int kv_cap, c_cap;
-    dsv4_lstate *L;
+    dsv4_lbufs *L;           /* [n_layers] each layer's buffers (kernels/backend.h) */
     int32_t *etok;           /* [e_cap]: Engram compressed ids by position mod e_cap */
     int e_cap;
     float **skv;             /* [spec.n] DSpark stage windows [kv_cap, head_dim] by position mod kv_cap */
