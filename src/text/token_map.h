@@ -7,7 +7,7 @@
 #define DSV4_TEXT_TOKEN_MAP_H
 
 #include <stdint.h>
-#include "dsv4.h"
+#include "core/err.h"
 #include "text/tokenizer.h"
 
 /* *map: malloc'd [n_vocab] class per id (n_vocab = dsv4_tokenizer_n_vocab(t)); *n_classes:
