@@ -404,16 +404,8 @@ static int token_map_json(dsv4_model *m, const char *path, FILE *f, dsv4_err *er
 static int token_map_tokenizer(dsv4_model *m, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer", m->dir);
-    dsv4_err e2 = {0};
-    dsv4_tokenizer *t = dsv4_tokenizer_load(m->dir, &e2);
-    if (!t && !(t = dsv4_tokenizer_load(path, &e2)))
-        return dsv4_fail(err, DSV4_E_IO, "%s: the Engram token map needs token_map.json or a tokenizer.json (here or in tokenizer/): %s",
-                         m->dir, e2.msg);
-    int32_t *map = NULL, nc = 0, nv = dsv4_tokenizer_n_vocab(t);
-    int rc = dsv4_token_map_build(t, &map, &nc, err);
-    dsv4_tokenizer_free(t);
+    int32_t *map = NULL, nc = 0, nv = 0;
+    int rc = dsv4_token_map_of_dir(m->dir, &map, &nc, &nv, err);
     if (!rc && (nc != c->engram_compressed_vocab || nv > c->vocab || c->engram_pad_id >= nv))
         rc = dsv4_fail(err, DSV4_E_MODEL, "%s: the tokenizer gives %d Engram token classes over %d ids; the config says %d classes over %d ids (pad %d)",
                        m->dir, nc, nv, c->engram_compressed_vocab, c->vocab, c->engram_pad_id);

@@ -14,6 +14,11 @@
  * the number of classes (the V4.1 tokenizer must give 99,092). */
 int dsv4_token_map_build(const dsv4_tokenizer *t, int32_t **map, int32_t *n_classes, dsv4_err *err);
 
+/* The map of a checkpoint's tokenizer: tokenizer.json in dir, else in dir/tokenizer (the
+ * layouts checkpoints ship); as dsv4_token_map_build, and *n_vocab the tokenizer's vocabulary.
+ * What the model reads at load when the checkpoint has no token_map.json. */
+int dsv4_token_map_of_dir(const char *dir, int32_t **map, int32_t *n_classes, int32_t *n_vocab, dsv4_err *err);
+
 /* The normalizer chain as Hugging Face normalizer JSON (for dsv4_normalizer_parse). */
 extern const char dsv4_token_map_chain[];
 /* The key of one id as above (malloc'd, NUL-terminated): normalizer is a dsv4_normalizer of
