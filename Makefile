@@ -16,7 +16,7 @@ CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -fopenmp $(ARCH) -Iinclude -Isrc -MMD -MP
 LDLIBS  += -fopenmp -lcjson -lpcre2-8 -lutf8proc -lmicrohttpd -lpthread -lm
 
-LIB_SRC := $(wildcard src/core/*.c src/io/*.c src/kernels/cpu/*.c src/model/*.c src/text/*.c src/serve/*.c)
+LIB_SRC := $(wildcard src/core/*.c src/io/*.c src/kernels/*.c src/kernels/cpu/*.c src/model/*.c src/text/*.c src/serve/*.c)
 CLI_SRC := $(wildcard src/cli/*.c)
 TEST_SRC := $(wildcard tests/unit/test_*.c)
 
@@ -26,7 +26,8 @@ NVCC     ?= nvcc
 NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=sm_90 -Iinclude -Isrc \
             -Xcompiler -Wall,-Wextra -MMD -MP
 CU_SRC   := $(wildcard src/kernels/cuda/*.cu)
-CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o)
+CU_C_SRC := $(wildcard src/kernels/cuda/*.c)
+CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o) $(CU_C_SRC:%.c=$(BUILD)/%.o)
 CFLAGS   += -DDSV4_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
 CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_ops $(BUILD)/tests/cuda/test_cuda_exl3 $(BUILD)/tests/cuda/bench_cuda

@@ -5,7 +5,7 @@
 #include <stdarg.h>
 #include <stdint.h>
 #include <stddef.h>
-#include "dsv4.h"
+#include "core/err.h"
 
 /* ---- errors: set a message and return the code, so callers write `return dsv4_fail(...)` */
 int dsv4_fail(dsv4_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -4,7 +4,7 @@
 #define DSV4_CONFIG_H
 
 #include <stdint.h>
-#include "dsv4.h"
+#include "core/err.h"
 
 #define DSV4_MAX_LAYERS 128
 
@@ -32,6 +32,9 @@
 #define DSV4_MAX_ENGRAM_VOCAB 4294967296.0 /* the prime search tests candidates by trial division */
 #define DSV4_MAX_ENGRAM_ROWS 9007199254740992.0
 #define DSV4_MAX_SPEC_TARGETS 16    /* dspark_target_layer_ids */
+/* dspark_block_size; include/dsv4.h publishes the same bound (a TU that sees both would warn
+ * of a redefinition if they ever differed) */
+#define DSV4_MAX_SPEC_BLOCK 64
 
 typedef enum { DSV4_FAMILY_V4 = 4, DSV4_FAMILY_V41 = 41 } dsv4_family;
 

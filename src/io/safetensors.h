@@ -5,7 +5,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "dsv4.h"
+#include "core/err.h"
 
 typedef enum {
     DSV4_DT_F32, DSV4_DT_F16, DSV4_DT_BF16, DSV4_DT_F64,

@@ -9,17 +9,20 @@
 
 #include <stdint.h>
 #include "io/weight.h"
+#include "kernels/place.h"
 
-/* What one sequence keeps for one V4 layer (model/seq.c owns the buffers; backend memory):
- * kv [kv_cap, d] window rows and c, z [c_cap, cw] compressor inputs, rings by position mod
- * cap; ent [*, d] compressed entries and ikey [*, ci] indexer keys, by entry index; ic, iz
- * [c_cap, 2 ci] the indexer compressor's inputs. Absent parts are NULL. With production caches
- * (kernels/kv_format.h) the window rows, entries and keys are packed rows instead: pkv
- * [kv_cap] WINDOW rows of d, pent [*] MAIN rows of d, pikey [*] INDEX rows of ci (kv, ent and
- * ikey are then NULL). */
+/* What one sequence keeps for one layer (model/seq.c owns the buffers; backend memory): kv
+ * [kv_cap, d] window rows and c, z [c_cap, cw] compressor inputs, rings by position mod cap;
+ * ent [ent_cap, d] compressed entries and ikey [ent_cap, ci] indexer keys, by entry index; ic,
+ * iz [c_cap, 2 ci] the indexer compressor's inputs. Absent parts are NULL. With production
+ * caches (kernels/kv_format.h) the window rows, entries and keys are packed rows instead: pkv
+ * [kv_cap] WINDOW rows of d, pent [ent_cap] MAIN rows of d, pikey [ent_cap] INDEX rows of ci
+ * (kv, ent and ikey are then NULL). ent_cap: the entry rows allocated (the owner grows them;
+ * the ops read within dsv4_attn_args.vis_cap). */
 typedef struct dsv4_lbufs {
     float *kv, *c, *z, *ent, *ic, *iz, *ikey;
     uint8_t *pkv, *pent, *pikey;
+    int64_t ent_cap;
 } dsv4_lbufs;
 
 /* Largest compression ratio a compressor pools over (V4-Flash HCA: 128). */
@@ -179,9 +182,29 @@ typedef struct dsv4_backend {
     /* 1 when attn_step reads and writes production caches (kv_prod); a model with production
      * caches refuses a backend without them. */
     int kv_production;
+    /* Device backends only (NULL on the CPU, which reads the weights where they are mapped):
+     * place() makes the backend hold the listed arrays (every one its ops read) as
+     * kernels/place.h plans them against the device memory free now, writes that plan in words
+     * into report [report_n] and sets *experts_host when routed experts stay in pinned host
+     * memory; it fails when the hot path does not fit. unplace() drops whatever place() took
+     * from the same list, after a failed place() too. */
+    int (*place)(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
+                 dsv4_err *err);
+    void (*unplace)(const dsv4_place_item *items, int64_t n);
+    /* The device in words ("cpu: 16 threads"), for `dsv4 devices`. */
+    void (*describe)(char *buf, size_t n);
+    /* The device's copy rate in GB/s (bytes read + written), a benchmark's memory ceiling; NULL
+     * where not measurable (the CPU: benchmarks measure their own read rate). */
+    double (*copy_bandwidth)(void);
+    /* Opens (on) or closes the range a device profiler records; NULL where there is none. */
+    void (*capture)(int on);
 } dsv4_backend;
 
 const dsv4_backend *dsv4_backend_cpu(void);
+/* The backend a device name selects ("cpu" or NULL, "cuda"), ready to run; NULL after err
+ * (DSV4_E_DEVICE) when the name is unknown, this build lacks it or no usable device is there
+ * (kernels/device.c: the one place that knows which backends a build has). */
+const dsv4_backend *dsv4_backend_named(const char *device, dsv4_err *err);
 
 /* Seconds the CPU has spent scoring indexer keys (V4's attn_step, V4.1's index sources) since
  * the process started, for the benchmark's indexer share of a step; add: the V4.1 forward's

@@ -11,9 +11,6 @@
 #include "core/core.h"
 #include "model/engram.h"
 #include "model/model.h"
-#ifdef DSV4_CUDA
-#include "kernels/cuda/cuda.h"
-#endif
 #include "text/token_map.h"
 
 typedef struct binder {
@@ -407,16 +404,8 @@ static int token_map_json(dsv4_model *m, const char *path, FILE *f, dsv4_err *er
 static int token_map_tokenizer(dsv4_model *m, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
-    char path[4096];
-    snprintf(path, sizeof path, "%s/tokenizer", m->dir);
-    dsv4_err e2 = {0};
-    dsv4_tokenizer *t = dsv4_tokenizer_load(m->dir, &e2);
-    if (!t && !(t = dsv4_tokenizer_load(path, &e2)))
-        return dsv4_fail(err, DSV4_E_IO, "%s: the Engram token map needs token_map.json or a tokenizer.json (here or in tokenizer/): %s",
-                         m->dir, e2.msg);
-    int32_t *map = NULL, nc = 0, nv = dsv4_tokenizer_n_vocab(t);
-    int rc = dsv4_token_map_build(t, &map, &nc, err);
-    dsv4_tokenizer_free(t);
+    int32_t *map = NULL, nc = 0, nv = 0;
+    int rc = dsv4_token_map_of_dir(m->dir, &map, &nc, &nv, err);
     if (!rc && (nc != c->engram_compressed_vocab || nv > c->vocab || c->engram_pad_id >= nv))
         rc = dsv4_fail(err, DSV4_E_MODEL, "%s: the tokenizer gives %d Engram token classes over %d ids; the config says %d classes over %d ids (pad %d)",
                        m->dir, nc, nv, c->engram_compressed_vocab, c->vocab, c->engram_pad_id);
@@ -528,22 +517,50 @@ static float *rope_table(const dsv4_rope_cfg *r, int rd)
     return f;
 }
 
-/* Walks every array the CUDA ops read, handing each to `weight` (expert: the routed expert's
- * index in layer order, WALK_EMBED for the embedding table, else -1) or `floats` (arrays of cnt
- * elements). Stops at the first nonzero return. */
-#define WALK_EMBED (-2)
-typedef struct walker {
-    int (*weight)(struct walker *k, const dsv4_weight *w, int64_t expert);
-    int (*floats)(struct walker *k, const float *p, int64_t cnt);
-} walker;
+/* Whether expert e of layer li shares its bytes with an earlier layer's (synthetic models
+ * with fewer expert layers): counted, placed and uploaded once. */
+static int expert_shared(const dsv4_model *m, int li, int e)
+{
+    for (int j = 0; j < li; j++)
+        if (m->layers[j].w1 && m->layers[j].w1[e].data == m->layers[li].w1[e].data)
+            return 1;
+    return 0;
+}
 
-static int walk_arrays(const dsv4_model *m, walker *k)
+typedef struct {
+    dsv4_place_item *v;
+    int64_t n, cap;
+    int oom;
+} item_list;
+
+/* Appends a bound weight (w) or a float array (a, n); what a model does not have is unbound
+ * or NULL, and left out. */
+static int add_item(item_list *l, const dsv4_weight *w, const float *a, int64_t n, int64_t expert, int shared)
+{
+    if (w ? !w->data : !a)
+        return 0;
+    if (l->n == l->cap) {
+        int64_t cap = l->cap ? 2 * l->cap : 256;
+        dsv4_place_item *v = realloc(l->v, (size_t)cap * sizeof *v);
+        if (!v) {
+            l->oom = 1;
+            return 0;
+        }
+        l->v = v;
+        l->cap = cap;
+    }
+    l->v[l->n++] = (dsv4_place_item){.w = w, .a = a, .n = n, .expert = expert, .shared = shared};
+    return 1;
+}
+
+int dsv4_place_items(const dsv4_model *m, dsv4_place_item **items, int64_t *n_items, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
-    int D = c->dim, n = c->hc_mult, nm = (2 + n) * n, rc = 0;
-#define W(w) (rc = rc ? rc : k->weight(k, (w), -1))
-#define F(p, cnt) (rc = rc ? rc : k->floats(k, (p), (cnt)))
-    rc = k->weight(k, &m->embed, WALK_EMBED);
+    int D = c->dim, n = c->hc_mult, nm = (2 + n) * n;
+    item_list l = {0};
+#define W(w) add_item(&l, (w), NULL, 0, DSV4_PLACE_HOT, 0)
+#define F(p, cnt) add_item(&l, NULL, (p), (cnt), DSV4_PLACE_HOT, 0)
+    add_item(&l, &m->embed, NULL, 0, DSV4_PLACE_EMBED, 0);
     W(&m->head);
     F(m->norm, D);
     F(m->hc_head_fn, (int64_t)n * n * D);
@@ -551,8 +568,9 @@ static int walk_arrays(const dsv4_model *m, walker *k)
     F(m->hc_head_scale, 1);
     F(m->inv_freq_main, c->rope_dim / 2);
     F(m->inv_freq_compress, c->rope_dim / 2);
+    int64_t ne = 0; /* experts numbered in layer order */
     for (int li = 0; li < c->n_layers && m->layers; li++) {
-        dsv4_layer *L = &m->layers[li];
+        const dsv4_layer *L = &m->layers[li];
         F(L->attn_norm, D);
         F(L->ffn_norm, D);
         F(L->hc_attn_fn, (int64_t)nm * n * D);
@@ -570,7 +588,6 @@ static int walk_arrays(const dsv4_model *m, walker *k)
         W(&L->wo_a);
         W(&L->wo_b);
         W(&L->gate);
-        /* what a layer does not have is unbound (NULL) and skipped by every visitor */
         W(&L->comp.wkv);
         W(&L->comp.wgate);
         F(L->comp.norm, L->comp.dim);
@@ -586,10 +603,11 @@ static int walk_arrays(const dsv4_model *m, walker *k)
         W(&L->iwk);
         F(L->ik_norm, c->index_dim);
         for (int e = 0; e < c->n_experts && L->w1; e++) {
-            int64_t id = (int64_t)li * c->n_experts + e;
-            rc = rc ? rc : k->weight(k, &L->w1[e], id);
-            rc = rc ? rc : k->weight(k, &L->w2[e], id);
-            rc = rc ? rc : k->weight(k, &L->w3[e], id);
+            int sh = expert_shared(m, li, e);
+            int k = add_item(&l, &L->w1[e], NULL, 0, ne, sh);
+            k += add_item(&l, &L->w2[e], NULL, 0, ne, sh);
+            k += add_item(&l, &L->w3[e], NULL, 0, ne, sh);
+            ne += k > 0;
         }
         if (c->n_shared > 0) {
             W(&L->sw1);
@@ -599,238 +617,40 @@ static int walk_arrays(const dsv4_model *m, walker *k)
     }
 #undef W
 #undef F
-    return rc;
-}
-
-/* Whether expert e of layer li shares its bytes with an earlier layer's (synthetic models
- * with fewer expert layers): counted, placed and uploaded once. */
-static int expert_shared(const dsv4_model *m, int li, int e)
-{
-    for (int j = 0; j < li; j++)
-        if (m->layers[j].w1 && m->layers[j].w1[e].data == m->layers[li].w1[e].data)
-            return 1;
-    return 0;
-}
-
-/* Sums the bytes of the plan's two classes. */
-typedef struct {
-    walker k;
-    dsv4_place_plan *p;
-    const dsv4_model *m;
-} plan_walk;
-
-static int plan_w(walker *k, const dsv4_weight *w, int64_t expert)
-{
-    dsv4_place_plan *p = ((plan_walk *)k)->p;
-    if (!w->data)
-        return 0;
-    if (expert == WALK_EMBED)
-        p->embed += w->bytes;
-    else if (expert < 0)
-        p->hot += w->bytes;
-    else {
-        const dsv4_model *m = ((plan_walk *)k)->m;
-        if (!expert_shared(m, (int)(expert / m->cfg.n_experts), (int)(expert % m->cfg.n_experts)))
-            p->experts += w->bytes;
-        p->n_experts = expert + 1; /* ids are dense, in walk order */
+    if (l.oom) {
+        free(l.v);
+        return dsv4_fail(err, DSV4_E_NOMEM, "out of memory listing the weights to place");
     }
+    *items = l.v;
+    *n_items = l.n;
     return 0;
 }
-
-static int plan_f(walker *k, const float *a, int64_t cnt)
-{
-    if (a)
-        ((plan_walk *)k)->p->hot += (size_t)cnt * sizeof(float);
-    return 0;
-}
-
-void dsv4_place_plan_make(const dsv4_model *m, size_t avail, dsv4_place_plan *p)
-{
-    memset(p, 0, sizeof *p);
-    p->avail = avail;
-    plan_walk pw = {{plan_w, plan_f}, p, m};
-    walk_arrays(m, &pw.k);
-    p->fits = p->hot <= avail;
-    /* Experts go to the device in layer order while they fit (an expert is its w1, w2, w3), the
-     * rest to pinned host memory: the first layers' experts resident, the last layers' spilled. */
-    if (!p->fits)
-        return;
-    size_t room = avail - p->hot;
-    const dsv4_config *c = &m->cfg;
-    for (int li = 0; li < c->n_layers && m->layers; li++)
-        for (int e = 0; e < c->n_experts && m->layers[li].w1; e++) {
-            const dsv4_layer *L = &m->layers[li];
-            size_t b = expert_shared(m, li, e) ? 0 : L->w1[e].bytes + L->w2[e].bytes + L->w3[e].bytes;
-            if (b > room)
-                return;
-            room -= b;
-            p->experts_dev += b;
-            p->n_experts_dev++;
-        }
-    p->embed_dev = p->embed <= room;
-}
-
-/* "1.23 GiB", or MiB below one GiB (fixtures, small budgets). */
-static const char *human(size_t b, char *buf)
-{
-    if (b >= ((size_t)1 << 30))
-        snprintf(buf, 24, "%.2f GiB", b / 1073741824.0);
-    else
-        snprintf(buf, 24, "%.2f MiB", b / 1048576.0);
-    return buf;
-}
-
-void dsv4_place_plan_text(const dsv4_place_plan *p, char *buf, size_t n)
-{
-    char a[24], b[24], c[24], d[24], e[24], f[24];
-    if (!p->fits)
-        snprintf(buf, n, "hot path %s + routed experts %s, %s available for weights: the hot path does not fit",
-                 human(p->hot, a), human(p->experts, b), human(p->avail, c));
-    else
-        snprintf(buf, n, "hot path %s + routed experts %s + embedding %s, %s available for weights: hot path and %lld of "
-                 "%lld experts (%s) on the GPU, %lld (%s) in pinned host memory, embedding %s", human(p->hot, a),
-                 human(p->experts, b), human(p->embed, f), human(p->avail, c), (long long)p->n_experts_dev,
-                 (long long)p->n_experts, human(p->experts_dev, d), (long long)(p->n_experts - p->n_experts_dev),
-                 human(p->experts - p->experts_dev, e), p->embed_dev ? "on the GPU" : "in pinned host memory");
-}
-
-#ifdef DSV4_CUDA
-/* "123", "64K", "1.5G" (binary units) as bytes; -1 when malformed. */
-static double parse_bytes(const char *s)
-{
-    char *end;
-    double v = strtod(s, &end);
-    double u = 1;
-    switch (*end) {
-    case 'K': case 'k': u = 1024.0; end++; break;
-    case 'M': case 'm': u = 1048576.0; end++; break;
-    case 'G': case 'g': u = 1073741824.0; end++; break;
-    case 'T': case 't': u = 1099511627776.0; end++; break;
-    default: break;
-    }
-    return end == s || *end || v < 0 ? -1 : v * u;
-}
-
-/* Device memory kept free at load for what is allocated later: the per-op scratch arena (a
- * prefill chunk's activations), the CUDA context's own growth. */
-#define CUDA_RESERVE ((size_t)1 << 30)
-
-/* PUT: experts with id < n_dev, and the embedding when embed_dev, to the device, the rest
- * pinned; DROP: frees every copy. */
-typedef struct {
-    walker k;
-    int64_t n_dev;
-    int embed_dev;
-    dsv4_err *err;
-} place_walk;
-
-static int put_w(walker *k, const dsv4_weight *w, int64_t expert)
-{
-    place_walk *pw = (place_walk *)k;
-    if (!w->data)
-        return 0;
-    int pin = expert == WALK_EMBED ? !pw->embed_dev : expert >= pw->n_dev;
-    return pin ? dsv4_cuda_pin_weight(w, pw->err) : dsv4_cuda_put_weight(w, pw->err);
-}
-
-static int put_f(walker *k, const float *a, int64_t cnt)
-{
-    return dsv4_cuda_put(a, (size_t)cnt * sizeof(float), ((place_walk *)k)->err);
-}
-
-static int drop_w(walker *k, const dsv4_weight *w, int64_t expert)
-{
-    (void)k, (void)expert;
-    if (w->data)
-        dsv4_cuda_drop_weight(w);
-    return 0;
-}
-
-static int drop_f(walker *k, const float *a, int64_t cnt)
-{
-    (void)k, (void)cnt;
-    dsv4_cuda_drop(a);
-    return 0;
-}
-
-/* The admission check, then the uploads it admits. Available for weights: free device memory
- * less CUDA_RESERVE, or DSV4_CUDA_BUDGET (bytes, K/M/G/T suffixes) when that is smaller; it
- * lets the spill path be exercised on a GPU where everything fits. */
-static int cuda_place(dsv4_model *m, dsv4_err *err)
-{
-    size_t fr, tot;
-    if (dsv4_cuda_mem(&fr, &tot, err))
-        return err->code;
-    size_t avail = fr > CUDA_RESERVE ? fr - CUDA_RESERVE : 0;
-    const char *bs = getenv("DSV4_CUDA_BUDGET");
-    if (bs && *bs) {
-        double b = parse_bytes(bs);
-        if (b < 0)
-            return dsv4_fail(err, DSV4_E_ARG, "DSV4_CUDA_BUDGET='%s': expected bytes, optionally with K, M, G or T", bs);
-        if (b < (double)avail)
-            avail = (size_t)b;
-    }
-    dsv4_place_plan p;
-    dsv4_place_plan_make(m, avail, &p);
-    char txt[sizeof m->placement - 64];
-    dsv4_place_plan_text(&p, txt, sizeof txt);
-    snprintf(m->placement, sizeof m->placement, "%s (device %.1f of %.1f GiB free%s)", txt, fr / 1073741824.0,
-             tot / 1073741824.0, bs && *bs ? ", DSV4_CUDA_BUDGET set" : "");
-    if (!p.fits)
-        return dsv4_fail(err, DSV4_E_NOMEM, "does not fit the GPU: %s", m->placement);
-    m->experts_host = p.n_experts_dev < p.n_experts;
-    place_walk pw = {{put_w, put_f}, p.n_experts_dev, p.embed_dev, err};
-    return walk_arrays(m, &pw.k);
-}
-
-static void cuda_unplace(dsv4_model *m)
-{
-    place_walk pw = {{drop_w, drop_f}, 0, 0, NULL};
-    walk_arrays(m, &pw.k);
-}
-#endif
 
 const char *dsv4_model_placement(const dsv4_model *m) { return m->placement; }
 
 double dsv4_device_bandwidth(const char *device)
 {
-#ifdef DSV4_CUDA
     dsv4_err err;
-    if (device && !strcmp(device, "cuda") && !dsv4_cuda_init(&err))
-        return dsv4_cuda_copy_bandwidth();
-#else
-    (void)device;
-#endif
-    return 0;
+    const dsv4_backend *be = dsv4_backend_named(device, &err);
+    return be && be->copy_bandwidth ? be->copy_bandwidth() : 0;
 }
 
 void dsv4_device_capture(const char *device, int on)
 {
-#ifdef DSV4_CUDA
-    if (device && !strcmp(device, "cuda"))
-        dsv4_cuda_capture(on);
-#else
-    (void)device, (void)on;
-#endif
+    dsv4_err err;
+    const dsv4_backend *be = dsv4_backend_named(device, &err);
+    if (be && be->capture)
+        be->capture(on);
 }
 
 int dsv4_device_probe(const char *device, char *desc, size_t n, dsv4_err *err)
 {
     dsv4_err_clear(err);
-    if (!device || !strcmp(device, "cpu")) {
-        snprintf(desc, n, "cpu: %d threads", omp_get_max_threads());
-        return 0;
-    }
-    if (strcmp(device, "cuda"))
-        return dsv4_fail(err, DSV4_E_DEVICE, "device '%s' is unknown (devices: cpu, cuda)", device);
-#ifdef DSV4_CUDA
-    if (dsv4_cuda_init(err))
+    const dsv4_backend *be = dsv4_backend_named(device, err);
+    if (!be)
         return err->code;
-    snprintf(desc, n, "cuda: %s", dsv4_cuda_device_name());
+    be->describe(desc, n);
     return 0;
-#else
-    return dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda' is not available in this build (built without CUDA=1; it has: cpu)");
-#endif
 }
 
 /* A checkpoint with tensors of a layer past num_hidden_layers is not the model the config
@@ -899,20 +719,8 @@ static int model_bind(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 static dsv4_model *model_new(const dsv4_load_opts *o, const char *dir, dsv4_err *err)
 {
     dsv4_err_clear(err);
-    int cuda = o->device && !strcmp(o->device, "cuda");
-    if (o->device && strcmp(o->device, "cpu") && !cuda) {
-        dsv4_fail(err, DSV4_E_DEVICE, "device '%s' is unknown (devices: cpu, cuda)", o->device);
+    if (!dsv4_backend_named(o->device, err)) /* unknown, or not in this build or on this machine */
         return NULL;
-    }
-#ifdef DSV4_CUDA
-    if (cuda && dsv4_cuda_init(err))
-        return NULL;
-#else
-    if (cuda) {
-        dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda' is not available in this build (built without CUDA=1; it has: cpu)");
-        return NULL;
-    }
-#endif
     dsv4_model *m = calloc(1, sizeof *m);
     if (!m) {
         dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
@@ -926,22 +734,9 @@ static dsv4_model *model_new(const dsv4_load_opts *o, const char *dir, dsv4_err 
     return m;
 }
 
-/* The backend a device name selects (model_new refused the ones this build lacks). */
-static const dsv4_backend *backend_of(int cuda)
-{
-#ifdef DSV4_CUDA
-    if (cuda)
-        return dsv4_backend_cuda();
-#else
-    (void)cuda;
-#endif
-    return dsv4_backend_cpu();
-}
-
 /* The KV cache format: production where asked (or AUTO) and the backend keeps it. */
-static int model_kv(dsv4_model *m, const dsv4_load_opts *o, int cuda, dsv4_err *err)
+static int model_kv(dsv4_model *m, const dsv4_load_opts *o, const dsv4_backend *be, dsv4_err *err)
 {
-    const dsv4_backend *be = backend_of(cuda);
     if (o->kv < DSV4_KV_DEFAULT || o->kv > DSV4_KV_AUTO)
         return dsv4_fail(err, DSV4_E_ARG, "kv cache format %d is unknown (exact, production, auto)", o->kv);
     if (o->kv == DSV4_KV_PRODUCTION && !be->kv_production)
@@ -960,15 +755,16 @@ const char *dsv4_model_kv(const dsv4_model *m) { return m->kv_prod ? "production
 static int model_check(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
-    int cuda = o->device && !strcmp(o->device, "cuda");
-    if (model_kv(m, o, cuda, err))
+    const dsv4_backend *be = dsv4_backend_named(o->device, err);
+    if (!be || model_kv(m, o, be, err))
         return err->code;
     /* V4.1 defaults to its bf16 reference emulation on the CPU; the CUDA backend is verified in
      * fp32 only (through it, 'ref' missed the fixture's 2e-2 gate: docs/cuda.md) */
+    int cpu = be == dsv4_backend_cpu();
     m->numerics = o->numerics ? o->numerics
-                              : (c->family == DSV4_FAMILY_V41 && !cuda ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32);
-    if (cuda && m->numerics == DSV4_NUMERICS_REF)
-        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "numerics 'ref' runs on the CPU; the CUDA backend runs fp32");
+                              : (c->family == DSV4_FAMILY_V41 && cpu ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32);
+    if (!cpu && m->numerics == DSV4_NUMERICS_REF)
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "numerics 'ref' runs on the CPU; the %s backend runs fp32", be->name);
     if (c->family == DSV4_FAMILY_V4 && m->numerics != DSV4_NUMERICS_FP32)
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, "numerics 'ref' is defined for V4.1 checkpoints; V4 runs in fp32");
     for (int i = 0; i < c->n_layers; i++)
@@ -978,19 +774,22 @@ static int model_check(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     return 0;
 }
 
-/* Moves the weights to the chosen device (the CPU backend reads them where they are mapped). */
+/* Moves the weights to the chosen device: a device backend holds every array its ops read (the
+ * CPU backend reads them where they are mapped). The list is kept: freeing the model drops what
+ * the backend took. */
 static int model_place(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
 {
-#ifdef DSV4_CUDA
-    if (o->device && !strcmp(o->device, "cuda")) {
-        m->be = dsv4_backend_cuda();
-        m->mem = m->cfg.family == DSV4_FAMILY_V41 ? dsv4_backend_cpu() : m->be;
-        if (cuda_place(m, err))
-            return dsv4_err_prefix(err, "%s: putting the weights on the GPU", m->dir);
-    }
-#else
-    (void)m, (void)o, (void)err; /* model_new refused "cuda" in this build */
-#endif
+    const dsv4_backend *be = dsv4_backend_named(o->device, err);
+    if (!be)
+        return err->code;
+    if (!be->place)
+        return 0;
+    m->be = be;
+    /* the V4.1 forward's stateful steps run on the host */
+    m->mem = m->cfg.family == DSV4_FAMILY_V41 ? dsv4_backend_cpu() : be;
+    if (dsv4_place_items(m, &m->placed, &m->n_placed, err) ||
+        be->place(m->placed, m->n_placed, m->placement, sizeof m->placement, &m->experts_host, err))
+        return dsv4_err_prefix(err, "%s: putting the weights on the %s device", m->dir, be->name);
     return 0;
 }
 
@@ -1114,10 +913,9 @@ void dsv4_model_free(dsv4_model *m)
         return;
     dsv4_graphs_free(m);
     dsv4_arena_free(m);
-#ifdef DSV4_CUDA
-    if (m->be == dsv4_backend_cuda())
-        cuda_unplace(m);
-#endif
+    if (m->placed)
+        m->be->unplace(m->placed, m->n_placed);
+    free(m->placed);
     release_weights(m);
     for (int i = 0; m->layers && i < m->cfg.n_layers; i++)
         free_layer(&m->layers[i]);

@@ -143,37 +143,17 @@ struct dsv4_model {
     uint64_t engram_bytes, engram_tokens; /* table traffic since load */
     size_t weight_bytes;
     char *dir;
-    char placement[320];     /* the CUDA loader's memory plan ("" on the CPU) */
+    char placement[320];     /* a device backend's memory plan in words ("" on the CPU) */
     int experts_host;        /* the plan left routed experts in pinned host memory */
+    dsv4_place_item *placed; /* [n_placed] what the device backend holds (NULL on the CPU) */
+    int64_t n_placed;
 };
 
-/* The CUDA loader's memory plan: the hot path (every array the GPU ops read but the routed
- * experts and the embedding) must fit `avail` device bytes; routed experts follow in layer
- * order while they fit, the rest are read from pinned host memory; the embedding table goes
- * to the device only when every expert did (a step reads one row of it per token, the least
- * traffic per byte of anything, so it is the first to spill). Bytes as stored. */
-typedef struct {
-    size_t avail, hot, experts, experts_dev, embed;
-    int64_t n_experts, n_experts_dev;   /* an expert is its w1, w2, w3 */
-    int fits;                           /* the hot path fits */
-    int embed_dev;                      /* the embedding table on the device (else pinned) */
-} dsv4_place_plan;
-void dsv4_place_plan_make(const dsv4_model *m, size_t avail, dsv4_place_plan *p);
-void dsv4_place_plan_text(const dsv4_place_plan *p, char *buf, size_t n);
-
-/* Per-layer caches of one sequence. Rings hold per-token rows indexed by position mod cap. */
-typedef struct dsv4_lstate {
-    float *kv;               /* [kv_cap, d]: window rows */
-    float *c, *z;            /* [c_cap, cw]: compressor inputs of recent tokens */
-    float *ent;              /* [ent_cap, d]: emitted compressed entries */
-    float *ic, *iz;          /* [c_cap, 2 * index_dim]: the indexer compressor's inputs */
-    float *ikey;             /* [ent_cap, index_dim]: indexer keys */
-    /* Production caches: the same rows packed (kernels/kv_format.h); kv, ent, ikey NULL. */
-    uint8_t *pkv;            /* [kv_cap] WINDOW rows of head_dim */
-    uint8_t *pent;           /* [ent_cap] MAIN rows of head_dim */
-    uint8_t *pikey;          /* [ent_cap] INDEX rows of index_dim */
-    int64_t ent_cap;
-} dsv4_lstate;
+/* Every array a device backend's ops read, for its place op (kernels/place.h): the embedding,
+ * the hot path's weights and float arrays, the routed experts numbered in layer order (a
+ * synthetic model's layers that share an earlier layer's experts marked shared). *items is
+ * malloc'd. */
+int dsv4_place_items(const dsv4_model *m, dsv4_place_item **items, int64_t *n, dsv4_err *err);
 
 /* Rows of one forward step: (sequence, token) pairs in batch order. */
 typedef struct dsv4_step {
@@ -181,7 +161,7 @@ typedef struct dsv4_step {
     const dsv4_backend *be;
     int R;
     int64_t *pos;            /* [R] absolute position of each row */
-    int *row_seq;            /* [R] batch index of each row's sequence */
+    int32_t *row_seq;        /* [R] batch index of each row's sequence */
     const int32_t *ids;      /* [R] token ids */
     const dsv4_batch *b;
     /* The same in backend memory (m->mem), for the ops: */
@@ -198,7 +178,7 @@ struct dsv4_seq {
     int64_t len;             /* tokens consumed */
     int64_t hi;              /* furthest length reached since creation/restore (bounds rollback) */
     int kv_cap, c_cap;
-    dsv4_lstate *L;
+    dsv4_lbufs *L;           /* [n_layers] each layer's buffers (kernels/backend.h) */
     int32_t *etok;           /* [e_cap]: Engram compressed ids by position mod e_cap */
     int e_cap;
     float **skv;             /* [spec.n] DSpark stage windows [kv_cap, head_dim] by position mod kv_cap */

@@ -43,7 +43,7 @@ dsv4_seq *dsv4_seq_new(dsv4_model *m, dsv4_err *err)
     int ok = s->L != NULL;
     for (int i = 0; i < c->n_layers && ok; i++) {
         const dsv4_layer *L = &m->layers[i];
-        dsv4_lstate *ls = &s->L[i];
+        dsv4_lbufs *ls = &s->L[i];
         if (m->kv_prod)
             ok = (ls->pkv = mem->alloc((size_t)s->kv_cap * win_row(m))) != NULL;
         else
@@ -83,7 +83,7 @@ void dsv4_seq_free(dsv4_seq *s)
         return;
     if (s->L)
         for (int i = 0; i < s->m->cfg.n_layers; i++) {
-            dsv4_lstate *ls = &s->L[i];
+            dsv4_lbufs *ls = &s->L[i];
             void *all[] = {ls->kv, ls->c, ls->z, ls->ent, ls->ic, ls->iz, ls->ikey, ls->pkv, ls->pent, ls->pikey};
             for (size_t k = 0; k < sizeof all / sizeof all[0]; k++)
                 if (all[k])
@@ -135,7 +135,7 @@ int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err)
     const dsv4_config *c = &s->m->cfg;
     for (int i = 0; i < c->n_layers; i++) {
         const dsv4_layer *L = &s->m->layers[i];
-        dsv4_lstate *ls = &s->L[i];
+        dsv4_lbufs *ls = &s->L[i];
         if (!L->own_ent)
             continue;
         int64_t need = n_tokens / L->ratio;
@@ -164,7 +164,7 @@ static void visit(dsv4_seq *s, visit_fn f, void *ctx)
     const dsv4_config *c = &m->cfg;
     for (int i = 0; i < c->n_layers; i++) {
         const dsv4_layer *L = &m->layers[i];
-        dsv4_lstate *ls = &s->L[i];
+        dsv4_lbufs *ls = &s->L[i];
         f(ctx, m->kv_prod ? (void *)ls->pkv : (void *)ls->kv, (size_t)s->kv_cap * win_row(m));
         size_t n = (size_t)dsv4_c_cap(m, L) * L->cw * sizeof(float), ne = L->own_ent ? (size_t)(s->len / L->ratio) : 0;
         if (L->cw) {
@@ -390,7 +390,7 @@ int dsv4_seq_fill_synthetic(dsv4_seq *s, int64_t n, uint64_t seed, dsv4_err *err
     int prod = m->kv_prod;
     for (int i = 0; i < c->n_layers; i++) {
         const dsv4_layer *L = &m->layers[i];
-        dsv4_lstate *ls = &s->L[i];
+        dsv4_lbufs *ls = &s->L[i];
         fill_rows(m, prod ? (void *)ls->pkv : (void *)ls->kv, s->kv_cap, c->head_dim, prod ? DSV4_KV_WINDOW : -1, tmp, pk, &x);
         if (L->cw) {
             fill_rows(m, ls->c, dsv4_c_cap(m, L), L->cw, -1, tmp, pk, &x);

@@ -11,8 +11,6 @@
 #include "core/core.h"
 #include "model/model.h"
 
-typedef dsv4_step fwd;
-
 
 /* ---- the step arena: every buffer of a step in backend memory, at the same addresses from
  * one step to the next while the sizes do not grow (a recorded step replays on them) ---- */
@@ -85,7 +83,7 @@ static float *ftake(dsv4_model *m, size_t n, dsv4_err *err) { return dsv4_take(m
 
 /* One V4 attention layer over the step's rows: projections over all rows, then the stateful
  * part (backend attn_step), then the grouped output projection. a: [R, D] in, y: [R, D] out. */
-static int attention(fwd *f, int li, const float *a, float *y, dsv4_err *err)
+static int attention(dsv4_step *f, int li, const float *a, float *y, dsv4_err *err)
 {
     dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
@@ -191,7 +189,7 @@ int dsv4_moe_of(dsv4_model *m, const dsv4_layer *L, const int32_t *ids, int R, c
 
 /* The V4 layers over X [R, n, D] (backend memory); h, y [R, D], pre/post [R, n], comb
  * [R, n, n] scratch. Reads only backend buffers, so a step can be recorded and replayed. */
-static int v4_layers(fwd *f, float *X, float *h, float *y, float *pre, float *post, float *comb, dsv4_err *err)
+static int v4_layers(dsv4_step *f, float *X, float *h, float *y, float *pre, float *post, float *comb, dsv4_err *err)
 {
     dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
@@ -216,7 +214,7 @@ static int v4_layers(fwd *f, float *X, float *h, float *y, float *pre, float *po
 
 /* What a recording of the layers depends on besides buffer contents: the rows' layout per
  * sequence, the entry capacities and the arena's placement. */
-static uint64_t step_key(const fwd *f, const dsv4_batch *b)
+static uint64_t step_key(const dsv4_step *f, const dsv4_batch *b)
 {
     uint64_t h = 1469598103934665603ull;
 #define MIX(v) (h = (h ^ (uint64_t)(v)) * 1099511628211ull)
@@ -233,7 +231,7 @@ static uint64_t step_key(const fwd *f, const dsv4_batch *b)
 
 /* Runs the V4 layers, from a recording when this step's shape has run before: the first step
  * of a shape runs the ops, the second records them, later ones replay (DSV4_GRAPHS=0: never). */
-static int v4_layers_replayed(fwd *f, const dsv4_batch *b, float *X, float *h, float *y, float *pre, float *post,
+static int v4_layers_replayed(dsv4_step *f, const dsv4_batch *b, float *X, float *h, float *y, float *pre, float *post,
                               float *comb, dsv4_err *err)
 {
     dsv4_model *m = f->m;
@@ -291,8 +289,8 @@ void dsv4_graphs_free(dsv4_model *m)
     memset(&m->graphs, 0, sizeof m->graphs);
 }
 
-/* Uploads the step's row layout and each sequence's state buffers, per layer. */
-static int step_rows(fwd *f, const dsv4_batch *b, int64_t *start, int32_t *first, dsv4_err *err)
+/* Uploads the step's row layout and the table of each sequence's layer buffers, [n_layers, S]. */
+static int step_rows(dsv4_step *f, const dsv4_batch *b, int64_t *start, int32_t *first, dsv4_err *err)
 {
     dsv4_model *m = f->m;
     const dsv4_backend *mem = m->mem;
@@ -308,25 +306,17 @@ static int step_rows(fwd *f, const dsv4_batch *b, int64_t *start, int32_t *first
     }
     for (int li = 0; li < NL; li++)
         for (int i = 0; i < S; i++) {
-            dsv4_lstate *ls = &b->seqs[i]->L[li];
-            hst[(int64_t)li * S + i] = (dsv4_lbufs){ls->kv, ls->c, ls->z, ls->ent, ls->ic, ls->iz, ls->ikey, ls->pkv, ls->pent, ls->pikey};
+            const dsv4_lbufs *ls = &b->seqs[i]->L[li];
+            hst[(int64_t)li * S + i] = *ls;
             if (ls->ent_cap > f->vis_cap[li])
                 f->vis_cap[li] = ls->ent_cap;
         }
-    int32_t *seq = malloc((size_t)R * sizeof(int32_t));
-    if (!seq) {
-        free(hst);
-        return dsv4_fail(err, DSV4_E_NOMEM, "out of memory for a step of %d rows", R);
-    }
-    for (int r = 0; r < R; r++)
-        seq[r] = f->row_seq[r];
     mem->upload(dpos, f->pos, (size_t)R * sizeof(int64_t));
-    mem->upload(dseq, seq, (size_t)R * sizeof(int32_t));
+    mem->upload(dseq, f->row_seq, (size_t)R * sizeof(int32_t));
     mem->upload(dstart, start, (size_t)S * sizeof(int64_t));
     mem->upload(dfirst, first, (size_t)S * sizeof(int32_t));
     mem->upload(dids, f->ids, (size_t)R * sizeof(int32_t));
     mem->upload(st, hst, (size_t)NL * S * sizeof(dsv4_lbufs));
-    free(seq);
     free(hst);
     f->dpos = dpos;
     f->dids = dids;
@@ -365,9 +355,9 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
         if (dsv4_seq_reserve(b->seqs[i], b->seqs[i]->len + b->n_ids[i], err))
             return err->code;
     int n = c->hc_mult, D = c->dim, S = b->n_seqs;
-    fwd f = {.m = m, .be = be, .R = R, .b = b, .kv_cap = b->seqs[0]->kv_cap};
+    dsv4_step f = {.m = m, .be = be, .R = R, .b = b, .kv_cap = b->seqs[0]->kv_cap};
     f.pos = malloc(R * sizeof(int64_t));
-    f.row_seq = malloc(R * sizeof(int));
+    f.row_seq = malloc(R * sizeof(int32_t));
     int32_t *ids = malloc(R * sizeof(int32_t)), *first = malloc(S * sizeof(int32_t));
     int64_t *start = malloc(S * sizeof(int64_t));
     arena_begin(m);

@@ -150,7 +150,7 @@ static int engram_apply(dsv4_step *f, int ei, prefetch *pf, float *X, dsv4_err *
  * per-head products, weighted terms and sum, as the reference's bf16 einsum). Production keys
  * are unpacked a tile at a time into kt [INDEX_TILE, ci]. */
 #define INDEX_TILE 1024
-static void index_scores(const dsv4_model *m, const float *qi, const float *wt, const dsv4_lstate *src, int64_t nvis,
+static void index_scores(const dsv4_model *m, const float *qi, const float *wt, const dsv4_lbufs *src, int64_t nvis,
                          float *kt, dsv4_scored *out)
 {
     const dsv4_config *c = &m->cfg;
@@ -211,7 +211,7 @@ static void rope_at(const dsv4_step *f, float *x, int heads, int width, int64_t 
  * inputs (ratio > 1: per channel, softmax over the group's gate scores weighting its kv;
  * ratio 1: the row's normed latent as it is), derives the index key from the unrotated
  * latent, then ropes and stores the entry. */
-static void emit_group(dsv4_step *f, int li, dsv4_lstate *ls, int64_t w, const float *lat1, float *lat, float *kk)
+static void emit_group(dsv4_step *f, int li, dsv4_lbufs *ls, int64_t w, const float *lat1, float *lat, float *kk)
 {
     const dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
@@ -380,7 +380,7 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
     int K = c->index_topk;
     for (int r = 0; r < R; r++) {
         dsv4_seq *s = f->b->seqs[f->row_seq[r]];
-        dsv4_lstate *ls = &s->L[li];
+        dsv4_lbufs *ls = &s->L[li];
         int64_t p = f->pos[r];
         size_t wrb = (size_t)dsv4_kv_row_bytes(DSV4_KV_WINDOW, d), erb = (size_t)dsv4_kv_row_bytes(DSV4_KV_MAIN, d);
         if (m->kv_prod)
@@ -419,7 +419,7 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
                 sh->ntopk[r] = dsv4_topk_ascending(tmp, nvis, K, sh->topk + (int64_t)r * K);
                 dsv4_index_seconds_add(dsv4_now() - t0);
             }
-            const dsv4_lstate *es = &s->L[L->kv_src];
+            const dsv4_lbufs *es = &s->L[L->kv_src];
             for (int i = 0; i < sh->ntopk[r]; i++) {
                 int64_t w = sh->topk[(int64_t)r * K + i];
                 if (m->kv_prod)

@@ -6,7 +6,7 @@
 
 #include <stddef.h>
 #include <cjson/cJSON.h>
-#include "dsv4.h"
+#include "core/err.h"
 #include "text/buf.h"
 
 /* request: {"messages": [...], "family": "deepseek_v41" (default) | "deepseek_v4" (the older encoder:

@@ -14,7 +14,7 @@
 
 #include <stddef.h>
 #include <cjson/cJSON.h>
-#include "dsv4.h"
+#include "core/err.h"
 #include "text/buf.h"
 
 typedef struct dsv4_dsml dsv4_dsml;

@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <cjson/cJSON.h>
-#include "dsv4.h"
+#include "core/err.h"
 
 #define DSV4_G_MAXT 16  /* live threads in one state */
 #define DSV4_G_MAXD 96  /* frames in one thread */

@@ -16,7 +16,7 @@
 
 #include <stddef.h>
 #include <cjson/cJSON.h>
-#include "dsv4.h"
+#include "core/err.h"
 
 /* Renders template text with the variables of ctx (a JSON object: messages, tools, bos_token,
  * add_generation_prompt, ...). *out is malloc'd and NUL-terminated. */

@@ -6,7 +6,7 @@
 #define DSV4_TEXT_NORMALIZE_H
 
 #include <stddef.h>
-#include "dsv4.h"
+#include "core/err.h"
 
 typedef struct dsv4_normalizer dsv4_normalizer;
 

@@ -1,3 +1,4 @@
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/core.h"
@@ -120,5 +121,20 @@ done:
     free(slot);
     free(map);
     dsv4_normalizer_free(nz);
+    return rc;
+}
+
+int dsv4_token_map_of_dir(const char *dir, int32_t **map, int32_t *n_classes, int32_t *n_vocab, dsv4_err *err)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer", dir);
+    dsv4_err e2 = {0};
+    dsv4_tokenizer *t = dsv4_tokenizer_load(dir, &e2);
+    if (!t && !(t = dsv4_tokenizer_load(path, &e2)))
+        return dsv4_fail(err, DSV4_E_IO, "%s: the Engram token map needs token_map.json or a tokenizer.json (here or in tokenizer/): %s",
+                         dir, e2.msg);
+    *n_vocab = dsv4_tokenizer_n_vocab(t);
+    int rc = dsv4_token_map_build(t, map, n_classes, err);
+    dsv4_tokenizer_free(t);
     return rc;
 }

@@ -7,12 +7,17 @@
 #define DSV4_TEXT_TOKEN_MAP_H
 
 #include <stdint.h>
-#include "dsv4.h"
+#include "core/err.h"
 #include "text/tokenizer.h"
 
 /* *map: malloc'd [n_vocab] class per id (n_vocab = dsv4_tokenizer_n_vocab(t)); *n_classes:
  * the number of classes (the V4.1 tokenizer must give 99,092). */
 int dsv4_token_map_build(const dsv4_tokenizer *t, int32_t **map, int32_t *n_classes, dsv4_err *err);
+
+/* The map of a checkpoint's tokenizer: tokenizer.json in dir, else in dir/tokenizer (the
+ * layouts checkpoints ship); as dsv4_token_map_build, and *n_vocab the tokenizer's vocabulary.
+ * What the model reads at load when the checkpoint has no token_map.json. */
+int dsv4_token_map_of_dir(const char *dir, int32_t **map, int32_t *n_classes, int32_t *n_vocab, dsv4_err *err);
 
 /* The normalizer chain as Hugging Face normalizer JSON (for dsv4_normalizer_parse). */
 extern const char dsv4_token_map_chain[];

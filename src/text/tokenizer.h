@@ -12,7 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "dsv4.h"
+#include "core/err.h"
 
 typedef struct dsv4_tokenizer dsv4_tokenizer;
 

@@ -19,7 +19,7 @@
 #define DSV4_TEXT_TOKMASK_H
 
 #include <stdint.h>
-#include "dsv4.h"
+#include "core/err.h"
 #include "text/grammar.h"
 #include "text/tokenizer.h"
 

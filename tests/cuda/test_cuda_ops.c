@@ -1524,7 +1524,7 @@ static void state_sizes(const attn_case *c, size_t sz[7])
 
 static dsv4_lbufs as_lbufs(float *const b[7])
 {
-    dsv4_lbufs l = {b[0], b[1], b[2], b[3], b[4], b[5], b[6], NULL, NULL, NULL};
+    dsv4_lbufs l = {.kv = b[0], .c = b[1], .z = b[2], .ent = b[3], .ic = b[4], .iz = b[5], .ikey = b[6]};
     return l;
 }
 

@@ -1,6 +1,7 @@
 /* The Jinja subset: expected renderings of small templates, errors that must be reported (not
  * crashes), and a fuzz run over mutated templates. (tests/suite_text.sh compares against
  * @huggingface/jinja on many more cases.) */
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,13 +1,26 @@
-/* The CUDA loader's memory plan, computed on the CPU over a fixture's weights: the two classes
+/* A device backend's memory plan (kernels/place.h over the model's list of what the device ops
+ * read, model/model.c), computed on the CPU over a fixture's weights: the two classes
  * add up to the weights the GPU ops read, experts go to the device in layer order while they
  * fit, the embedding table after them, and a hot path larger than the budget is refused. Each
  * check can fail: the expected numbers are computed here from the layers' own byte counts, not
  * from the plan. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "check.h"
 #include "dsv4.h"
 #include "model/model.h"
+
+/* The plan for m's arrays against avail device bytes. */
+static void plan(const dsv4_model *m, size_t avail, dsv4_place_plan *p)
+{
+    dsv4_place_item *items = NULL;
+    int64_t n = 0;
+    dsv4_err err;
+    CHECK(!dsv4_place_items(m, &items, &n, &err) && n > 0, "listing the arrays to place: %s", err.msg);
+    dsv4_place_plan_make(items, n, avail, p);
+    free(items);
+}
 
 int main(void)
 {
@@ -32,7 +45,7 @@ int main(void)
     CHECK(ne > 1 && one > 0, "fixture has %lld routed experts", (long long)ne);
 
     dsv4_place_plan p;
-    dsv4_place_plan_make(m, (size_t)-1, &p);
+    plan(m, (size_t)-1, &p);
     dsv4_place_plan_text(&p, txt, sizeof txt);
     printf("  unlimited: %s\n", txt);
     CHECK(p.fits && p.experts == experts && p.n_experts == ne && p.n_experts_dev == ne && p.experts_dev == experts,
@@ -47,7 +60,7 @@ int main(void)
           "hot path %zu bytes vs %zu bytes of non-expert weights", p.hot, weights);
 
     size_t hot = p.hot;
-    dsv4_place_plan_make(m, hot + 2 * one + one / 2, &p);
+    plan(m, hot + 2 * one + one / 2, &p);
     dsv4_place_plan_text(&p, txt, sizeof txt);
     printf("  hot + 2.5 experts: %s\n", txt);
     CHECK(p.fits && p.n_experts_dev == 2 && p.experts_dev == 2 * one, "room for 2.5 experts keeps 2: %lld (%zu bytes)",
@@ -56,18 +69,18 @@ int main(void)
           txt);
     /* The embedding follows the experts: on the device with exactly room for all of them and
      * it, pinned with one byte less (every expert still on the device). */
-    dsv4_place_plan_make(m, hot + experts + m->embed.bytes, &p);
+    plan(m, hot + experts + m->embed.bytes, &p);
     CHECK(p.embed_dev && p.n_experts_dev == ne, "room for everything: embedding on the device (%d), %lld experts",
           p.embed_dev, (long long)p.n_experts_dev);
-    dsv4_place_plan_make(m, hot + experts + m->embed.bytes - 1, &p);
+    plan(m, hot + experts + m->embed.bytes - 1, &p);
     dsv4_place_plan_text(&p, txt, sizeof txt);
     printf("  everything less 1 byte: %s\n", txt);
     CHECK(!p.embed_dev && p.n_experts_dev == ne, "one byte short: the embedding pinned (%d), %lld experts on the device",
           p.embed_dev, (long long)p.n_experts_dev);
-    dsv4_place_plan_make(m, hot, &p);
+    plan(m, hot, &p);
     CHECK(p.fits && p.n_experts_dev == 0, "room for the hot path alone spills every expert: %lld on the device",
           (long long)p.n_experts_dev);
-    dsv4_place_plan_make(m, hot - 1, &p);
+    plan(m, hot - 1, &p);
     dsv4_place_plan_text(&p, txt, sizeof txt);
     printf("  hot - 1 byte: %s\n", txt);
     CHECK(!p.fits && strstr(txt, "does not fit"), "a hot path one byte over the budget is refused: %s", txt);
@@ -83,8 +96,8 @@ int main(void)
               L[1].w1[0].data != L[0].w1[0].data && full->layers[2].w1[0].data != full->layers[0].w1[0].data,
               "layers 2 and 3 read layers 0 and 1's experts, and only with --expert-layers");
         dsv4_place_plan pf, ph;
-        dsv4_place_plan_make(full, (size_t)-1, &pf);
-        dsv4_place_plan_make(half, (size_t)-1, &ph);
+        plan(full, (size_t)-1, &pf);
+        plan(half, (size_t)-1, &ph);
         CHECK(ph.experts * 2 == pf.experts && ph.n_experts == pf.n_experts && ph.hot == pf.hot,
               "shared experts counted once: %zu vs %zu bytes, %lld experts", ph.experts, pf.experts, (long long)ph.n_experts);
     }

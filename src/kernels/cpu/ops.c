@@ -1,6 +1,8 @@
 /* CPU backend: the reference ops, AVX2/FMA where the build has it, scalar otherwise.
  * Threads (OpenMP) split output rows; every row is reduced in one fixed order. */
 #include <math.h>
+#include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef __AVX2__
@@ -473,6 +475,8 @@ static void cpu_embed(const dsv4_weight *w, const int32_t *ids, int T, int n, fl
     }
 }
 
+static void cpu_describe(char *buf, size_t n) { snprintf(buf, n, "cpu: %d threads", omp_get_max_threads()); }
+
 static const dsv4_backend cpu_backend = {
     .name = "cpu",
     .alloc = dsv4_cpu_alloc,
@@ -497,6 +501,7 @@ static const dsv4_backend cpu_backend = {
     .add = dsv4_cpu_add,
     .attn_work = dsv4_cpu_attn_work,
     .kv_production = 1,
+    .describe = cpu_describe,
 };
 
 const dsv4_backend *dsv4_backend_cpu(void) { return &cpu_backend; }

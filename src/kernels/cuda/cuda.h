@@ -15,7 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "dsv4.h"
+#include "core/err.h"
 #include "io/weight.h"
 #include "kernels/backend.h"
 
@@ -48,6 +48,11 @@ size_t dsv4_cuda_weight_bytes(const dsv4_weight *w);
 int dsv4_cuda_mem(size_t *free_b, size_t *total_b, dsv4_err *err);
 /* Bytes held by put copies: on the device, and pinned on the host. */
 void dsv4_cuda_usage(size_t *device_b, size_t *pinned_b);
+
+/* The table's place and unplace (kernels/backend.h), place.c. */
+int dsv4_cuda_place(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
+                    dsv4_err *err);
+void dsv4_cuda_unplace(const dsv4_place_item *items, int64_t n);
 
 /* Why the last graph recording failed (graph_end returned NULL), "" if it did not. */
 const char *dsv4_cuda_graph_why(void);

@@ -15,7 +15,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "dsv4.h"
+#include "core/err.h"
 #include "io/weight.h"
 
 #ifdef __cplusplus

@@ -32,6 +32,8 @@ static void cu_route(const float *lg, int R, int E, int K, const float *bias, co
     dsv4cu::route(lg, R, E, K, bias, tid2eid, ids, norm, route_scale, eid, wts);
 }
 
+static void cu_describe(char *buf, size_t n) { snprintf(buf, n, "cuda: %s", dsv4_cuda_device_name()); }
+
 static dsv4_backend make_table(void)
 {
     dsv4_backend t;
@@ -62,6 +64,11 @@ static dsv4_backend make_table(void)
     t.graph_run = cu_graph_run;
     t.graph_free = cu_graph_free;
     t.check = cuda_check;
+    t.place = dsv4_cuda_place;
+    t.unplace = dsv4_cuda_unplace;
+    t.describe = cu_describe;
+    t.copy_bandwidth = dsv4_cuda_copy_bandwidth;
+    t.capture = dsv4_cuda_capture;
     return t;
 }
 

@@ -1,0 +1,76 @@
+/* The CUDA loader's placement (the table's place and unplace): the plan of kernels/place.h
+ * against the device memory free now, then the uploads it admits. */
+#include <stdio.h>
+#include <stdlib.h>
+#include "core/core.h"
+#include "kernels/cuda/cuda.h"
+#include "kernels/place.h"
+
+/* "123", "64K", "1.5G" (binary units) as bytes; -1 when malformed. */
+static double parse_bytes(const char *s)
+{
+    char *end;
+    double v = strtod(s, &end);
+    double u = 1;
+    switch (*end) {
+    case 'K': case 'k': u = 1024.0; end++; break;
+    case 'M': case 'm': u = 1048576.0; end++; break;
+    case 'G': case 'g': u = 1073741824.0; end++; break;
+    case 'T': case 't': u = 1099511627776.0; end++; break;
+    default: break;
+    }
+    return end == s || *end || v < 0 ? -1 : v * u;
+}
+
+/* Device memory kept free at load for what is allocated later: the per-op scratch arena (a
+ * prefill chunk's activations), the CUDA context's own growth. */
+#define CUDA_RESERVE ((size_t)1 << 30)
+
+/* Available for weights: free device memory less CUDA_RESERVE, or DSV4_CUDA_BUDGET (bytes,
+ * K/M/G/T suffixes) when that is smaller; it lets the spill path be exercised on a GPU where
+ * everything fits. */
+int dsv4_cuda_place(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
+                    dsv4_err *err)
+{
+    size_t fr, tot;
+    if (dsv4_cuda_mem(&fr, &tot, err))
+        return err->code;
+    size_t avail = fr > CUDA_RESERVE ? fr - CUDA_RESERVE : 0;
+    const char *bs = getenv("DSV4_CUDA_BUDGET");
+    if (bs && *bs) {
+        double b = parse_bytes(bs);
+        if (b < 0)
+            return dsv4_fail(err, DSV4_E_ARG, "DSV4_CUDA_BUDGET='%s': expected bytes, optionally with K, M, G or T", bs);
+        if (b < (double)avail)
+            avail = (size_t)b;
+    }
+    dsv4_place_plan p;
+    dsv4_place_plan_make(items, n, avail, &p);
+    char txt[256];
+    dsv4_place_plan_text(&p, txt, sizeof txt);
+    snprintf(report, report_n, "%s (device %.1f of %.1f GiB free%s)", txt, fr / 1073741824.0, tot / 1073741824.0,
+             bs && *bs ? ", DSV4_CUDA_BUDGET set" : "");
+    if (!p.fits)
+        return dsv4_fail(err, DSV4_E_NOMEM, "does not fit the GPU: %s", report);
+    *experts_host = p.n_experts_dev < p.n_experts;
+    /* what the plan leaves off the device is read from pinned host memory by the same kernels */
+    for (int64_t i = 0; i < n; i++) {
+        const dsv4_place_item *it = &items[i];
+        int rc = !it->w ? dsv4_cuda_put(it->a, (size_t)it->n * sizeof(float), err)
+                 : dsv4_place_on_device(&p, it) ? dsv4_cuda_put_weight(it->w, err)
+                                                : dsv4_cuda_pin_weight(it->w, err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+void dsv4_cuda_unplace(const dsv4_place_item *items, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (items[i].w)
+            dsv4_cuda_drop_weight(items[i].w);
+        else
+            dsv4_cuda_drop(items[i].a);
+    }
+}

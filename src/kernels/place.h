@@ -1,0 +1,49 @@
+/* kernels/place — which weights a device backend keeps in its own memory when not all of them
+ * fit. The model lists every array the device ops read (dsv4_place_item); the plan here decides,
+ * the backend's place op (kernels/backend.h) moves the arrays where the plan says. */
+#ifndef DSV4_PLACE_H
+#define DSV4_PLACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "io/weight.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* An item's class: the hot path (read every step), the embedding table (one row per token), or
+ * a routed expert, numbered 0.. in layer order (its w1, w2, w3 are three items with one number,
+ * consecutive). */
+enum { DSV4_PLACE_HOT = -1, DSV4_PLACE_EMBED = -2 };
+typedef struct dsv4_place_item {
+    const dsv4_weight *w;    /* a bound weight (its data and scales as stored), or NULL: */
+    const float *a;          /* an array of n floats (int32 words are moved as they are) */
+    int64_t n;
+    int64_t expert;          /* DSV4_PLACE_HOT, DSV4_PLACE_EMBED, or the expert's number */
+    int shared;              /* an expert whose bytes an earlier one has: counted once */
+} dsv4_place_item;
+
+/* Bytes the item holds as stored. */
+size_t dsv4_place_item_bytes(const dsv4_place_item *it);
+
+/* The plan: the hot path must fit `avail` device bytes; routed experts follow in their order
+ * while they fit, the rest are read from pinned host memory; the embedding table goes to the
+ * device only when every expert did (a step reads one row of it per token, the least traffic per
+ * byte of anything, so it is the first to spill). Bytes as stored. */
+typedef struct dsv4_place_plan {
+    size_t avail, hot, experts, experts_dev, embed;
+    int64_t n_experts, n_experts_dev;   /* an expert is its w1, w2, w3 */
+    int fits;                           /* the hot path fits */
+    int embed_dev;                      /* the embedding table on the device (else pinned) */
+} dsv4_place_plan;
+void dsv4_place_plan_make(const dsv4_place_item *items, int64_t n, size_t avail, dsv4_place_plan *p);
+/* The plan in words (the loader's report, `dsv4 info`). */
+void dsv4_place_plan_text(const dsv4_place_plan *p, char *buf, size_t n);
+/* Whether the plan puts the item on the device (else pinned host memory). */
+int dsv4_place_on_device(const dsv4_place_plan *p, const dsv4_place_item *it);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
