@@ -216,8 +216,9 @@ static void swap_pair(float *x, int64_t n)
 
 /* ---- memory: alloc, free, upload, download, copy --------------------------------------------- */
 
-/* alloc gives zeroed memory; upload, copy (to another buffer and within one, overlapping) and
- * download move bytes exactly. Control: a download into a poisoned host buffer must overwrite it. */
+/* alloc gives zeroed memory; upload, copy (between two buffers: backend.h leaves overlapping
+ * copies unstated) and download move bytes exactly. Control: the last download went into a
+ * poisoned host buffer, so had it written nothing the comparison would have failed. */
 static void test_memory(const target *t)
 {
     const dsv4_backend *be = t->be;
@@ -237,18 +238,13 @@ static void test_memory(const target *t)
     memset(back, 0xa5, n);
     be->download(back, b, n);
     int moved = !memcmp(back, h, n);
-    be->copy(b + 1, b, n - 1); /* overlapping: memmove's meaning */
-    memset(back, 0xa5, n);
-    be->download(back, b, n);
-    int ovl = back[0] == h[0] && !memcmp(back + 1, h, n - 1);
     bok(be, "memory");
     CHECK(zeroed, "%s: alloc did not give zeroed memory", be->name);
     CHECK(moved, "%s: upload, copy, download changed bytes", be->name);
-    CHECK(ovl, "%s: an overlapping copy changed bytes", be->name);
-    int caught = memcmp(back, z, n) != 0; /* control: the poisoned host buffer was overwritten, not left */
-    CHECK(caught, "%s: control: download left the host buffer as it was", be->name);
-    printf("  memory on %-42s zeroed %s, bytes moved %s, overlapping copy %s\n", be->name, zeroed ? "yes" : "NO",
-           moved ? "exactly" : "CHANGED", ovl ? "exactly" : "CHANGED");
+    memset(z, 0xa5, n);
+    int caught = memcmp(z, h, n) != 0; /* control: the poison itself fails the comparison */
+    CHECK(caught, "%s: control: the poisoned host buffer matched the bytes", be->name);
+    printf("  memory on %-42s zeroed %s, bytes moved %s\n", be->name, zeroed ? "yes" : "NO", moved ? "exactly" : "CHANGED");
     be->free(a);
     be->free(b);
     free(h), free(back), free(z);
