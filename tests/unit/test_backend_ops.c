@@ -748,9 +748,9 @@ static float *run_rope(const target *t, const float *x, int T, int64_t stride, i
 }
 
 /* Pairs (a, b) of the last rd channels of each head rotated by the angle pos inv_freq (by its
- * negative when inverse). The angle is the fp32 product (float)pos * inv_freq: backend.h leaves
- * its precision unstated, and at positions near 70000 its rounding alone moves a result by
- * 4e-3, so the reference rotates by exactly that fp32 angle, in double. Bound: cos and sin
+ * negative when inverse), the angle being the fp32 product (float)pos * inv_freq as backend.h
+ * states (at positions near 70000 its rounding alone moves a result by 4e-3): the reference
+ * rotates by exactly that angle, in double. Bound: cos and sin
  * within 2 ulp each, the two products, the difference and the reference's rounding:
  * (|a| + |b|) 7 u. Every other channel and the row padding unchanged, bit for bit. */
 static void rope_ref(const float *x, int T, int64_t stride, int heads, int d, int rd, const float *freq,
@@ -2174,6 +2174,15 @@ static int by_score_desc(const void *a, const void *b)
     return x->w < y->w ? -1 : x->w > y->w;
 }
 
+/* the wrong order, for a control: ties to the higher entry */
+static int by_score_desc_high(const void *a, const void *b)
+{
+    const scored_d *x = a, *y = b;
+    if (x->s != y->s)
+        return x->s > y->s ? -1 : 1;
+    return x->w > y->w ? -1 : x->w < y->w;
+}
+
 static int by_w(const void *a, const void *b)
 {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
@@ -2186,7 +2195,7 @@ static int by_w(const void *a, const void *b)
  * 3) sum|c relu| over sqrt(ci); the topk of highest score (ties to the lower entry) ascending,
  * then the window rows p - window + 1..p (production: as stored, packed and unpacked), through
  * attend_ref. A selection boundary closer than the scores' bounds is a near tie (counted: the
- * case's data must have none). */
+ * case's data must have none). ties_high: ties to the higher entry instead (a control). */
 typedef struct {
     float *o, *ent, *ent_got;
     double *o_tol, *ent_tol;
@@ -2195,7 +2204,7 @@ typedef struct {
 } attn_ref_out;
 
 static void attn_ref(const attn_case *c, const step_in *in, seq_state *const *init, const seq_state *fin, int window,
-                     attn_ref_out *out)
+                     int ties_high, attn_ref_out *out)
 {
     int Hd = c->H * c->d, R = in->R, m = c->ratio;
     size_t cap = (size_t)R * (c->d + c->ci) + 1;
@@ -2256,7 +2265,7 @@ static void attn_ref(const attn_case *c, const step_in *in, seq_state *const *in
                         sc[w] = (scored_d){v / sqrt((double)c->ci), w};
                         stol[w] = (e + gam(c->nI + 3.0) * a) / sqrt((double)c->ci) + U * fabs(sc[w].s);
                     }
-                    qsort(sc, nvis, sizeof *sc, by_score_desc);
+                    qsort(sc, nvis, sizeof *sc, ties_high ? by_score_desc_high : by_score_desc);
                     int64_t kept = nvis < c->topk ? nvis : c->topk;
                     if (nvis > c->topk) {
                         out->rows_selected++;
@@ -2302,7 +2311,8 @@ static void attn_ref_free(attn_ref_out *r) { free(r->o), free(r->ent), free(r->e
  * emitted entries and indexer keys against entry_ref, o against attn_ref over the op's own
  * entries, and the rings and untouched entries as expected_state, bit for bit. Another backend:
  * o and the entries against the CPU's (twice the bounds), the rest of the state bit for bit.
- * Control: the window one shorter (a wrong window start). Rows: each sequence alone, and the
+ * Controls: the window one shorter (a wrong window start); with planted ties, the indexer's
+ * ties to the higher entry. Rows: each sequence alone, and the
  * step cut in two (each sequence's first half, then the rest from that state), give the same
  * o and final state bit for bit. */
 static void test_attn_step(const attn_case *c)
@@ -2382,7 +2392,7 @@ static void test_attn_step(const attn_case *c)
         float *og, *ow;
         run_attn(t, c, &in, lo, hi, ip, fin, &og, c->W);
         if (o < 0) {
-            attn_ref(c, &in, ip, fin, c->W, &ref);
+            attn_ref(c, &in, ip, fin, c->W, 0, &ref);
             CHECK(ref.near_ties == 0, "%s: the case's data has %d near ties at the top-k boundary", c->name,
                   ref.near_ties);
             if (c->csa)
@@ -2408,7 +2418,7 @@ static void test_attn_step(const attn_case *c)
         seq_state wf[3];
         if (o < 0) {
             attn_ref_out wr;
-            attn_ref(c, &in, ip, fin, c->W - 1, &wr);
+            attn_ref(c, &in, ip, fin, c->W - 1, 0, &wr);
             ow = falloc((size_t)R * Hd);
             memcpy(ow, wr.o, (size_t)R * Hd * 4);
             attn_ref_free(&wr);
@@ -2419,6 +2429,13 @@ static void test_attn_step(const attn_case *c)
         snprintf(what, sizeof what, "attn_step on %s: window start off by one", bn);
         control_within(what, og, ow, ref.o_tol, (size_t)R * Hd, sc);
         free(ow);
+        if (c->ties) { /* control: the indexer's ties to the higher entry, over this backend's own state */
+            attn_ref_out th;
+            attn_ref(c, &in, ip, fin, c->W, 1, &th);
+            snprintf(what, sizeof what, "attn_step on %s: indexer ties to the higher entry", bn);
+            control_within(what, og, th.o, ref.o_tol, (size_t)R * Hd, sc);
+            attn_ref_free(&th);
+        }
         /* rows: each sequence alone; the step cut in two */
         int same = 1;
         for (int s = 0; s < c->S; s++) {
