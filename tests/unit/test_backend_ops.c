@@ -14,7 +14,12 @@
  * For every op: outputs are poisoned first (NaN in the output buffer, so an element an op does
  * not write fails); a planted control (a deliberately wrong reference: one index off, a scale
  * skipped, a limit skipped) must fail the same comparison; and where the op has rows, each row
- * computed alone equals the same row in the batch, bit for bit (backend.h's row contract). */
+ * computed alone equals the same row in the batch, bit for bit (backend.h's row contract).
+ *
+ * Not here: linear over EXL3 weights (test_exl3 and suite_exl3.sh, against the dense decode and
+ * the EXL3 reference's vectors; tests/cuda/test_cuda_exl3.c, CUDA against the CPU) and the
+ * experts op's V4.1 REF numerics (CPU only; test_v41_fixtures). hc_pre's Sinkhorn runs 1 to 3
+ * rounds here: the bound derived for it doubles with each half-step. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
