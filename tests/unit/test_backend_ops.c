@@ -919,11 +919,14 @@ static void test_elem(const elem_case *c)
 typedef struct {
     const char *name;
     int T, n, D, full, iters, normed;
+    float hc_eps; /* 0: the model's 1e-6; larger makes its every use show */
 } hc_case;
 
 typedef struct {
     float *pre, *post, *comb, *h;
 } hc_out;
+
+static float hc_eps_of(const hc_case *c) { return c->hc_eps > 0 ? c->hc_eps : 1e-6f; }
 
 static void hc_free(hc_out *o) { free(o->pre), free(o->post), free(o->comb), free(o->h); }
 
@@ -939,7 +942,7 @@ static hc_out run_hc_pre(const target *t, const hc_case *c, int T, const float *
     float *dhw = hw ? bput(be, hw, c->D * sizeof(float)) : NULL;
     float *dpre = bpoison(be, (size_t)T * n), *dpost = c->full ? bpoison(be, (size_t)T * n) : NULL;
     float *dcomb = c->full ? bpoison(be, (size_t)T * n * n) : NULL, *dh = with_h ? bpoison(be, (size_t)T * c->D) : NULL;
-    be->hc_pre(dX, T, n, c->D, dfn, db, ds, c->iters, 1e-6f, 1e-6f, dpre, dpost, dcomb, dh, dhw);
+    be->hc_pre(dX, T, n, c->D, dfn, db, ds, c->iters, hc_eps_of(c), 1e-6f, dpre, dpost, dcomb, dh, dhw);
     hc_out o = {bget(be, dpre, (size_t)T * n * 4), c->full ? bget(be, dpost, (size_t)T * n * 4) : NULL,
                 c->full ? bget(be, dcomb, (size_t)T * n * n * 4) : NULL, with_h ? bget(be, dh, (size_t)T * c->D * 4) : NULL};
     bok(be, "hc_pre");
@@ -1009,7 +1012,7 @@ static void hc_pre_ref(const hc_case *c, const float *X, const float *fn, const 
         for (int i = 0; i < n; i++) {
             double A = m[i] * scale[0] + base[i], sg = sigm(A);
             double dA = fabs(scale[0]) * dm[i] + U * (fabs(m[i] * scale[0]) + fabs(A));
-            pre[i] = sg + (double)1e-6f;
+            pre[i] = sg + (double)hc_eps_of(c);
             dpre[i] = sg * (1 - sg) * dA + 5 * U;
             ref[(size_t)t * n + i] = (float)pre[i];
             tol[(size_t)t * n + i] = dpre[i];
@@ -1034,7 +1037,7 @@ static void hc_pre_ref(const hc_case *c, const float *X, const float *fn, const 
                     worst = fmax(worst, da[k] + U * fabs(arg[k] - mx));
                 }
                 for (int k = 0; k < n; k++) {
-                    cm[j * n + k] = exp(arg[k] - mx) / sum + (double)1e-6f;
+                    cm[j * n + k] = exp(arg[k] - mx) / sum + (double)hc_eps_of(c);
                     ce[j * n + k] = 2 * worst + gam(n + 6.0);
                 }
             }
@@ -1049,7 +1052,7 @@ static void hc_pre_ref(const hc_case *c, const float *X, const float *fn, const 
                         }
                         for (int k = 0; k < n; k++) {
                             int at = half ? k * n + l : l * n + k;
-                            cm[at] /= s + (double)1e-6f;
+                            cm[at] /= s + (double)hc_eps_of(c);
                             ce[at] = 2 * e + gam(n + 2.0);
                         }
                     }
@@ -2570,6 +2573,9 @@ static const hc_case hc_cases[] = {
     {.name = "hc_pre T=2 n=1 D=300 sinkhorn 2", .T = 2, .n = 1, .D = 300, .full = 1, .iters = 2},
     {.name = "hc_pre T=2 n=4 D=700 head", .T = 2, .n = 4, .D = 700},
     {.name = "hc_pre T=3 n=4 D=256 head normed", .T = 3, .n = 4, .D = 256, .normed = 1},
+    {.name = "hc_pre T=2 n=4 D=16 sinkhorn 1 eps 0.05", .T = 2, .n = 4, .D = 16, .full = 1, .iters = 1, .hc_eps = 0.05f},
+    {.name = "hc_pre T=2 n=4 D=16 sinkhorn 2 eps 0.05", .T = 2, .n = 4, .D = 16, .full = 1, .iters = 2, .hc_eps = 0.05f},
+    {.name = "hc_pre T=2 n=4 D=16 head eps 0.05 normed", .T = 2, .n = 4, .D = 16, .normed = 1, .hc_eps = 0.05f},
 };
 
 static const hcx_case collapse_cases[] = {
