@@ -83,7 +83,8 @@ demo: all
 	$(BUILD)/dsv4 info -m $(BUILD)/tiny
 	$(BUILD)/dsv4 generate -m $(BUILD)/tiny --ids 0,19923,14,2058,223 -n 24
 
-# On a machine with a GPU: the op-by-op comparison, then every fixture through the CUDA backend
+# On a machine with a GPU: the op-by-op comparisons (test_cuda_ops; test_backend_ops, every op of
+# the table against the CPU), then every fixture through the CUDA backend
 # with device outputs poisoned. bench-cuda: the linear kernels against the copy bandwidth.
 ifeq ($(CUDA),1)
 # The spill runs give each fixture a device budget of its hot path plus a few experts (sizes
@@ -92,6 +93,7 @@ ifeq ($(CUDA),1)
 FIX = tests/fixtures
 test-cuda: all
 	$(BUILD)/tests/cuda/test_cuda_ops
+	DSV4_TEST_DEVICE=cuda $(BUILD)/tests/test_backend_ops
 	$(BUILD)/tests/cuda/test_cuda_exl3
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v4_fixtures
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v41_fixtures

@@ -133,7 +133,9 @@ typedef struct dsv4_backend {
     /* y = x / sqrt(mean(x^2) + eps) * (w ? w : 1), per row of `dim`; x and y may alias. */
     void (*rmsnorm)(const float *x, int64_t rows, int dim, const float *w, float eps, float *y);
     /* Interleaved rope on the last rd channels of each of `heads` heads of width d in each
-     * row (row stride `stride`), at pos[t]; inverse rotates by -angle. inv_freq: [rd/2]. */
+     * row (row stride `stride`), at pos[t]; inverse rotates by -angle. inv_freq: [rd/2]. Pair
+     * i's angle is the fp32 product (float)pos[t] * inv_freq[i]: at large positions its
+     * rounding shows in the result, so every backend computes it so. */
     void (*rope)(float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq, const int64_t *pos,
                  int inverse);
     /* Hyper-connection site: from the n streams X [T, n, D], the mixes pre [T, n], post [T, n],

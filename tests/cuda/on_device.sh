@@ -2,7 +2,7 @@
 # Runs on the GPU machine, from a copy of this tree (docs/cuda.md says how it gets there):
 # uses binaries built beside it when there are some (prebuilt/, same layout as build/, with
 # lib/ holding the shared libraries the image lacks), else builds with CUDA=1 there. Then, as
-# `make test-cuda`: the op test, every V4 and V4.1 fixture through the CUDA backend, the same
+# `make test-cuda`: the op tests, every V4 and V4.1 fixture through the CUDA backend, the same
 # fixtures with a device budget that spills routed experts to pinned host memory, and a budget
 # that must be refused (one after the other, so no run's time limit is spent waiting on the
 # others' use of the device). Then the timings: `dsv4 bench --synthetic v4-flash --layers 2`
@@ -73,6 +73,7 @@ ok() { # name, command...: runs it with its log in $T/name.log, records a failur
 }
 export DSV4_TEST_DEVICE=cuda
 ok ops $B/tests/cuda/test_cuda_ops
+ok backend-ops $B/tests/test_backend_ops
 ok exl3ops $B/tests/cuda/test_cuda_exl3
 ok v4 env DSV4_CUDA_POISON=1 $B/tests/test_v4_fixtures
 ok v41 env DSV4_CUDA_POISON=1 $B/tests/test_v41_fixtures
@@ -95,7 +96,7 @@ ok spill-v41 env DSV4_CUDA_BUDGET=2.2M $B/tests/test_v41_fixtures $F/v41/v41-tin
 ok refuse bash -c "DSV4_CUDA_BUDGET=1M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a 2>&1 | grep 'the hot path does not fit'"
 unset DSV4_TEST_DEVICE
 [ -s "$T/failed" ] && rc=1
-for n in ops exl3ops v4 v41 batch lanes mini draft ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc spill-v4a spill-v4b spill-v4v spill-v41 refuse; do
+for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc spill-v4a spill-v4b spill-v4v spill-v41 refuse; do
     echo "== $n"
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done

@@ -29,51 +29,18 @@
 
 static const dsv4_backend *cpu, *gpu;
 #include "test_rng.h"
-
-static float *falloc(size_t n) { return malloc((n ? n : 1) * sizeof(float)); }
-
-static void fill(float *v, size_t n, float lo, float hi)
-{
-    for (size_t i = 0; i < n; i++)
-        v[i] = frand(lo, hi);
-}
-
-static void poison(float *v, size_t n)
-{
-    for (size_t i = 0; i < n; i++)
-        v[i] = NAN;
-}
+#include "op_check.h"
 
 static const double REL = 1e-5;
 
-/* Whether |got - ref| <= REL * mag everywhere with no NaN; prints the worst ratio unless quiet. */
 static int agree(const char *what, const float *got, const float *ref, const double *mag, size_t n, int quiet)
 {
-    double worst = 0;
-    size_t nan = 0, at = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (isnan(got[i]) || isnan(ref[i])) {
-            nan++;
-            continue;
-        }
-        double r = fabs((double)got[i] - ref[i]) / (REL * mag[i] + 1e-30);
-        if (r > worst) {
-            worst = r;
-            at = i;
-        }
-    }
-    int ok = nan == 0 && worst <= 1.0;
-    if (!quiet)
-        printf("  %-44s worst |diff|/tol %.3f at %zu, NaN %zu  %s\n", what, worst, at, nan, ok ? "ok" : "FAIL");
-    return ok;
+    return agree_within(what, got, ref, mag, n, REL, quiet);
 }
 
-/* The control must be caught: the comparison against a wrong reference fails. */
 static void control(const char *what, const float *got, const float *wrong, const double *mag, size_t n)
 {
-    int caught = !agree(what, got, wrong, mag, n, 1);
-    CHECK(caught, "control %s: a deliberately wrong reference passed the comparison", what);
-    printf("  control %-36s %s\n", what, caught ? "caught" : "NOT CAUGHT");
+    control_within(what, got, wrong, mag, n, REL);
 }
 
 /* ---- linear ------------------------------------------------------------------------------ */
@@ -86,98 +53,7 @@ typedef struct {
     int T, padx, pady;
 } lin_case;
 
-static uint8_t fp8_code(void)
-{
-    uint8_t q;
-    do
-        q = (uint8_t)rnd();
-    while ((q & 0x7f) == 0x7f);
-    return q;
-}
-
-/* A random weight of the case's form; scales avoid 1.0 so a skipped scale shows. */
-static void make_weight(const lin_case *c, dsv4_weight *w)
-{
-    memset(w, 0, sizeof *w);
-    w->name = "random";
-    w->form = c->form;
-    w->n = c->n;
-    w->k = c->k;
-    size_t nk = (size_t)c->n * c->k, ns = 0;
-    uint8_t *d = NULL;
-    switch (c->form) {
-    case DSV4_WF_F32: {
-        float *f = falloc(nk);
-        fill(f, nk, -1, 1);
-        w->data = f;
-        break;
-    }
-    case DSV4_WF_BF16:
-    case DSV4_WF_F16: {
-        uint16_t *h = malloc(nk * 2);
-        for (size_t i = 0; i < nk; i++)
-            h[i] = c->form == DSV4_WF_BF16 ? dsv4_f32_to_bf16(frand(-1, 1)) : dsv4_f32_to_f16(frand(-1, 1));
-        w->data = h;
-        break;
-    }
-    case DSV4_WF_FP8:
-        d = malloc(nk);
-        for (size_t i = 0; i < nk; i++)
-            d[i] = fp8_code();
-        w->data = d;
-        ns = (size_t)((c->n + c->bn - 1) / c->bn) * ((c->k + c->bk - 1) / c->bk);
-        break;
-    default:
-        d = malloc(nk / 2);
-        for (size_t i = 0; i < nk / 2; i++)
-            d[i] = (uint8_t)rnd();
-        w->data = d;
-        ns = (size_t)c->n * (c->k / c->bk);
-        break;
-    }
-    if (ns) {
-        w->bn = c->bn;
-        w->bk = c->bk;
-        w->scale_e8m0 = c->e8m0;
-        if (c->e8m0) {
-            uint8_t *s = malloc(ns);
-            for (size_t i = 0; i < ns; i++) {
-                uint8_t b;
-                do
-                    b = (uint8_t)(120 + rnd() % 15);
-                while (b == 127);
-                s[i] = b;
-            }
-            w->scale = s;
-        } else {
-            float *s = falloc(ns);
-            fill(s, ns, 0.5f, 0.99f);
-            w->scale = s;
-        }
-    }
-}
-
-static size_t scale_count(const dsv4_weight *w)
-{
-    if (w->form == DSV4_WF_FP8)
-        return (size_t)((w->n + w->bn - 1) / w->bn) * ((w->k + w->bk - 1) / w->bk);
-    return w->form == DSV4_WF_FP4 ? (size_t)w->n * (w->k / w->bk) : 0;
-}
-
-/* A copy of w's scales with the block over row `row`, columns 0..bk set to 1 (that block's
- * scale skipped), for the controls; free it. */
-static void *scale_skipped(const dsv4_weight *w, int64_t row)
-{
-    size_t ns = scale_count(w), es = w->scale_e8m0 ? 1 : 4;
-    size_t at = w->form == DSV4_WF_FP8 ? (size_t)(row / w->bn) * ((w->k + w->bk - 1) / w->bk) : (size_t)row * (w->k / w->bk);
-    void *s = malloc(ns * es);
-    memcpy(s, w->scale, ns * es);
-    if (w->scale_e8m0)
-        ((uint8_t *)s)[at] = 127;
-    else
-        ((float *)s)[at] = 1.0f;
-    return s;
-}
+static void lin_weight(const lin_case *c, dsv4_weight *w) { make_weight(c->form, c->n, c->k, c->bn, c->bk, c->e8m0, w); }
 
 /* Where the weight is read from: copied in per call, resident in device memory, or pinned in
  * host memory mapped into the device (the memory plan's spilled experts). */
@@ -190,7 +66,7 @@ static void test_linear(const lin_case *c, int where)
              (long long)c->n, (long long)c->k, (long long)c->r0, (long long)c->r1, c->T,
              where == RESIDENT ? " resident" : where == PINNED ? " pinned" : "");
     dsv4_weight w;
-    make_weight(c, &w);
+    lin_weight(c, &w);
     dsv4_err err = {0};
     size_t dev0, pin0, dev1, pin1;
     dsv4_cuda_usage(&dev0, &pin0);
@@ -302,7 +178,7 @@ static void test_linear_group(dsv4_wform form, int64_t n, int64_t k, int bn, int
     dsv4_err err = {0};
     int ok = 1;
     for (int j = 0; j < count; j++) {
-        make_weight(&c, &w[j]);
+        lin_weight(&c, &w[j]);
         wp[j] = &w[j];
         ok &= !dsv4_cuda_put_weight(&w[j], &err);
         hx[j] = falloc((size_t)T * k);
@@ -368,7 +244,7 @@ static void test_linear_blocks(dsv4_wform form, int G, int64_t rk, int64_t k, in
     int64_t n = G * rk;
     lin_case c = {form, n, k, 128, form == DSV4_WF_FP4 ? 32 : 128, 1, 0, n, T, 0, 0};
     dsv4_weight w;
-    make_weight(&c, &w);
+    lin_weight(&c, &w);
     dsv4_err err = {0};
     CHECK(!dsv4_cuda_put_weight(&w, &err), "%s: %s", what, err.msg);
     size_t nx = (size_t)T * G * k, ny = (size_t)T * n;
@@ -835,7 +711,7 @@ static void test_invariance(const lin_case *c, int Tmax)
     snprintf(what, sizeof what, "invariance %s [%lld,%lld]%s T=1..64,%d", dsv4_wform_name(c->form), (long long)c->n,
              (long long)c->k, c->bn && !c->e8m0 ? " f32 scales" : "", Tmax);
     dsv4_weight w;
-    make_weight(c, &w);
+    lin_weight(c, &w);
     dsv4_err err = {0};
     CHECK(!dsv4_cuda_put_weight(&w, &err), "%s: put: %s", what, err.msg);
     int64_t n = c->n, k = c->k;
@@ -919,7 +795,7 @@ static void test_embed(const lin_case *c, int T, int n, int where, int dev_bufs)
              (long long)c->k, T, n, where == RESIDENT ? " resident" : where == PINNED ? " pinned" : "",
              dev_bufs ? " device buffers" : "");
     dsv4_weight w;
-    make_weight(c, &w);
+    lin_weight(c, &w);
     dsv4_err err = {0};
     if (where == RESIDENT)
         CHECK(!dsv4_cuda_put_weight(&w, &err), "%s: put: %s", what, err.msg);
@@ -983,7 +859,7 @@ static void test_device_buffers(void)
     /* linear: FP8 resident, x rows with stride 520 (aligned) and 517 (packed), y stride 300 */
     lin_case c = {DSV4_WF_FP8, 256, 512, 128, 128, 1, 0, 256, 5, 0, 0};
     dsv4_weight w;
-    make_weight(&c, &w);
+    lin_weight(&c, &w);
     CHECK(!dsv4_cuda_put_weight(&w, &err), "put: %s", err.msg);
     int64_t lds[2] = {520, 517}, ldy = 300;
     for (int v = 0; v < 2; v++) {
@@ -1130,7 +1006,7 @@ static void test_linear_multi(const lin_case *cs, int nc, int T)
     fill(x, (size_t)T * k, -1, 1);
     for (int j = 0; j < nc; j++) {
         int64_t n = cs[j].n;
-        make_weight(&cs[j], &w[j]);
+        lin_weight(&cs[j], &w[j]);
         if (j == 1)
             CHECK(!dsv4_cuda_pin_weight(&w[j], &err), "linear multi: pin: %s", err.msg);
         else if (j < nc - 1)
@@ -1327,9 +1203,9 @@ static void test_experts(dsv4_wform form, int R, int E, int K, int D, int I, int
     dsv4_weight *w1 = calloc(E, sizeof *w1), *w2 = calloc(E, sizeof *w2), *w3 = calloc(E, sizeof *w3);
     dsv4_err err = {0};
     for (int e = 0; e < E; e++) {
-        make_weight(&c13, &w1[e]);
-        make_weight(&c2, &w2[e]);
-        make_weight(&c13, &w3[e]);
+        lin_weight(&c13, &w1[e]);
+        lin_weight(&c2, &w2[e]);
+        lin_weight(&c13, &w3[e]);
         int (*put)(const dsv4_weight *, dsv4_err *) = e % 2 ? dsv4_cuda_pin_weight : dsv4_cuda_put_weight;
         CHECK(!put(&w1[e], &err) && !put(&w2[e], &err) && !put(&w3[e], &err), "%s: put: %s", what, err.msg);
     }
@@ -1445,7 +1321,7 @@ static void test_graph(void)
     dsv4_err err = {0};
     lin_case c = {DSV4_WF_FP4, 128, 256, 1, 32, 1, 0, 128, 3, 0, 0};
     dsv4_weight w;
-    make_weight(&c, &w);
+    lin_weight(&c, &w);
     CHECK(!dsv4_cuda_put_weight(&w, &err), "put: %s", err.msg);
     int T = 3, k = 256, n = 128;
     float *nw = falloc(k), *x = falloc((size_t)T * k), *b = falloc((size_t)T * n);

@@ -1,5 +1,5 @@
-/* The CUDA tests' random numbers: one xorshift stream per test binary (seeded from the time or
- * DSV4_SEED, printed, so a failing run can be repeated). */
+/* The op tests' random numbers: one xorshift stream per test binary (each binary seeds it, from
+ * the time or a fixed value, or from DSV4_SEED, and prints the seed, so a run can be repeated). */
 #ifndef DSV4_TEST_RNG_H
 #define DSV4_TEST_RNG_H
 #include <stdint.h>

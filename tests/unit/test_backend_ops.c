@@ -1,0 +1,2684 @@
+/* Every op of the backend table (kernels/backend.h) on every backend the build has, in the
+ * manner of ggml's test-backend-ops. On the CPU each op is checked against a reference written
+ * here in double precision from the math backend.h states; every other backend (CUDA, when the
+ * build has it and a device answers) runs the same cases over its own memory and is checked
+ * against the CPU's result. The random inputs come from a fixed seed (DSV4_SEED=n for others).
+ *
+ * Tolerances are bounds derived per op (stated at each test) in units of u = 2^-24, the fp32
+ * rounding unit, with gamma(n) = n u / (1 - n u), the bound on n rounding errors in a row: a
+ * sum of n terms in any order and grouping is within gamma(n - 1) sum|terms| of the exact sum.
+ * Library functions (expf, sinf, ...) are taken as within 2 ulp (2 u relative per ulp). A
+ * comparison passes when |got - ref| <= bound everywhere and nothing is NaN; another backend
+ * against the CPU gets twice the bound (each is within one bound of the exact value).
+ *
+ * For every op: outputs are poisoned first (NaN in the output buffer, so an element an op does
+ * not write fails); a planted control (a deliberately wrong reference: one index off, a scale
+ * skipped, a limit skipped) must fail the same comparison; and where the op has rows, each row
+ * computed alone equals the same row in the batch, bit for bit (backend.h's row contract).
+ *
+ * Not here: linear over EXL3 weights (test_exl3 and suite_exl3.sh, against the dense decode and
+ * the EXL3 reference's vectors; tests/cuda/test_cuda_exl3.c, CUDA against the CPU) and the
+ * experts op's V4.1 REF numerics (CPU only; test_v41_fixtures). hc_pre's Sinkhorn runs 1 to 3
+ * rounds here: the bound derived for it doubles with each half-step. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "check.h"
+#include "core/core.h"
+#include "io/weight.h"
+#include "kernels/backend.h"
+#include "kernels/kv_format.h"
+#ifdef DSV4_CUDA
+#include "kernels/cuda/cuda.h"
+#endif
+#include "test_rng.h"
+#include "op_check.h"
+
+static const double U = 0x1p-24;
+static double gam(double n) { return n * U / (1.0 - n * U); }
+/* another backend against the CPU: both within one bound of the exact value */
+static const double OTHER = 2.0;
+
+/* A backend under test; weights go to it through put_weight where it needs them there. */
+typedef struct {
+    const dsv4_backend *be;
+    int (*put_weight)(const dsv4_weight *w, dsv4_err *err);
+    void (*drop_weight)(const dsv4_weight *w);
+} target;
+
+static target cpu_t, others[4];
+static int n_others;
+static const dsv4_backend *cpu;
+
+/* ---- buffers in a backend's memory --------------------------------------------------------- */
+
+static void *bput(const dsv4_backend *be, const void *host, size_t bytes)
+{
+    void *d = be->alloc(bytes ? bytes : 4);
+    CHECK(d != NULL, "%s: alloc of %zu bytes failed", be->name, bytes);
+    if (d && host && bytes)
+        be->upload(d, host, bytes);
+    return d;
+}
+
+/* A backend buffer of n floats, NaN-filled (an output). */
+static float *bpoison(const dsv4_backend *be, size_t n)
+{
+    float *h = falloc(n);
+    poison(h, n);
+    float *d = bput(be, h, n * sizeof(float));
+    free(h);
+    return d;
+}
+
+/* The host copy of a backend buffer (malloc'd). */
+static void *bget(const dsv4_backend *be, const void *d, size_t bytes)
+{
+    void *h = malloc(bytes ? bytes : 4);
+    be->download(h, d, bytes);
+    return h;
+}
+
+/* After a backend's ops: no failure kept (backends whose ops cannot fail have no check). */
+static void bok(const dsv4_backend *be, const char *what)
+{
+    dsv4_err err = {0};
+    if (be->check)
+        CHECK(!be->check(&err), "%s on %s: %s", what, be->name, err.msg);
+}
+
+static void put_weights(const target *t, const dsv4_weight *w, int n)
+{
+    dsv4_err err = {0};
+    for (int i = 0; t->put_weight && i < n; i++)
+        CHECK(!t->put_weight(&w[i], &err), "%s: put weight: %s", t->be->name, err.msg);
+}
+
+static void drop_weights(const target *t, const dsv4_weight *w, int n)
+{
+    for (int i = 0; t->drop_weight && i < n; i++)
+        t->drop_weight(&w[i]);
+}
+
+static void free_weight(dsv4_weight *w)
+{
+    free((void *)w->data);
+    free((void *)w->scale);
+}
+
+/* Rows of `width` floats alone against the same rows of a batch, bitwise. */
+static int rows_equal(const float *a, const float *b, size_t n) { return !memcmp(a, b, n * sizeof(float)); }
+
+static void report_rows(const char *what, const char *be, int same, int rows)
+{
+    CHECK(same, "%s on %s: a row alone differs from the same row in the batch", what, be);
+    printf("  %-52s %s: %d rows alone == in the batch: %s\n", what, be, rows, same ? "bitwise" : "DIFFERENT");
+}
+
+/* ---- the stored forms, decoded here in double ---------------------------------------------- */
+
+static double e4m3_d(uint8_t c)
+{
+    int e = (c >> 3) & 15, m = c & 7;
+    double v = e ? ldexp(8 + m, e - 10) : ldexp(m, -9);
+    return c & 0x80 ? -v : v;
+}
+
+static double e2m1_d(uint8_t c)
+{
+    static const double v[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    return c & 8 ? -v[c & 7] : v[c & 7];
+}
+
+static double bf16_d(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static double f16_d(uint16_t h)
+{
+    int e = (h >> 10) & 31, m = h & 1023;
+    double v = e ? ldexp(1024 + m, e - 25) : ldexp(m, -24);
+    return h & 0x8000 ? -v : v;
+}
+
+static double scale_d(const dsv4_weight *w, size_t i)
+{
+    if (w->scale_e8m0)
+        return ldexp(1.0, ((const uint8_t *)w->scale)[i] - 127);
+    return ((const float *)w->scale)[i];
+}
+
+/* W[r, j] as stored: the code times its block's scale, exact in double. */
+static double w_at(const dsv4_weight *w, int64_t r, int64_t j)
+{
+    int64_t k = w->k;
+    switch (w->form) {
+    case DSV4_WF_F32:
+        return ((const float *)w->data)[r * k + j];
+    case DSV4_WF_BF16:
+        return bf16_d(((const uint16_t *)w->data)[r * k + j]);
+    case DSV4_WF_F16:
+        return f16_d(((const uint16_t *)w->data)[r * k + j]);
+    case DSV4_WF_FP8:
+        return e4m3_d(((const uint8_t *)w->data)[r * k + j]) *
+               scale_d(w, (size_t)(r / w->bn) * ((k + w->bk - 1) / w->bk) + j / w->bk);
+    case DSV4_WF_FP4: {
+        uint8_t b = ((const uint8_t *)w->data)[(r * k + j) / 2];
+        return e2m1_d(j & 1 ? b >> 4 : b & 15) * scale_d(w, (size_t)r * (k / w->bk) + j / w->bk);
+    }
+    default:
+        return NAN;
+    }
+}
+
+/* The whole weight decoded, [n, k] doubles. */
+static double *w_dense(const dsv4_weight *w)
+{
+    double *d = malloc((size_t)w->n * w->k * sizeof(double));
+    for (int64_t r = 0; r < w->n; r++)
+        for (int64_t j = 0; j < w->k; j++)
+            d[r * w->k + j] = w_at(w, r, j);
+    return d;
+}
+
+/* y[t, i] = sum_j W[r0 + i, j] x[t, j] in double, with the bound on an fp32 computation of it:
+ * k products and k - 1 additions in any grouping, one product by a block's factor, one by
+ * FP4's folded f32 scale, the rounding of the reference to fp32 (k + 3 roundings a term; we
+ * take gamma(k + 4)) times sum_j |W x|. */
+static void linear_ref(const double *W, int64_t k, int64_t r0, int64_t nr, const float *x, int T, int64_t ldx,
+                       float *ref, double *tol)
+{
+    for (int t = 0; t < T; t++)
+        for (int64_t i = 0; i < nr; i++) {
+            const double *wr = W + (r0 + i) * k;
+            const float *xr = x + (size_t)t * ldx;
+            double s = 0, m = 0;
+            for (int64_t j = 0; j < k; j++) {
+                s += wr[j] * xr[j];
+                m += fabs(wr[j] * xr[j]);
+            }
+            ref[(size_t)t * nr + i] = (float)s;
+            tol[(size_t)t * nr + i] = gam((double)k + 4) * m;
+        }
+}
+
+/* Two neighbouring x values of row t swapped (one index off), choosing a pair that differs. */
+static void swap_pair(float *x, int64_t n)
+{
+    int64_t j = rnd() % (n - 1);
+    for (int64_t tries = 0; tries < n && fabsf(x[j] - x[j + 1]) < 0.25f; tries++)
+        j = (j + 1) % (n - 1);
+    float t = x[j];
+    x[j] = x[j + 1];
+    x[j + 1] = t;
+}
+
+/* ---- memory: alloc, free, upload, download, copy --------------------------------------------- */
+
+/* alloc gives zeroed memory; upload, copy (between two buffers: backend.h leaves overlapping
+ * copies unstated) and download move bytes exactly. Control: the last download went into a
+ * poisoned host buffer, so had it written nothing the comparison would have failed. */
+static void test_memory(const target *t)
+{
+    const dsv4_backend *be = t->be;
+    size_t n = 10007;
+    uint8_t *h = malloc(n), *back = malloc(n), *z = calloc(1, n);
+    for (size_t i = 0; i < n; i++)
+        h[i] = (uint8_t)rnd();
+    uint8_t *a = be->alloc(n), *b = be->alloc(n);
+    CHECK(a && b, "%s: alloc failed", be->name);
+    if (!a || !b)
+        return;
+    memset(back, 0xa5, n);
+    be->download(back, a, n);
+    int zeroed = !memcmp(back, z, n);
+    be->upload(a, h, n);
+    be->copy(b, a, n);
+    memset(back, 0xa5, n);
+    be->download(back, b, n);
+    int moved = !memcmp(back, h, n);
+    bok(be, "memory");
+    CHECK(zeroed, "%s: alloc did not give zeroed memory", be->name);
+    CHECK(moved, "%s: upload, copy, download changed bytes", be->name);
+    memset(z, 0xa5, n);
+    int caught = memcmp(z, h, n) != 0; /* control: the poison itself fails the comparison */
+    CHECK(caught, "%s: control: the poisoned host buffer matched the bytes", be->name);
+    printf("  memory on %-42s zeroed %s, bytes moved %s\n", be->name, zeroed ? "yes" : "NO", moved ? "exactly" : "CHANGED");
+    be->free(a);
+    be->free(b);
+    free(h), free(back), free(z);
+}
+
+/* ---- linear ---------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    dsv4_wform form;
+    int64_t n, k;
+    int bn, bk, e8m0;
+    int64_t r0, r1; /* rows [r0, r1) of W; r1 0: every row */
+    int T, padx, pady;
+} lin_case;
+
+static const float PAD = 12345.0f;
+
+/* The op on backend t over its own buffers: y [T, ldy] with the columns past r1 - r0 marked
+ * PAD (they must stay), the rest poisoned. */
+static float *run_linear(const target *t, const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T,
+                         int64_t ldx, int64_t ldy)
+{
+    const dsv4_backend *be = t->be;
+    int64_t nr = r1 - r0;
+    size_t ny = (size_t)T * ldy;
+    float *hy = falloc(ny);
+    for (size_t i = 0; i < ny; i++)
+        hy[i] = PAD;
+    for (int r = 0; r < T; r++)
+        poison(hy + (size_t)r * ldy, nr);
+    float *dx = bput(be, x, (size_t)T * ldx * sizeof(float)), *dy = bput(be, hy, ny * sizeof(float));
+    be->linear(w, r0, r1, dx, T, ldx, dy, ldy);
+    be->download(hy, dy, ny * sizeof(float));
+    bok(be, "linear");
+    be->free(dx), be->free(dy);
+    return hy;
+}
+
+/* [T, ldy] -> [T, nr], checking the pad columns kept their mark. */
+static float *dense_rows(const float *y, int T, int64_t nr, int64_t ldy, int *pad_ok)
+{
+    float *d = falloc((size_t)T * nr);
+    for (int t = 0; t < T; t++) {
+        memcpy(d + (size_t)t * nr, y + (size_t)t * ldy, nr * sizeof(float));
+        for (int64_t i = nr; i < ldy; i++)
+            *pad_ok &= y[(size_t)t * ldy + i] == PAD;
+    }
+    return d;
+}
+
+/* Tolerance: gamma(k + 4) sum_j |W x| (linear_ref). Controls: x one index off in the last row;
+ * a scaled form read with one scale block skipped. Rows: each alone (T = 1, the CPU's fused
+ * single-row path) against the batch. */
+static void test_linear(const lin_case *c)
+{
+    dsv4_weight w;
+    make_weight(c->form, c->n, c->k, c->bn, c->bk, c->e8m0, &w);
+    int64_t k = c->k, r0 = c->r0, r1 = c->r1 ? c->r1 : c->n, nr = r1 - r0, ldx = k + c->padx, ldy = nr + c->pady;
+    int T = c->T;
+    size_t ny = (size_t)T * nr;
+    float *x = falloc((size_t)T * ldx), *ref = falloc(ny), *bad = falloc(ny);
+    double *tol = malloc(ny * sizeof(double)), *W = w_dense(&w);
+    fill(x, (size_t)T * ldx, -1, 1);
+    linear_ref(W, k, r0, nr, x, T, ldx, ref, tol);
+    float *xs = falloc((size_t)T * ldx);
+    memcpy(xs, x, (size_t)T * ldx * sizeof(float));
+    swap_pair(xs + (size_t)(T - 1) * ldx, k);
+    double *scr = malloc(ny * sizeof(double));
+    linear_ref(W, k, r0, nr, xs, T, ldx, bad, scr);
+    dsv4_weight ws = w;
+    if (w.scale)
+        ws.scale = scale_skipped(&w, r0);
+    float *cpu_y = NULL;
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        const char *bn = t->be->name;
+        put_weights(t, &w, 1);
+        int pad_ok = 1;
+        float *yy = run_linear(t, &w, r0, r1, x, T, ldx, ldy), *y = dense_rows(yy, T, nr, ldy, &pad_ok);
+        snprintf(what, sizeof what, "%s on %s", c->name, bn);
+        CHECK(pad_ok, "%s: wrote outside its output columns", what);
+        if (o < 0) {
+            CHECK(agree_within(what, y, ref, tol, ny, 1.0, 0), "%s: differs from the double reference", what);
+            snprintf(what, sizeof what, "%s: x index off", c->name);
+            control_within(what, y, bad, tol, ny, 1.0);
+        } else {
+            CHECK(agree_within(what, y, cpu_y, tol, ny, OTHER, 0), "%s: differs from the CPU", what);
+            float *cb = run_linear(&cpu_t, &w, r0, r1, xs, T, ldx, ldy), *cbd = dense_rows(cb, T, nr, ldy, &pad_ok);
+            snprintf(what, sizeof what, "%s on %s: x index off", c->name, bn);
+            control_within(what, y, cbd, tol, ny, OTHER);
+            free(cb), free(cbd);
+        }
+        int same = 1;
+        for (int r = 0; r < T; r++) {
+            float *one = run_linear(t, &w, r0, r1, x + (size_t)r * ldx, 1, ldx, ldy);
+            same &= rows_equal(one, y + (size_t)r * nr, nr);
+            free(one);
+        }
+        report_rows(c->name, bn, same, T);
+        drop_weights(t, &w, 1);
+        /* the op given a weight whose scale block over row r0 is skipped, after w is dropped (a
+         * backend that keeps weights finds their data and scales by address) */
+        if (w.scale) {
+            put_weights(t, &ws, 1);
+            float *sy = run_linear(t, &ws, r0, r1, x, T, ldx, ldy), *syd = dense_rows(sy, T, nr, ldy, &pad_ok);
+            snprintf(what, sizeof what, "%s on %s: scale skipped", c->name, bn);
+            control_within(what, syd, o < 0 ? ref : cpu_y, tol, ny, o < 0 ? 1.0 : OTHER);
+            drop_weights(t, &ws, 1);
+            free(sy), free(syd);
+        }
+        free(yy);
+        if (o < 0)
+            cpu_y = y;
+        else
+            free(y);
+    }
+    if (w.scale)
+        free((void *)ws.scale);
+    free_weight(&w);
+    free(x), free(ref), free(bad), free(tol), free(W), free(xs), free(scr), free(cpu_y);
+}
+
+/* ---- linear_blocks ---------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    dsv4_wform form;
+    int G;
+    int64_t rk, k; /* each block's rows, the slice width */
+    int bn, bk, T;
+} blocks_case;
+
+static float *run_blocks(const target *t, const dsv4_weight *w, int G, const float *x, int T)
+{
+    const dsv4_backend *be = t->be;
+    size_t nx = (size_t)T * G * w->k, ny = (size_t)T * w->n;
+    float *dx = bput(be, x, nx * sizeof(float)), *dy = bpoison(be, ny);
+    be->linear_blocks(w, G, dx, T, dy);
+    float *y = bget(be, dy, ny * sizeof(float));
+    bok(be, "linear_blocks");
+    be->free(dx), be->free(dy);
+    return y;
+}
+
+/* y[t, g n/G + i] = sum_j W[g n/G + i, j] x[t, g k + j]: linear_ref per block over its slice;
+ * tolerance gamma(k + 4) sum|W x|. Control: block 1 computed from block 0's slice. */
+static void blocks_ref(const double *W, const blocks_case *c, const float *x, int wrong, float *ref, double *tol)
+{
+    int64_t n = c->G * c->rk, ldx = c->G * c->k;
+    float *r = falloc((size_t)c->T * c->rk);
+    double *m = malloc((size_t)c->T * c->rk * sizeof(double));
+    for (int g = 0; g < c->G; g++) {
+        int src = wrong && g == 1 ? 0 : g;
+        /* rows g rk.. of W against slice src of x: W's rows offset by g rk, x by src k */
+        linear_ref(W + (size_t)g * c->rk * c->k, c->k, 0, c->rk, x + src * c->k, c->T, ldx, r, m);
+        for (int t = 0; t < c->T; t++) {
+            memcpy(ref + (size_t)t * n + g * c->rk, r + (size_t)t * c->rk, c->rk * sizeof(float));
+            memcpy(tol + (size_t)t * n + g * c->rk, m + (size_t)t * c->rk, c->rk * sizeof(double));
+        }
+    }
+    free(r), free(m);
+}
+
+static void test_linear_blocks(const blocks_case *c)
+{
+    int64_t n = c->G * c->rk;
+    dsv4_weight w;
+    make_weight(c->form, n, c->k, c->bn, c->bk, 1, &w);
+    size_t nx = (size_t)c->T * c->G * c->k, ny = (size_t)c->T * n;
+    float *x = falloc(nx), *ref = falloc(ny), *bad = falloc(ny), *cpu_y = NULL;
+    double *tol = malloc(ny * sizeof(double)), *scr = malloc(ny * sizeof(double)), *W = w_dense(&w);
+    fill(x, nx, -1, 1);
+    blocks_ref(W, c, x, 0, ref, tol);
+    blocks_ref(W, c, x, 1, bad, scr);
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        put_weights(t, &w, 1);
+        float *y = run_blocks(t, &w, c->G, x, c->T);
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(agree_within(what, y, o < 0 ? ref : cpu_y, tol, ny, o < 0 ? 1.0 : OTHER, 0), "%s: differs", what);
+        if (o < 0)
+            control_within("linear_blocks: block 1 given block 0's slice", y, bad, tol, ny, 1.0);
+        else { /* the CPU with block 1 reading block 0's slice: x's slice 1 replaced by slice 0 */
+            float *xb = falloc(nx);
+            memcpy(xb, x, nx * sizeof(float));
+            for (int r = 0; r < c->T; r++)
+                memcpy(xb + (size_t)r * c->G * c->k + c->k, x + (size_t)r * c->G * c->k, c->k * sizeof(float));
+            float *cb = run_blocks(&cpu_t, &w, c->G, xb, c->T);
+            snprintf(what, sizeof what, "linear_blocks on %s: block 1 given block 0's slice", t->be->name);
+            control_within(what, y, cb, tol, ny, OTHER);
+            free(xb), free(cb);
+        }
+        int same = 1;
+        for (int r = 0; r < c->T; r++) {
+            float *one = run_blocks(t, &w, c->G, x + (size_t)r * c->G * c->k, 1);
+            same &= rows_equal(one, y + (size_t)r * n, n);
+            free(one);
+        }
+        report_rows(c->name, t->be->name, same, c->T);
+        drop_weights(t, &w, 1);
+        if (o < 0)
+            cpu_y = y;
+        else
+            free(y);
+    }
+    free_weight(&w);
+    free(x), free(ref), free(bad), free(cpu_y), free(tol), free(scr), free(W);
+}
+
+/* ---- linear_multi ----------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    dsv4_wform form;
+    int64_t n;
+    int bn, bk, e8m0;
+} multi_w;
+
+typedef struct {
+    const char *name;
+    int64_t k;
+    int T, padx, nw;
+    multi_w w[6];
+} multi_case;
+
+/* y[j] of each weight, host copies; lin: each through linear instead (the contract's meaning). */
+static float **run_multi(const target *t, const dsv4_weight *w, int nw, const float *x, int T, int64_t ldx, int lin)
+{
+    const dsv4_backend *be = t->be;
+    float *dx = bput(be, x, (size_t)T * ldx * sizeof(float)), *dy[6];
+    const dsv4_weight *wp[6];
+    for (int j = 0; j < nw; j++) {
+        wp[j] = &w[j];
+        dy[j] = bpoison(be, (size_t)T * w[j].n);
+    }
+    if (lin)
+        for (int j = 0; j < nw; j++)
+            be->linear(&w[j], 0, w[j].n, dx, T, ldx, dy[j], w[j].n);
+    else
+        be->linear_multi(nw, wp, dx, T, ldx, dy);
+    float **y = malloc(nw * sizeof *y);
+    for (int j = 0; j < nw; j++) {
+        y[j] = bget(be, dy[j], (size_t)T * w[j].n * sizeof(float));
+        be->free(dy[j]);
+    }
+    bok(be, "linear_multi");
+    be->free(dx);
+    return y;
+}
+
+static void free_ys(float **y, int n)
+{
+    for (int j = 0; j < n; j++)
+        free(y[j]);
+    free(y);
+}
+
+/* Each y[j] against linear_ref (gamma(k + 4) sum|W x|) and bit for bit against linear(W_j) on
+ * the same backend. Control: weight 0's rows shifted by one. */
+static void test_linear_multi(const multi_case *c)
+{
+    int nw = c->nw, T = c->T;
+    int64_t k = c->k, ldx = k + c->padx;
+    dsv4_weight w[6];
+    memset(w, 0, sizeof w);
+    float *ref[6], *x = falloc((size_t)T * ldx);
+    double *tol[6];
+    fill(x, (size_t)T * ldx, -1, 1);
+    for (int j = 0; j < nw; j++) {
+        make_weight(c->w[j].form, c->w[j].n, k, c->w[j].bn, c->w[j].bk, c->w[j].e8m0, &w[j]);
+        double *W = w_dense(&w[j]);
+        ref[j] = falloc((size_t)T * w[j].n);
+        tol[j] = malloc((size_t)T * w[j].n * sizeof(double));
+        linear_ref(W, k, 0, w[j].n, x, T, ldx, ref[j], tol[j]);
+        free(W);
+    }
+    float **cpu_y = NULL;
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        const char *bn = t->be->name;
+        put_weights(t, w, nw);
+        float **y = run_multi(t, w, nw, x, T, ldx, 0), **yl = run_multi(t, w, nw, x, T, ldx, 1);
+        int close = 1, same = 1;
+        for (int j = 0; j < nw; j++) {
+            size_t ny = (size_t)T * w[j].n;
+            snprintf(what, sizeof what, "%s: %s [%lld, %lld] on %s", c->name, dsv4_wform_name(w[j].form),
+                     (long long)w[j].n, (long long)k, bn);
+            close &= agree_within(what, y[j], o < 0 ? ref[j] : cpu_y[j], tol[j], ny, o < 0 ? 1.0 : OTHER, 0);
+            same &= rows_equal(y[j], yl[j], ny);
+        }
+        CHECK(close, "%s on %s: differs", c->name, bn);
+        CHECK(same, "%s on %s: a y[j] differs from linear(W_j)", c->name, bn);
+        printf("  %-52s %s: each y[j] == linear(W_j): %s\n", c->name, bn, same ? "bitwise" : "DIFFERENT");
+        float *sh = falloc((size_t)T * w[0].n);
+        const float *r0 = o < 0 ? ref[0] : cpu_y[0];
+        for (int r = 0; r < T; r++)
+            for (int64_t i = 0; i < w[0].n; i++)
+                sh[(size_t)r * w[0].n + i] = r0[(size_t)r * w[0].n + (i + 1) % w[0].n];
+        snprintf(what, sizeof what, "linear_multi on %s: rows shifted by one", bn);
+        control_within(what, y[0], sh, tol[0], (size_t)T * w[0].n, o < 0 ? 1.0 : OTHER);
+        free(sh);
+        int rs = 1;
+        for (int r = 0; r < T; r++) {
+            float **one = run_multi(t, w, nw, x + (size_t)r * ldx, 1, ldx, 0);
+            for (int j = 0; j < nw; j++)
+                rs &= rows_equal(one[j], y[j] + (size_t)r * w[j].n, w[j].n);
+            free_ys(one, nw);
+        }
+        report_rows(c->name, bn, rs, T);
+        drop_weights(t, w, nw);
+        free_ys(yl, nw);
+        if (o < 0)
+            cpu_y = y;
+        else
+            free_ys(y, nw);
+    }
+    for (int j = 0; j < nw; j++)
+        free_weight(&w[j]), free(ref[j]), free(tol[j]);
+    free_ys(cpu_y, nw);
+    free(x);
+}
+
+/* ---- embed ------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    dsv4_wform form;
+    int64_t n, k;
+    int bn, bk, e8m0, T, streams;
+} embed_case;
+
+static float *run_embed(const target *t, const dsv4_weight *w, const int32_t *ids, int T, int n)
+{
+    const dsv4_backend *be = t->be;
+    size_t nx = (size_t)T * n * w->k;
+    int32_t *di = bput(be, ids, T * sizeof(int32_t));
+    float *dX = bpoison(be, nx);
+    be->embed(w, di, T, n, dX);
+    float *X = bget(be, dX, nx * sizeof(float));
+    bok(be, "embed");
+    be->free(di), be->free(dX);
+    return X;
+}
+
+/* X[t, i, :] = W[ids[t], :] decoded exactly: the stored value (an f32 scale's product rounded
+ * once to fp32, as the stored value in fp32 is) bit for bit, tolerance 0. Control: the last
+ * row's id one off. */
+static void test_embed(const embed_case *c)
+{
+    dsv4_weight w;
+    make_weight(c->form, c->n, c->k, c->bn, c->bk, c->e8m0, &w);
+    int T = c->T, ns = c->streams;
+    int64_t D = c->k;
+    size_t nx = (size_t)T * ns * D;
+    int32_t *ids = malloc(T * sizeof(int32_t)), *ib = malloc(T * sizeof(int32_t));
+    for (int t = 0; t < T; t++)
+        ids[t] = t == 0 ? (int32_t)(c->n - 1) : t == 2 ? ids[1] : (int32_t)(rnd() % c->n);
+    memcpy(ib, ids, T * sizeof(int32_t));
+    ib[T - 1] = (ib[T - 1] + 1) % (int32_t)c->n;
+    float *ref = falloc(nx), *bad = falloc(nx), *cpu_X = NULL;
+    double *tol = calloc(nx, sizeof(double));
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < ns; i++)
+            for (int64_t j = 0; j < D; j++) {
+                ref[((size_t)t * ns + i) * D + j] = (float)w_at(&w, ids[t], j);
+                bad[((size_t)t * ns + i) * D + j] = (float)w_at(&w, ib[t], j);
+            }
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        put_weights(t, &w, 1);
+        float *X = run_embed(t, &w, ids, T, ns);
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(agree_within(what, X, o < 0 ? ref : cpu_X, tol, nx, 1.0, 0), "%s: not the stored rows exactly", what);
+        snprintf(what, sizeof what, "embed on %s: id one off", t->be->name);
+        control_within(what, X, bad, tol, nx, 1.0);
+        int same = 1;
+        for (int r = 0; r < T; r++) {
+            float *one = run_embed(t, &w, ids + r, 1, ns);
+            same &= rows_equal(one, X + (size_t)r * ns * D, (size_t)ns * D);
+            free(one);
+        }
+        report_rows(c->name, t->be->name, same, T);
+        drop_weights(t, &w, 1);
+        if (o < 0)
+            cpu_X = X;
+        else
+            free(X);
+    }
+    free_weight(&w);
+    free(ids), free(ib), free(ref), free(bad), free(cpu_X), free(tol);
+}
+
+/* ---- rmsnorm ----------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int rows, dim, weighted, in_place;
+} norm_case;
+
+static float *run_rmsnorm(const target *t, const float *x, int rows, int dim, const float *w, int in_place)
+{
+    const dsv4_backend *be = t->be;
+    size_t n = (size_t)rows * dim;
+    float *dx = bput(be, x, n * sizeof(float)), *dw = w ? bput(be, w, dim * sizeof(float)) : NULL;
+    float *dy = in_place ? dx : bpoison(be, n);
+    be->rmsnorm(dx, rows, dim, dw, 1e-6f, dy);
+    float *y = bget(be, dy, n * sizeof(float));
+    bok(be, "rmsnorm");
+    if (!in_place)
+        be->free(dy);
+    be->free(dx);
+    if (dw)
+        be->free(dw);
+    return y;
+}
+
+/* y = x / sqrt(mean(x^2) + eps) * w in double. Bound: the sum of squares (dim positive terms,
+ * gamma(dim)), the mean, + eps, then sqrt halves that relative error and adds u, the
+ * reciprocal, x * inv, * w and the reference's rounding: |y| gamma(dim / 2 + 6). */
+static void rmsnorm_ref(const float *x, int rows, int dim, const float *w, float *ref, double *tol)
+{
+    for (int r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * dim;
+        double ss = 0;
+        for (int i = 0; i < dim; i++)
+            ss += (double)xr[i] * xr[i];
+        double inv = 1.0 / sqrt(ss / dim + (double)1e-6f);
+        for (int i = 0; i < dim; i++) {
+            double y = xr[i] * inv * (w ? w[i] : 1.0);
+            ref[(size_t)r * dim + i] = (float)y;
+            tol[(size_t)r * dim + i] = gam(dim / 2.0 + 6) * fabs(y);
+        }
+    }
+}
+
+/* Control: the last row's x one index off (and, weighted, w one index off). */
+static void test_rmsnorm(const norm_case *c)
+{
+    size_t n = (size_t)c->rows * c->dim;
+    float *x = falloc(n), *w = c->weighted ? falloc(c->dim) : NULL, *ref = falloc(n), *bad = falloc(n), *cpu_y = NULL;
+    float *xs = falloc(n);
+    double *tol = malloc(n * sizeof(double)), *scr = malloc(n * sizeof(double));
+    fill(x, n, -2, 2);
+    if (w)
+        fill(w, c->dim, 0.5f, 1.5f);
+    rmsnorm_ref(x, c->rows, c->dim, w, ref, tol);
+    memcpy(xs, x, n * sizeof(float));
+    swap_pair(xs + (size_t)(c->rows - 1) * c->dim, c->dim);
+    rmsnorm_ref(xs, c->rows, c->dim, w, bad, scr);
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        float *y = run_rmsnorm(t, x, c->rows, c->dim, w, c->in_place);
+        double s = o < 0 ? 1.0 : OTHER;
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(agree_within(what, y, o < 0 ? ref : cpu_y, tol, n, s, 0), "%s: differs", what);
+        float *b = o < 0 ? bad : run_rmsnorm(&cpu_t, xs, c->rows, c->dim, w, 0);
+        snprintf(what, sizeof what, "rmsnorm on %s: x index off", t->be->name);
+        control_within(what, y, b, tol, n, s);
+        if (o >= 0)
+            free(b);
+        int same = 1;
+        for (int r = 0; r < c->rows; r++) {
+            float *one = run_rmsnorm(t, x + (size_t)r * c->dim, 1, c->dim, w, c->in_place);
+            same &= rows_equal(one, y + (size_t)r * c->dim, c->dim);
+            free(one);
+        }
+        report_rows(c->name, t->be->name, same, c->rows);
+        if (o < 0)
+            cpu_y = y;
+        else
+            free(y);
+    }
+    free(x), free(w), free(ref), free(bad), free(cpu_y), free(xs), free(tol), free(scr);
+}
+
+/* ---- rope -------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int T, heads, d, rd, pad, inverse;
+} rope_case;
+
+static float *run_rope(const target *t, const float *x, int T, int64_t stride, int heads, int d, int rd,
+                       const float *freq, const int64_t *pos, int inverse)
+{
+    const dsv4_backend *be = t->be;
+    size_t n = (size_t)T * stride;
+    float *dx = bput(be, x, n * sizeof(float)), *df = bput(be, freq, rd / 2 * sizeof(float));
+    int64_t *dp = bput(be, pos, T * sizeof(int64_t));
+    be->rope(dx, T, stride, heads, d, rd, df, dp, inverse);
+    float *y = bget(be, dx, n * sizeof(float));
+    bok(be, "rope");
+    be->free(dx), be->free(df), be->free(dp);
+    return y;
+}
+
+/* Pairs (a, b) of the last rd channels of each head rotated by the angle pos inv_freq (by its
+ * negative when inverse), the angle being the fp32 product (float)pos * inv_freq as backend.h
+ * states (at positions near 70000 its rounding alone moves a result by 4e-3): the reference
+ * rotates by exactly that angle, in double. Bound: cos and sin
+ * within 2 ulp each, the two products, the difference and the reference's rounding:
+ * (|a| + |b|) 7 u. Every other channel and the row padding unchanged, bit for bit. */
+static void rope_ref(const float *x, int T, int64_t stride, int heads, int d, int rd, const float *freq,
+                     const int64_t *pos, int inverse, float *ref, double *tol)
+{
+    memcpy(ref, x, (size_t)T * stride * sizeof(float));
+    memset(tol, 0, (size_t)T * stride * sizeof(double));
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < heads; h++)
+            for (int i = 0; i < rd / 2; i++) {
+                size_t at = (size_t)t * stride + (size_t)h * d + (d - rd) + 2 * i;
+                float ang = (float)pos[t] * freq[i];
+                double cs = cos((double)ang), sn = inverse ? -sin((double)ang) : sin((double)ang);
+                double a = x[at], b = x[at + 1];
+                ref[at] = (float)(a * cs - b * sn);
+                ref[at + 1] = (float)(a * sn + b * cs);
+                tol[at] = tol[at + 1] = 7 * U * (fabs(a) + fabs(b));
+            }
+}
+
+/* Control: the last row one position off. Rows: each alone. */
+static void test_rope(const rope_case *c)
+{
+    int64_t stride = (int64_t)c->heads * c->d + c->pad;
+    size_t n = (size_t)c->T * stride;
+    float *x = falloc(n), *freq = falloc(c->rd / 2), *ref = falloc(n), *bad = falloc(n), *cpu_y = NULL;
+    int64_t *pos = malloc(c->T * sizeof(int64_t)), *pb = malloc(c->T * sizeof(int64_t));
+    double *tol = malloc(n * sizeof(double)), *scr = malloc(n * sizeof(double));
+    fill(x, n, -1, 1);
+    for (int i = 0; i < c->rd / 2; i++)
+        freq[i] = powf(10000.0f, -(float)(2 * i) / c->rd);
+    for (int t = 0; t < c->T; t++)
+        pos[t] = pb[t] = rnd() % 70000;
+    pb[c->T - 1]++;
+    rope_ref(x, c->T, stride, c->heads, c->d, c->rd, freq, pos, c->inverse, ref, tol);
+    rope_ref(x, c->T, stride, c->heads, c->d, c->rd, freq, pb, c->inverse, bad, scr);
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        double s = o < 0 ? 1.0 : OTHER;
+        float *y = run_rope(t, x, c->T, stride, c->heads, c->d, c->rd, freq, pos, c->inverse);
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(agree_within(what, y, o < 0 ? ref : cpu_y, tol, n, s, 0), "%s: differs", what);
+        float *b = o < 0 ? bad : run_rope(&cpu_t, x, c->T, stride, c->heads, c->d, c->rd, freq, pb, c->inverse);
+        snprintf(what, sizeof what, "rope on %s: position one off", t->be->name);
+        control_within(what, y, b, tol, n, s);
+        if (o >= 0)
+            free(b);
+        int same = 1;
+        for (int r = 0; r < c->T; r++) {
+            float *one = run_rope(t, x + (size_t)r * stride, 1, stride, c->heads, c->d, c->rd, freq, pos + r, c->inverse);
+            same &= rows_equal(one, y + (size_t)r * stride, stride);
+            free(one);
+        }
+        report_rows(c->name, t->be->name, same, c->T);
+        if (o < 0)
+            cpu_y = y;
+        else
+            free(y);
+    }
+    free(x), free(freq), free(ref), free(bad), free(cpu_y), free(pos), free(pb), free(tol), free(scr);
+}
+
+/* ---- add, swiglu ------------------------------------------------------------------------------- */
+
+/* Elementwise ops: n values, in backend buffers; alias: y is a's buffer. */
+static float *run_elem(const target *t, int op, const float *a, const float *b, int64_t n, float limit, int alias)
+{
+    const dsv4_backend *be = t->be;
+    float *da = bput(be, a, n * sizeof(float)), *db = bput(be, b, n * sizeof(float));
+    float *dy = alias ? da : bpoison(be, n);
+    if (op == 0)
+        be->add(da, db, n, dy);
+    else
+        be->swiglu(da, db, n, limit, dy);
+    float *y = bget(be, dy, n * sizeof(float));
+    bok(be, op ? "swiglu" : "add");
+    if (!alias)
+        be->free(dy);
+    be->free(da), be->free(db);
+    return y;
+}
+
+typedef struct {
+    const char *name;
+    int op; /* 0 add, 1 swiglu */
+    int64_t n;
+    float limit;
+    int alias;
+} elem_case;
+
+/* add: y = a + b, one rounding: the fp32 sum exactly, tolerance 0. swiglu: h = silu(min(g, L))
+ * clamp(u, -L, L) in double; bound: expf within 2 ulp (4 u in e^-a, at most 4 u in 1 + e^-a),
+ * the sum, the division, the product and the reference's rounding: |h| 8 u. Controls: add one
+ * element off; swiglu the limit skipped (or, without a limit, one element off). "Rows": the two
+ * halves of the array in two calls equal one call, bit for bit. */
+static void test_elem(const elem_case *c)
+{
+    int64_t n = c->n;
+    float *a = falloc(n), *b = falloc(n), *ref = falloc(n), *bad = falloc(n), *cpu_y = NULL;
+    double *tol = malloc(n * sizeof(double));
+    fill(a, n, -3, 3);
+    fill(b, n, -3, 3);
+    for (int64_t i = 0; i < n; i++) {
+        if (c->op == 0) {
+            ref[i] = (float)((double)a[i] + b[i]);
+            tol[i] = 0;
+        } else {
+            double g = a[i], u = b[i];
+            if (c->limit > 0) {
+                g = fmin(g, c->limit);
+                u = fmin(fmax(u, -c->limit), c->limit);
+            }
+            double h = g / (1 + exp(-g)) * u;
+            ref[i] = (float)h;
+            tol[i] = 8 * U * fabs(h);
+        }
+    }
+    if (c->op == 1 && c->limit > 0)
+        for (int64_t i = 0; i < n; i++)
+            bad[i] = (float)((double)a[i] / (1 + exp(-(double)a[i])) * b[i]);
+    else {
+        memcpy(bad, ref, n * sizeof(float));
+        bad[n / 2] = ref[n / 2 + 1];
+    }
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        double s = o < 0 ? 1.0 : OTHER;
+        float *y = run_elem(t, c->op, a, b, n, c->limit, c->alias);
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(agree_within(what, y, o < 0 ? ref : cpu_y, tol, n, s, 0), "%s: differs", what);
+        float *bb = bad;
+        if (o >= 0 && c->op == 1 && c->limit > 0)
+            bb = run_elem(&cpu_t, 1, a, b, n, 0, 0);
+        else if (o >= 0) {
+            bb = falloc(n);
+            memcpy(bb, cpu_y, n * sizeof(float));
+            bb[n / 2] = cpu_y[n / 2 + 1];
+        }
+        snprintf(what, sizeof what, "%s on %s: %s", c->op ? "swiglu" : "add", t->be->name,
+                 c->op == 1 && c->limit > 0 ? "limit skipped" : "one element off");
+        control_within(what, y, bb, tol, n, s);
+        if (bb != bad)
+            free(bb);
+        float *h1 = run_elem(t, c->op, a, b, n / 2, c->limit, c->alias);
+        float *h2 = run_elem(t, c->op, a + n / 2, b + n / 2, n - n / 2, c->limit, c->alias);
+        int same = rows_equal(h1, y, n / 2) && rows_equal(h2, y + n / 2, n - n / 2);
+        report_rows(c->name, t->be->name, same, 2);
+        free(h1), free(h2);
+        if (o < 0)
+            cpu_y = y;
+        else
+            free(y);
+    }
+    free(a), free(b), free(ref), free(bad), free(cpu_y), free(tol);
+}
+
+/* ---- hyper-connections ------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int T, n, D, full, iters, normed;
+    float hc_eps; /* 0: the model's 1e-6; larger makes its every use show */
+} hc_case;
+
+typedef struct {
+    float *pre, *post, *comb, *h;
+} hc_out;
+
+static float hc_eps_of(const hc_case *c) { return c->hc_eps > 0 ? c->hc_eps : 1e-6f; }
+
+static void hc_free(hc_out *o) { free(o->pre), free(o->post), free(o->comb), free(o->h); }
+
+/* hc_pre on t: with_h 0 passes h NULL (mixes only); hw given: the normed collapse. */
+static hc_out run_hc_pre(const target *t, const hc_case *c, int T, const float *X, const float *fn, const float *base,
+                         const float *scale, const float *hw, int with_h)
+{
+    const dsv4_backend *be = t->be;
+    int n = c->n, nm = c->full ? (2 + n) * n : n;
+    size_t nx = (size_t)T * n * c->D;
+    float *dX = bput(be, X, nx * sizeof(float)), *dfn = bput(be, fn, (size_t)nm * n * c->D * sizeof(float));
+    float *db = bput(be, base, nm * sizeof(float)), *ds = bput(be, scale, 3 * sizeof(float));
+    float *dhw = hw ? bput(be, hw, c->D * sizeof(float)) : NULL;
+    float *dpre = bpoison(be, (size_t)T * n), *dpost = c->full ? bpoison(be, (size_t)T * n) : NULL;
+    float *dcomb = c->full ? bpoison(be, (size_t)T * n * n) : NULL, *dh = with_h ? bpoison(be, (size_t)T * c->D) : NULL;
+    be->hc_pre(dX, T, n, c->D, dfn, db, ds, c->iters, hc_eps_of(c), 1e-6f, dpre, dpost, dcomb, dh, dhw);
+    hc_out o = {bget(be, dpre, (size_t)T * n * 4), c->full ? bget(be, dpost, (size_t)T * n * 4) : NULL,
+                c->full ? bget(be, dcomb, (size_t)T * n * n * 4) : NULL, with_h ? bget(be, dh, (size_t)T * c->D * 4) : NULL};
+    bok(be, "hc_pre");
+    be->free(dX), be->free(dfn), be->free(db), be->free(ds), be->free(dpre);
+    if (dhw)
+        be->free(dhw);
+    if (dpost)
+        be->free(dpost), be->free(dcomb);
+    if (dh)
+        be->free(dh);
+    return o;
+}
+
+/* All outputs in one array (pre, post, comb, h) for one comparison. */
+static float *hc_flat(const hc_out *o, const hc_case *c, size_t *len)
+{
+    size_t a = (size_t)c->T * c->n, cc = c->full ? a * c->n : 0, hd = (size_t)c->T * c->D;
+    *len = a + (c->full ? a + cc : 0) + hd;
+    float *v = falloc(*len), *p = v;
+    memcpy(p, o->pre, a * 4), p += a;
+    if (c->full) {
+        memcpy(p, o->post, a * 4), p += a;
+        memcpy(p, o->comb, cc * 4), p += cc;
+    }
+    memcpy(p, o->h, hd * 4);
+    return v;
+}
+
+static double sigm(double x) { return 1.0 / (1.0 + exp(-x)); }
+
+/* The site in double, following backend.h and kernels/hc_mix.h: inv = 1/sqrt(mean(x^2) + eps)
+ * over the n D values of a row; m_j = (fn_j . x) inv; pre_i = sigmoid(m_i s0 + base_i) + eps;
+ * post_i = 2 sigmoid(m_{n+i} s1 + base_{n+i}); comb row j = softmax_k(m_{2n+jn+k} s2 + base) +
+ * eps, then `iters` Sinkhorn rounds (each: every row over its sum + eps, except in the first,
+ * where the rows are the softmax's; then every column); h = sum_i pre_i X_i, normed as rmsnorm
+ * with hw when given. Flat output order as hc_flat.
+ *
+ * Bounds, first order, per row: the mixes' dot products gamma(nD + 2) sum|fn x| inv plus |m|
+ * gamma(nD / 2 + 4) for inv; an argument A = m s + base adds u (|m s| + |A|); a sigmoid
+ * passes its argument's error times s(1 - s) and adds 5 u (expf, the sum, the quotient, + eps);
+ * a softmax entry's relative error is twice its largest argument error (with u |a - max| for
+ * the shift) plus gamma(n + 6); each Sinkhorn half-step at most doubles the entries' relative
+ * error and adds gamma(n + 2) (its sum, + eps, the quotient); h's error is sum_i dpre_i |X_i| +
+ * gamma(n + 1) sum|pre X|; normed, |hw| inv dh + |y| (|dh|_2 / |h|_2 + gamma(D / 2 + 6)). */
+static void hc_pre_ref(const hc_case *c, const float *X, const float *fn, const float *base, const float *scale,
+                       const float *hw, float *ref, double *tol)
+{
+    int T = c->T, n = c->n, D = c->D, nm = c->full ? (2 + n) * n : n;
+    int64_t nd = (int64_t)n * D;
+    size_t a = (size_t)T * n, cc = c->full ? a * n : 0, oh = a + (c->full ? a + cc : 0);
+    double m[64], dm[64], pre[16], dpre[16], cm[256], ce[256];
+    for (int t = 0; t < T; t++) {
+        const float *x = X + t * nd;
+        double ss = 0;
+        for (int64_t i = 0; i < nd; i++)
+            ss += (double)x[i] * x[i];
+        double inv = 1.0 / sqrt(ss / nd + (double)1e-6f);
+        for (int j = 0; j < nm; j++) {
+            double s = 0, am = 0;
+            for (int64_t i = 0; i < nd; i++) {
+                s += (double)fn[j * nd + i] * x[i];
+                am += fabs((double)fn[j * nd + i] * x[i]);
+            }
+            m[j] = s * inv;
+            dm[j] = gam((double)nd + 2) * am * inv + fabs(m[j]) * gam(nd / 2.0 + 4);
+        }
+        for (int i = 0; i < n; i++) {
+            double A = m[i] * scale[0] + base[i], sg = sigm(A);
+            double dA = fabs(scale[0]) * dm[i] + U * (fabs(m[i] * scale[0]) + fabs(A));
+            pre[i] = sg + (double)hc_eps_of(c);
+            dpre[i] = sg * (1 - sg) * dA + 5 * U;
+            ref[(size_t)t * n + i] = (float)pre[i];
+            tol[(size_t)t * n + i] = dpre[i];
+        }
+        if (c->full) {
+            for (int i = 0; i < n; i++) {
+                double B = m[n + i] * scale[1] + base[n + i], sg = sigm(B);
+                double dB = fabs(scale[1]) * dm[n + i] + U * (fabs(m[n + i] * scale[1]) + fabs(B));
+                ref[a + (size_t)t * n + i] = (float)(2 * sg);
+                tol[a + (size_t)t * n + i] = 2 * (sg * (1 - sg) * dB + 5 * U);
+            }
+            for (int j = 0; j < n; j++) {
+                double arg[16], da[16], mx = -INFINITY, sum = 0, worst = 0;
+                for (int k = 0; k < n; k++) {
+                    int q = 2 * n + j * n + k;
+                    arg[k] = m[q] * scale[2] + base[q];
+                    da[k] = fabs(scale[2]) * dm[q] + U * (fabs(m[q] * scale[2]) + fabs(arg[k]));
+                    mx = fmax(mx, arg[k]);
+                }
+                for (int k = 0; k < n; k++) {
+                    sum += exp(arg[k] - mx);
+                    worst = fmax(worst, da[k] + U * fabs(arg[k] - mx));
+                }
+                for (int k = 0; k < n; k++) {
+                    cm[j * n + k] = exp(arg[k] - mx) / sum + (double)hc_eps_of(c);
+                    ce[j * n + k] = 2 * worst + gam(n + 6.0);
+                }
+            }
+            for (int it = 0; it < c->iters; it++)
+                for (int half = it ? 0 : 1; half < 2; half++)
+                    for (int l = 0; l < n; l++) { /* half 0: row l; half 1: column l */
+                        double s = 0, e = 0;
+                        for (int k = 0; k < n; k++) {
+                            int at = half ? k * n + l : l * n + k;
+                            s += cm[at];
+                            e = fmax(e, ce[at]);
+                        }
+                        for (int k = 0; k < n; k++) {
+                            int at = half ? k * n + l : l * n + k;
+                            cm[at] /= s + (double)hc_eps_of(c);
+                            ce[at] = 2 * e + gam(n + 2.0);
+                        }
+                    }
+            for (int q = 0; q < n * n; q++) {
+                ref[2 * a + (size_t)t * n * n + q] = (float)cm[q];
+                tol[2 * a + (size_t)t * n * n + q] = ce[q] * cm[q] + U * cm[q];
+            }
+        }
+        double *h = malloc(D * sizeof(double)), *dh = malloc(D * sizeof(double)), hh = 0, dd2 = 0;
+        for (int dd = 0; dd < D; dd++) {
+            double s = 0, e = 0, am = 0;
+            for (int i = 0; i < n; i++) {
+                s += pre[i] * x[(int64_t)i * D + dd];
+                e += dpre[i] * fabs(x[(int64_t)i * D + dd]);
+                am += fabs(pre[i] * x[(int64_t)i * D + dd]);
+            }
+            h[dd] = s;
+            dh[dd] = e + gam(n + 1.0) * am;
+            hh += s * s;
+            dd2 += dh[dd] * dh[dd];
+        }
+        double hinv = 1.0 / sqrt(hh / D + (double)1e-6f), rel = sqrt(dd2 / hh) + gam(D / 2.0 + 6);
+        for (int dd = 0; dd < D; dd++) {
+            size_t at = oh + (size_t)t * D + dd;
+            if (hw) {
+                double y = h[dd] * hinv * hw[dd];
+                ref[at] = (float)y;
+                tol[at] = fabs(hw[dd]) * hinv * dh[dd] + fabs(y) * rel;
+            } else {
+                ref[at] = (float)h[dd];
+                tol[at] = dh[dd] + U * fabs(h[dd]);
+            }
+        }
+        free(h), free(dh);
+    }
+}
+
+/* Control: two neighbouring mix rows of fn swapped (one index off). Also: mixes only (h NULL)
+ * give the same mixes bit for bit, and the normed collapse is bit for bit what rmsnorm(h, hw)
+ * on the same backend makes of the unnormed one. Rows: each alone. */
+static void test_hc_pre(const hc_case *c)
+{
+    int T = c->T, n = c->n, D = c->D, nm = c->full ? (2 + n) * n : n;
+    int64_t nd = (int64_t)n * D;
+    float *X = falloc((size_t)T * nd), *fn = falloc((size_t)nm * nd), *base = falloc(nm), scale[3];
+    float *hw = c->normed ? falloc(D) : NULL, *fn2 = falloc((size_t)nm * nd);
+    fill(X, (size_t)T * nd, -1, 1);
+    fill(fn, (size_t)nm * nd, -1.0f / sqrtf(nd), 1.0f / sqrtf(nd));
+    fill(base, nm, -1, 1);
+    fill(scale, 3, 0.5f, 2.0f);
+    if (hw)
+        fill(hw, D, 0.5f, 1.5f);
+    memcpy(fn2, fn, (size_t)nm * nd * sizeof(float));
+    int j = c->full ? nm - 2 : 0;
+    memcpy(fn2 + (size_t)j * nd, fn + (size_t)(j + 1) * nd, nd * sizeof(float));
+    memcpy(fn2 + (size_t)(j + 1) * nd, fn + (size_t)j * nd, nd * sizeof(float));
+    size_t L = (size_t)T * n * (c->full ? 2 + n : 1) + (size_t)T * D;
+    float *ref = falloc(L), *bad = falloc(L), *cpu_f = NULL;
+    double *tol = malloc(L * sizeof(double)), *scr = malloc(L * sizeof(double));
+    hc_pre_ref(c, X, fn, base, scale, hw, ref, tol);
+    hc_pre_ref(c, X, fn2, base, scale, hw, bad, scr);
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        double s = o < 0 ? 1.0 : OTHER;
+        hc_out g = run_hc_pre(t, c, T, X, fn, base, scale, hw, 1);
+        float *gf = hc_flat(&g, c, &L);
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(agree_within(what, gf, o < 0 ? ref : cpu_f, tol, L, s, 0), "%s: differs", what);
+        float *bf = bad;
+        if (o >= 0) {
+            hc_out b = run_hc_pre(&cpu_t, c, T, X, fn2, base, scale, hw, 1);
+            bf = hc_flat(&b, c, &L);
+            hc_free(&b);
+        }
+        snprintf(what, sizeof what, "hc_pre on %s: mix row off by one", t->be->name);
+        control_within(what, gf, bf, tol, L, s);
+        if (bf != bad)
+            free(bf);
+        hc_out mo = run_hc_pre(t, c, T, X, fn, base, scale, hw, 0);
+        int mix_same = rows_equal(mo.pre, g.pre, (size_t)T * n) &&
+                       (!c->full || (rows_equal(mo.post, g.post, (size_t)T * n) &&
+                                     rows_equal(mo.comb, g.comb, (size_t)T * n * n)));
+        CHECK(mix_same, "%s on %s: mixes only (h NULL) differ from the full call", c->name, t->be->name);
+        hc_free(&mo);
+        if (hw) { /* normed h == rmsnorm(h, hw) of the unnormed h, on the same backend */
+            hc_out un = run_hc_pre(t, c, T, X, fn, base, scale, NULL, 1);
+            float *sep = run_rmsnorm(t, un.h, T, D, hw, 0);
+            CHECK(rows_equal(sep, g.h, (size_t)T * D), "%s on %s: normed h differs from rmsnorm of h", c->name,
+                  t->be->name);
+            hc_free(&un);
+            free(sep);
+        }
+        int same = 1;
+        for (int r = 0; r < T; r++) {
+            hc_out one = run_hc_pre(t, c, 1, X + (size_t)r * nd, fn, base, scale, hw, 1);
+            same &= rows_equal(one.pre, g.pre + (size_t)r * n, n) && rows_equal(one.h, g.h + (size_t)r * D, D);
+            if (c->full)
+                same &= rows_equal(one.post, g.post + (size_t)r * n, n) &&
+                        rows_equal(one.comb, g.comb + (size_t)r * n * n, (size_t)n * n);
+            hc_free(&one);
+        }
+        report_rows(c->name, t->be->name, same, T);
+        hc_free(&g);
+        if (o < 0)
+            cpu_f = gf;
+        else
+            free(gf);
+    }
+    free(X), free(fn), free(fn2), free(base), free(hw), free(ref), free(bad), free(cpu_f), free(tol), free(scr);
+}
+
+typedef struct {
+    const char *name;
+    int T, n, D;
+} hcx_case;
+
+static float *run_collapse(const target *t, const float *X, int T, int n, int D, const float *pre)
+{
+    const dsv4_backend *be = t->be;
+    float *dX = bput(be, X, (size_t)T * n * D * 4), *dp = bput(be, pre, (size_t)T * n * 4), *dh = bpoison(be, (size_t)T * D);
+    be->hc_collapse(dX, T, n, D, dp, dh);
+    float *h = bget(be, dh, (size_t)T * D * 4);
+    bok(be, "hc_collapse");
+    be->free(dX), be->free(dp), be->free(dh);
+    return h;
+}
+
+static void collapse_ref(const float *X, int T, int n, int D, const float *pre, float *ref, double *tol)
+{
+    for (int t = 0; t < T; t++)
+        for (int dd = 0; dd < D; dd++) {
+            double s = 0, m = 0;
+            for (int i = 0; i < n; i++) {
+                double v = (double)pre[t * n + i] * X[((size_t)t * n + i) * D + dd];
+                s += v, m += fabs(v);
+            }
+            ref[(size_t)t * D + dd] = (float)s;
+            tol[(size_t)t * D + dd] = gam(n + 1.0) * m;
+        }
+}
+
+/* h = sum_i pre_i X_i: n products and n - 1 sums, the reference's rounding: gamma(n + 1)
+ * sum|pre X|. Control: the last row's first two pre swapped. */
+static void test_hc_collapse(const hcx_case *c)
+{
+    int T = c->T, n = c->n, D = c->D;
+    size_t nx = (size_t)T * n * D, nh = (size_t)T * D;
+    float *X = falloc(nx), *pre = falloc((size_t)T * n), *pre2 = falloc((size_t)T * n);
+    float *ref = falloc(nh), *bad = falloc(nh), *cpu_h = NULL;
+    double *tol = malloc(nh * sizeof(double)), *scr = malloc(nh * sizeof(double));
+    fill(X, nx, -1, 1);
+    fill(pre, (size_t)T * n, 0.1f, 1.0f);
+    pre[(size_t)(T - 1) * n] = 0.2f, pre[(size_t)(T - 1) * n + 1] = 0.9f;
+    memcpy(pre2, pre, (size_t)T * n * 4);
+    pre2[(size_t)(T - 1) * n] = 0.9f, pre2[(size_t)(T - 1) * n + 1] = 0.2f;
+    collapse_ref(X, T, n, D, pre, ref, tol);
+    collapse_ref(X, T, n, D, pre2, bad, scr);
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        double s = o < 0 ? 1.0 : OTHER;
+        float *h = run_collapse(t, X, T, n, D, pre);
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(agree_within(what, h, o < 0 ? ref : cpu_h, tol, nh, s, 0), "%s: differs", what);
+        float *b = o < 0 ? bad : run_collapse(&cpu_t, X, T, n, D, pre2);
+        snprintf(what, sizeof what, "hc_collapse on %s: pre index off", t->be->name);
+        control_within(what, h, b, tol, nh, s);
+        if (o >= 0)
+            free(b);
+        int same = 1;
+        for (int r = 0; r < T; r++) {
+            float *one = run_collapse(t, X + (size_t)r * n * D, 1, n, D, pre + (size_t)r * n);
+            same &= rows_equal(one, h + (size_t)r * D, D);
+            free(one);
+        }
+        report_rows(c->name, t->be->name, same, T);
+        if (o < 0)
+            cpu_h = h;
+        else
+            free(h);
+    }
+    free(X), free(pre), free(pre2), free(ref), free(bad), free(cpu_h), free(tol), free(scr);
+}
+
+static float *run_post(const target *t, const float *X, const float *y, int T, int n, int D, const float *post,
+                       const float *comb)
+{
+    const dsv4_backend *be = t->be;
+    size_t nx = (size_t)T * n * D;
+    float *dX = bput(be, X, nx * 4), *dy = bput(be, y, (size_t)T * D * 4), *dp = bput(be, post, (size_t)T * n * 4);
+    float *dc = bput(be, comb, (size_t)T * n * n * 4);
+    be->hc_post(dX, dy, T, n, D, dp, dc);
+    float *o = bget(be, dX, nx * 4);
+    bok(be, "hc_post");
+    be->free(dX), be->free(dy), be->free(dp), be->free(dc);
+    return o;
+}
+
+static void post_ref(const float *X, const float *y, int T, int n, int D, const float *post, const float *comb,
+                     float *ref, double *tol)
+{
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < n; k++)
+            for (int dd = 0; dd < D; dd++) {
+                double v = (double)post[t * n + k] * y[(size_t)t * D + dd], s = v, m = fabs(v);
+                for (int j = 0; j < n; j++) {
+                    v = (double)comb[(size_t)t * n * n + j * n + k] * X[((size_t)t * n + j) * D + dd];
+                    s += v, m += fabs(v);
+                }
+                ref[((size_t)t * n + k) * D + dd] = (float)s;
+                tol[((size_t)t * n + k) * D + dd] = gam(n + 2.0) * m;
+            }
+}
+
+/* X[k] = post[k] y + sum_j comb[j][k] X[j]: n + 1 products, n sums, the reference's rounding:
+ * gamma(n + 2) sum|terms|. Control: comb read transposed in the first row (one stream: the
+ * first row given the second row's comb). */
+static void test_hc_post(const hcx_case *c)
+{
+    int T = c->T, n = c->n, D = c->D;
+    size_t nx = (size_t)T * n * D;
+    float *X = falloc(nx), *y = falloc((size_t)T * D), *post = falloc((size_t)T * n), *comb = falloc((size_t)T * n * n);
+    float *comb2 = falloc((size_t)T * n * n), *ref = falloc(nx), *bad = falloc(nx), *cpu_X = NULL;
+    double *tol = malloc(nx * sizeof(double)), *scr = malloc(nx * sizeof(double));
+    fill(X, nx, -1, 1);
+    fill(y, (size_t)T * D, -1, 1);
+    fill(post, (size_t)T * n, 0, 2);
+    fill(comb, (size_t)T * n * n, 0, 1);
+    memcpy(comb2, comb, (size_t)T * n * n * 4);
+    for (int j = 0; j < n; j++) /* n 1: the first row given the second row's comb */
+        for (int k = 0; k < n; k++)
+            comb2[j * n + k] = n > 1 ? comb[k * n + j] : comb[(size_t)n * n + j * n + k];
+    post_ref(X, y, T, n, D, post, comb, ref, tol);
+    post_ref(X, y, T, n, D, post, comb2, bad, scr);
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        double s = o < 0 ? 1.0 : OTHER;
+        float *g = run_post(t, X, y, T, n, D, post, comb);
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(agree_within(what, g, o < 0 ? ref : cpu_X, tol, nx, s, 0), "%s: differs", what);
+        float *b = o < 0 ? bad : run_post(&cpu_t, X, y, T, n, D, post, comb2);
+        snprintf(what, sizeof what, "hc_post on %s: %s", t->be->name, n > 1 ? "comb transposed" : "comb of the next row");
+        control_within(what, g, b, tol, nx, s);
+        if (o >= 0)
+            free(b);
+        int same = 1;
+        for (int r = 0; r < T; r++) {
+            float *one = run_post(t, X + (size_t)r * n * D, y + (size_t)r * D, 1, n, D, post + r * n,
+                                  comb + (size_t)r * n * n);
+            same &= rows_equal(one, g + (size_t)r * n * D, (size_t)n * D);
+            free(one);
+        }
+        report_rows(c->name, t->be->name, same, T);
+        if (o < 0)
+            cpu_X = g;
+        else
+            free(g);
+    }
+    free(X), free(y), free(post), free(comb), free(comb2), free(ref), free(bad), free(cpu_X), free(tol), free(scr);
+}
+
+/* ---- attend ------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int H, d, nk, pool;
+} attend_case;
+
+/* keys: rows kidx of the pool, in host memory on every backend: the CUDA backend gathers the
+ * key rows on the host (the one op whose inputs it does not take in its own memory); q, sink
+ * and out are in the backend's memory. */
+static float *run_attend(const target *t, const float *q, int H, int d, const float *pool, const int *kidx,
+                         int nk, float scale, const float *sink)
+{
+    const dsv4_backend *be = t->be;
+    float *dq = bput(be, q, (size_t)H * d * 4), *ds = bput(be, sink, H * 4);
+    const float **keys = malloc((nk + 1) * sizeof *keys);
+    for (int i = 0; i < nk; i++)
+        keys[i] = pool + (size_t)kidx[i] * d;
+    float *dout = bpoison(be, (size_t)H * d);
+    be->attend(dq, H, d, keys, nk, scale, ds, dout);
+    float *o = bget(be, dout, (size_t)H * d * 4);
+    bok(be, "attend");
+    be->free(dq), be->free(ds), be->free(dout);
+    free(keys);
+    return o;
+}
+
+/* Per head, in double: s_i = (q . k_i) scale, p = softmax over (s_1.., sink), out = sum p_i k_i.
+ * Bound, first order: a score's error is gamma(d) sum|q k| scale + u |s| (the scale's product);
+ * an exponential's relative error that plus u |s - max| (the shift) plus 4 u (expf); a weight
+ * p_i's relative error is twice the largest of those plus gamma(nk + 2) (the denominator's sum,
+ * the quotient); out_j's error is sum_i p_i |k_ij| (that + gamma(nk + 1)). */
+static void attend_ref(const float *q, int H, int d, const float *const *rows, int nk, float scale, const float *sink,
+                       float *ref, double *tol)
+{
+    double *s = malloc((nk + 1) * sizeof(double));
+    for (int h = 0; h < H; h++) {
+        const float *qh = q + (size_t)h * d;
+        double mx = sink[h], worst = 0;
+        for (int i = 0; i < nk; i++) {
+            double v = 0, m = 0;
+            for (int j = 0; j < d; j++) {
+                v += (double)qh[j] * rows[i][j];
+                m += fabs((double)qh[j] * rows[i][j]);
+            }
+            s[i] = v * scale;
+            worst = fmax(worst, gam(d) * m * scale + U * fabs(s[i]));
+            mx = fmax(mx, s[i]);
+        }
+        double den = exp(sink[h] - mx), ew = U * fabs(sink[h] - mx);
+        for (int i = 0; i < nk; i++) {
+            den += exp(s[i] - mx);
+            ew = fmax(ew, U * fabs(s[i] - mx));
+        }
+        double ep = 2 * (worst + ew + 4 * U) + gam(nk + 2.0);
+        for (int j = 0; j < d; j++) {
+            double o = 0, m = 0;
+            for (int i = 0; i < nk; i++) {
+                double p = exp(s[i] - mx) / den;
+                o += p * rows[i][j];
+                m += p * fabs(rows[i][j]);
+            }
+            ref[(size_t)h * d + j] = (float)o;
+            tol[(size_t)h * d + j] = m * (ep + gam(nk + 1.0)) + U * fabs(o);
+        }
+    }
+    free(s);
+}
+
+/* Control: one key one place off. Heads: each head alone (H = 1) equals the same head in the
+ * full call, bit for bit. */
+static void test_attend(const attend_case *c)
+{
+    int H = c->H, d = c->d, nk = c->nk;
+    float *q = falloc((size_t)H * d), *pool = falloc((size_t)c->pool * d), *sink = falloc(H);
+    float *ref = falloc((size_t)H * d), *bad = falloc((size_t)H * d), *cpu_o = NULL;
+    double *tol = malloc((size_t)H * d * sizeof(double)), *scr = malloc((size_t)H * d * sizeof(double));
+    int *kidx = malloc((nk + 1) * sizeof(int)), *kb = malloc((nk + 1) * sizeof(int));
+    const float **rows = malloc((nk + 1) * sizeof *rows);
+    fill(q, (size_t)H * d, -1, 1);
+    fill(pool, (size_t)c->pool * d, -1, 1);
+    fill(sink, H, -1, 1);
+    for (int i = 0; i < nk; i++)
+        kidx[i] = kb[i] = rnd() % c->pool;
+    if (nk)
+        kb[nk / 2] = (kidx[nk / 2] + 1) % c->pool;
+    float scale = 1.0f / sqrtf((float)d);
+    for (int i = 0; i < nk; i++)
+        rows[i] = pool + (size_t)kidx[i] * d;
+    attend_ref(q, H, d, rows, nk, scale, sink, ref, tol);
+    for (int i = 0; i < nk; i++)
+        rows[i] = pool + (size_t)kb[i] * d;
+    attend_ref(q, H, d, rows, nk, scale, sink, bad, scr);
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        double s = o < 0 ? 1.0 : OTHER;
+        float *g = run_attend(t, q, H, d, pool, kidx, nk, scale, sink);
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(agree_within(what, g, o < 0 ? ref : cpu_o, tol, (size_t)H * d, s, 0), "%s: differs", what);
+        if (nk) {
+            float *b = o < 0 ? bad : run_attend(&cpu_t, q, H, d, pool, kb, nk, scale, sink);
+            snprintf(what, sizeof what, "attend on %s: a key one place off", t->be->name);
+            control_within(what, g, b, tol, (size_t)H * d, s);
+            if (o >= 0)
+                free(b);
+        } else /* no keys: only the sink, so out is 0 exactly */
+            for (int i = 0; i < H * d; i++)
+                CHECK(g[i] == 0.0f, "%s: out[%d] = %g with no keys", what, i, g[i]);
+        int same = 1;
+        for (int h = 0; h < H; h++) {
+            float *one = run_attend(t, q + (size_t)h * d, 1, d, pool, kidx, nk, scale, sink + h);
+            same &= rows_equal(one, g + (size_t)h * d, d);
+            free(one);
+        }
+        report_rows(c->name, t->be->name, same, H);
+        if (o < 0)
+            cpu_o = g;
+        else
+            free(g);
+    }
+    free(q), free(pool), free(sink), free(ref), free(bad), free(cpu_o), free(tol), free(scr), free(kidx), free(kb);
+    free(rows);
+}
+
+/* ---- route -------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int R, E, K;
+    int ties, bias, hash, norm; /* ties: logits and bias from a few values, so exact ties are everywhere */
+} route_case;
+
+typedef struct {
+    int32_t *eid;
+    float *wts;
+} route_out;
+
+static route_out run_route(const target *t, const route_case *c, int R, const float *lg, const float *bias,
+                           const int32_t *t2e, int vocab, const int32_t *ids)
+{
+    const dsv4_backend *be = t->be;
+    int E = c->E, K = c->K;
+    float *dlg = bput(be, lg, (size_t)R * E * 4), *db = bias ? bput(be, bias, E * 4) : NULL;
+    int32_t *dt = t2e ? bput(be, t2e, (size_t)vocab * K * 4) : NULL, *di = bput(be, ids, R * 4);
+    int32_t *de = bput(be, NULL, (size_t)R * K * 4);
+    float *dw = bpoison(be, (size_t)R * K);
+    int32_t *neg = malloc((size_t)R * K * 4);
+    for (int i = 0; i < R * K; i++)
+        neg[i] = -1; /* poisoned ids: an unwritten one is no expert */
+    be->upload(de, neg, (size_t)R * K * 4);
+    free(neg);
+    be->route(dlg, R, E, K, db, dt, di, c->norm, 2.5f, de, dw);
+    route_out o = {bget(be, de, (size_t)R * K * 4), bget(be, dw, (size_t)R * K * 4)};
+    bok(be, "route");
+    be->free(dlg), be->free(di), be->free(de), be->free(dw);
+    if (db)
+        be->free(db);
+    if (dt)
+        be->free(dt);
+    return o;
+}
+
+static double softplus_d(double x) { return log1p(exp(x)); }
+
+/* In double: s = sqrt(softplus(lg)); the experts tid2eid[ids[r]] (hash), else the K best of
+ * s + bias, ties to the lower expert, best first; w = s_e (over sum + 1e-20 when norm) times
+ * route_scale. A score s is within 8 u of its value (expf, log1pf, sqrtf, each within 2 ulp,
+ * the last halving what it is given); a weight's bound is |w| (2 8 u + gamma(K + 3)) with
+ * norm (the sum, + 1e-20, the quotient, the scale), |w| (8 u + 2 u) without. higher: ties go
+ * to the higher expert instead (a control). Returns v, the selection scores s + bias [R, E]. */
+static double *route_ref(const route_case *c, const float *lg, const float *bias, const int32_t *t2e,
+                         const int32_t *ids, int higher, int32_t *eid, float *wts, double *tol)
+{
+    int R = c->R, E = c->E, K = c->K;
+    double *v = malloc((size_t)R * E * sizeof(double)), *s = malloc(E * sizeof(double));
+    for (int r = 0; r < R; r++) {
+        for (int e = 0; e < E; e++) {
+            s[e] = sqrt(softplus_d(lg[(size_t)r * E + e]));
+            v[(size_t)r * E + e] = s[e] + (bias ? bias[e] : 0.0);
+        }
+        int32_t *ch = eid + (size_t)r * K;
+        for (int k = 0; k < K; k++) {
+            if (t2e) {
+                ch[k] = t2e[(size_t)ids[r] * K + k];
+                continue;
+            }
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                int used = 0;
+                for (int j = 0; j < k; j++)
+                    used |= ch[j] == e;
+                double x = v[(size_t)r * E + e];
+                if (!used && (best < 0 || x > v[(size_t)r * E + best] || (higher && x == v[(size_t)r * E + best])))
+                    best = e;
+            }
+            ch[k] = best;
+        }
+        double sum = 0;
+        for (int k = 0; k < K; k++)
+            sum += s[ch[k]];
+        for (int k = 0; k < K; k++) {
+            double w = (c->norm ? s[ch[k]] / (sum + 1e-20) : s[ch[k]]) * 2.5;
+            wts[(size_t)r * K + k] = (float)w;
+            tol[(size_t)r * K + k] = fabs(w) * (c->norm ? 16 * U + gam(K + 3.0) : 10 * U);
+        }
+    }
+    free(s);
+    return v;
+}
+
+/* The experts must be the reference's; a pair of continuous scores within their bounds
+ * (16 u relative) of each other may come in either order (counted, "near ties"), and that
+ * row's weights are then compared in the reference's order of the op's experts. Controls: ties
+ * to the higher expert (ties cases) or the weights one expert off (the others). Rows: alone. */
+static void test_route(const route_case *c)
+{
+    int R = c->R, E = c->E, K = c->K, vocab = 50;
+    const float qv[5] = {-1.0f, 0.0f, 0.5f, 1.0f, 2.0f};
+    float *lg = falloc((size_t)R * E), *bias = c->bias ? falloc(E) : NULL;
+    for (size_t i = 0; i < (size_t)R * E; i++)
+        lg[i] = c->ties ? qv[rnd() % 5] : frand(-3, 3);
+    for (int e = 0; c->bias && e < E; e++)
+        bias[e] = c->ties ? 0.25f * (rnd() % 3) : frand(-0.5f, 0.5f);
+    int32_t *t2e = NULL, *ids = malloc(R * 4);
+    for (int r = 0; r < R; r++)
+        ids[r] = rnd() % vocab;
+    if (c->hash) {
+        t2e = malloc((size_t)vocab * K * 4);
+        for (int i = 0; i < vocab * K; i++)
+            t2e[i] = rnd() % E;
+    }
+    size_t RK = (size_t)R * K;
+    int32_t *eref = malloc(RK * 4), *ebad = malloc(RK * 4);
+    float *wref = falloc(RK), *wbad = falloc(RK);
+    double *tol = malloc(RK * sizeof(double)), *scr = malloc(RK * sizeof(double));
+    double *v = route_ref(c, lg, bias, t2e, ids, 0, eref, wref, tol);
+    free(route_ref(c, lg, bias, t2e, ids, 1, ebad, wbad, scr));
+    route_out cpu_o = {0};
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        route_out g = run_route(t, c, R, lg, bias, t2e, vocab, ids);
+        int exact = 1, near = 0;
+        float *wcmp = falloc(RK);
+        memcpy(wcmp, wref, RK * 4);
+        for (int r = 0; r < R; r++) {
+            const int32_t *a = g.eid + (size_t)r * K, *b = eref + (size_t)r * K;
+            if (!memcmp(a, b, K * 4))
+                continue;
+            int ok = !c->ties && !c->hash;
+            for (int k = 0; ok && k < K; k++) {
+                double va = a[k] >= 0 && a[k] < E ? v[(size_t)r * E + a[k]] : -1e30, vb = v[(size_t)r * E + b[k]];
+                ok = a[k] == b[k] || fabs(va - vb) <= 16 * U * fmax(fabs(va), fabs(vb));
+            }
+            exact &= ok;
+            near += ok;
+            if (ok) { /* the reference's weights of the op's experts */
+                double s[64], sum = 0;
+                for (int k = 0; k < K; k++)
+                    sum += s[k] = sqrt(softplus_d(lg[(size_t)r * E + a[k]]));
+                for (int k = 0; k < K; k++)
+                    wcmp[(size_t)r * K + k] = (float)((c->norm ? s[k] / (sum + 1e-20) : s[k]) * 2.5);
+            }
+        }
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(exact, "%s: other experts than the reference's", what);
+        CHECK(agree_within(what, g.wts, wcmp, tol, RK, o < 0 ? 1.0 : OTHER, 0), "%s: weights differ", what);
+        printf("  %-52s experts %s (%d near ties)\n", what, exact ? "as the reference" : "DIFFERENT", near);
+        if (c->ties && !c->hash) {
+            int caught = memcmp(g.eid, ebad, RK * 4) != 0;
+            CHECK(caught, "%s: control (ties to the higher expert) not caught", what);
+            printf("  control %-44s %s\n", "route ties to the higher expert", caught ? "caught" : "NOT CAUGHT");
+        } else {
+            float *sh = falloc(RK);
+            for (size_t i = 0; i < RK; i++)
+                sh[i] = wcmp[i - i % K + (i % K + 1) % K];
+            snprintf(what, sizeof what, "route on %s: weights one expert off", t->be->name);
+            control_within(what, g.wts, sh, tol, RK, o < 0 ? 1.0 : OTHER);
+            free(sh);
+        }
+        int same = 1;
+        for (int r = 0; r < R; r++) {
+            route_out one = run_route(t, c, 1, lg + (size_t)r * E, bias, t2e, vocab, ids + r);
+            same &= !memcmp(one.eid, g.eid + (size_t)r * K, K * 4) && rows_equal(one.wts, g.wts + (size_t)r * K, K);
+            free(one.eid), free(one.wts);
+        }
+        report_rows(c->name, t->be->name, same, R);
+        free(wcmp);
+        if (o < 0)
+            cpu_o = g;
+        else
+            free(g.eid), free(g.wts);
+    }
+    free(cpu_o.eid), free(cpu_o.wts);
+    free(lg), free(bias), free(t2e), free(ids), free(eref), free(ebad), free(wref), free(wbad), free(tol), free(scr), free(v);
+}
+
+/* ---- experts ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const char *name;
+    dsv4_wform form;
+    int R, E, K, D, I, pre_weight;
+    float limit;
+} experts_case;
+
+static float *run_experts(const target *t, const dsv4_experts_args *a)
+{
+    const dsv4_backend *be = t->be;
+    int R = a->R, K = a->K, D = a->D;
+    size_t wn = DSV4_EXPERTS_WORK(R, K, D, a->I, a->E);
+    dsv4_experts_args b = *a;
+    b.x = bput(be, a->x, (size_t)R * D * 4);
+    b.wts = bput(be, a->wts, (size_t)R * K * 4);
+    b.eid = bput(be, a->eid, (size_t)R * K * 4);
+    b.y = bpoison(be, (size_t)R * D);
+    b.work = bpoison(be, wn);
+    be->experts(&b);
+    float *y = bget(be, b.y, (size_t)R * D * 4);
+    bok(be, "experts");
+    be->free((void *)b.x), be->free((void *)b.wts), be->free((void *)b.eid), be->free(b.y), be->free(b.work);
+    return y;
+}
+
+static double silu_d(double a) { return a / (1 + exp(-a)); }
+
+/* In double: for each row's k-th expert e with weight w: g = W1[e] x, u = W3[e] x, h =
+ * silu(min(g, L)) clamp(u, L) (times w when pre-weighted), y = sum_k (pre ? 1 : w) W2[e] h.
+ * Bound, first order: g and u within gamma(D + 4) sum|W x| (linear_ref); h's error |silu'| dg
+ * |u| + |silu| du (|silu'| <= 1.1; min and clamp pass at most what they are given) + 8 u |h|
+ * (swiglu) (+ u when pre-weighted, times |w|); W2 h's error sum_j |W2_dj| dh_j + gamma(I + 4)
+ * sum|W2 h|; the weighted sum over K adds gamma(K + 1) sum|c y| (c = pre ? 1 : w). */
+static void experts_ref(const experts_case *c, double *const *W1, double *const *W2, double *const *W3,
+                        const int32_t *eid, const float *wts, const float *x, float *ref, double *tol)
+{
+    int R = c->R, K = c->K, D = c->D, I = c->I;
+    double *h = malloc(I * sizeof(double)), *dh = malloc(I * sizeof(double));
+    for (int r = 0; r < R; r++) {
+        const float *xr = x + (size_t)r * D;
+        double *y = calloc(D, sizeof(double)), *dy = calloc(D, sizeof(double)), *ay = calloc(D, sizeof(double));
+        for (int k = 0; k < K; k++) {
+            int e = eid[r * K + k];
+            double w = wts[r * K + k], cw = c->pre_weight ? 1.0 : w, hw = c->pre_weight ? w : 1.0;
+            for (int i = 0; i < I; i++) {
+                double g = 0, u = 0, ag = 0, au = 0;
+                for (int j = 0; j < D; j++) {
+                    g += W1[e][(size_t)i * D + j] * xr[j], ag += fabs(W1[e][(size_t)i * D + j] * xr[j]);
+                    u += W3[e][(size_t)i * D + j] * xr[j], au += fabs(W3[e][(size_t)i * D + j] * xr[j]);
+                }
+                double dg = gam(D + 4.0) * ag, du = gam(D + 4.0) * au;
+                if (c->limit > 0) {
+                    g = fmin(g, c->limit);
+                    u = fmin(fmax(u, -c->limit), c->limit);
+                }
+                double sv = silu_d(g);
+                h[i] = sv * u * hw;
+                dh[i] = (1.1 * dg * fabs(u) + fabs(sv) * du + 8 * U * fabs(sv * u)) * fabs(hw) +
+                        (c->pre_weight ? U * fabs(h[i]) : 0);
+            }
+            for (int dd = 0; dd < D; dd++) {
+                double s = 0, m = 0, p = 0;
+                for (int j = 0; j < I; j++) {
+                    double a = W2[e][(size_t)dd * I + j];
+                    s += a * h[j], m += fabs(a * h[j]), p += fabs(a) * dh[j];
+                }
+                y[dd] += cw * s;
+                dy[dd] += fabs(cw) * (p + gam(I + 4.0) * m);
+                ay[dd] += fabs(cw * s);
+            }
+        }
+        for (int dd = 0; dd < D; dd++) {
+            ref[(size_t)r * D + dd] = (float)y[dd];
+            tol[(size_t)r * D + dd] = dy[dd] + gam(K + 1.0) * ay[dd];
+        }
+        free(y), free(dy), free(ay);
+    }
+    free(h), free(dh);
+}
+
+/* Control: the last pair's expert one off. Rows: each alone. The V4.1 REF numerics (ref = 1,
+ * CPU only) are the fixtures' business (test_v41_fixtures), not this test's. */
+static void test_experts(const experts_case *c)
+{
+    int R = c->R, E = c->E, K = c->K, D = c->D, I = c->I, RK = R * K;
+    int bn = c->form == DSV4_WF_FP8 ? 128 : 1, bk = c->form == DSV4_WF_FP8 ? 128 : 32;
+    dsv4_weight *w = calloc(3 * E, sizeof *w); /* w1 [0, E), w2 [E, 2E), w3 [2E, 3E) */
+    double **W = malloc(3 * E * sizeof *W);
+    for (int e = 0; e < E; e++) {
+        make_weight(c->form, I, D, bn, bk, 1, &w[e]);
+        make_weight(c->form, D, I, bn, bk, 1, &w[E + e]);
+        make_weight(c->form, I, D, bn, bk, 1, &w[2 * E + e]);
+    }
+    for (int i = 0; i < 3 * E; i++)
+        W[i] = w_dense(&w[i]);
+    float *x = falloc((size_t)R * D), *wts = falloc(RK), *ref = falloc((size_t)R * D), *bad = falloc((size_t)R * D);
+    int32_t *eid = malloc(RK * 4), *e2 = malloc(RK * 4);
+    fill(x, (size_t)R * D, -1, 1);
+    fill(wts, RK, 0.1f, 1.0f);
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < K; k++) {
+            int e, again;
+            do { /* distinct experts in a row, as routing gives */
+                e = rnd() % E;
+                again = 0;
+                for (int j = 0; j < k; j++)
+                    again |= eid[r * K + j] == e;
+            } while (again);
+            eid[r * K + k] = e;
+        }
+    memcpy(e2, eid, RK * 4);
+    e2[RK - 1] = (e2[RK - 1] + 1) % E;
+    double *tol = malloc((size_t)R * D * sizeof(double)), *scr = malloc((size_t)R * D * sizeof(double));
+    experts_ref(c, W, W + E, W + 2 * E, eid, wts, x, ref, tol);
+    experts_ref(c, W, W + E, W + 2 * E, e2, wts, x, bad, scr);
+    dsv4_experts_args a = {.w1 = w, .w2 = w + E, .w3 = w + 2 * E, .E = E, .K = K, .R = R, .D = D, .I = I,
+                           .eid = eid, .wts = wts, .x = x, .limit = c->limit, .pre_weight = c->pre_weight};
+    float *cpu_y = NULL;
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        double s = o < 0 ? 1.0 : OTHER;
+        put_weights(t, w, 3 * E);
+        float *y = run_experts(t, &a);
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(agree_within(what, y, o < 0 ? ref : cpu_y, tol, (size_t)R * D, s, 0), "%s: differs", what);
+        dsv4_experts_args ab = a;
+        ab.eid = e2;
+        float *b = o < 0 ? bad : run_experts(&cpu_t, &ab);
+        snprintf(what, sizeof what, "experts on %s: an expert id off", t->be->name);
+        control_within(what, y, b, tol, (size_t)R * D, s);
+        if (o >= 0)
+            free(b);
+        int same = 1;
+        for (int r = 0; r < R; r++) {
+            dsv4_experts_args one = a;
+            one.R = 1, one.eid = eid + r * K, one.wts = wts + r * K, one.x = x + (size_t)r * D;
+            float *y1 = run_experts(t, &one);
+            same &= rows_equal(y1, y + (size_t)r * D, D);
+            free(y1);
+        }
+        report_rows(c->name, t->be->name, same, R);
+        drop_weights(t, w, 3 * E);
+        if (o < 0)
+            cpu_y = y;
+        else
+            free(y);
+    }
+    for (int i = 0; i < 3 * E; i++)
+        free_weight(&w[i]), free(W[i]);
+    free(w), free(W), free(x), free(wts), free(ref), free(bad), free(eid), free(e2), free(tol), free(scr), free(cpu_y);
+}
+
+/* ---- the table itself: recording, check, attn_work, kv_production ------------------------------ */
+
+/* Recording (graph_*): all four entries or none. Where there are: rmsnorm -> add recorded over
+ * backend buffers, replayed with new input contents, equals the ops run directly, bit for bit;
+ * control: a replay that was not run leaves the output as it was (the comparison then fails). */
+static void test_table(const target *t)
+{
+    const dsv4_backend *be = t->be;
+    int all = be->graph_begin && be->graph_end && be->graph_run && be->graph_free;
+    int none = !be->graph_begin && !be->graph_end && !be->graph_run && !be->graph_free;
+    CHECK(be->name && be->name[0], "a backend without a name");
+    CHECK(all || none, "%s: some of the graph entries are missing", be->name);
+    CHECK(be->alloc && be->free && be->upload && be->download && be->copy && be->linear && be->linear_blocks &&
+              be->linear_multi && be->embed && be->rmsnorm && be->rope && be->hc_pre && be->hc_collapse &&
+              be->hc_post && be->attend && be->attn_step && be->route && be->experts && be->add && be->swiglu,
+          "%s: an op of the table is missing", be->name);
+    printf("  table of %-42s recording %s, check %s, attn_work %s, production caches %s\n", be->name,
+           all ? "yes" : "none", be->check ? "yes" : "none", be->attn_work ? "yes" : "DSV4_ATTN_WORK",
+           be->kv_production ? "yes" : "no");
+    if (!all)
+        return;
+    int T = 3, D = 256;
+    size_t n = (size_t)T * D;
+    float *x = falloc(n), *b = falloc(n), *nw = falloc(D), *eager = falloc(n), *rep = falloc(n);
+    fill(nw, D, 0.5f, 1.5f);
+    float *dx = bput(be, NULL, n * 4), *db = bput(be, NULL, n * 4), *dh = bput(be, NULL, n * 4);
+    float *dz = bput(be, NULL, n * 4), *dw = bput(be, nw, D * 4);
+    CHECK(!be->graph_begin(), "%s: graph_begin failed", be->name);
+    be->rmsnorm(dx, T, D, dw, 1e-6f, dh);
+    be->add(dh, db, (int64_t)n, dz);
+    void *g = be->graph_end();
+    CHECK(g != NULL, "%s: the recording failed", be->name);
+    int same = 1, caught = 1;
+    for (int it = 0; it < 3 && g; it++) {
+        fill(x, n, -1, 1);
+        fill(b, n, -1, 1);
+        be->upload(dx, x, n * 4);
+        be->upload(db, b, n * 4);
+        be->rmsnorm(dx, T, D, dw, 1e-6f, dh);
+        be->add(dh, db, (int64_t)n, dz);
+        be->download(eager, dz, n * 4);
+        float *p = falloc(n);
+        poison(p, n);
+        be->upload(dz, p, n * 4);
+        be->download(rep, dz, n * 4); /* the control: no replay yet, so no match */
+        caught &= !rows_equal(rep, eager, n);
+        be->graph_run(g);
+        be->download(rep, dz, n * 4);
+        same &= rows_equal(rep, eager, n);
+        free(p);
+    }
+    bok(be, "graph");
+    CHECK(same, "%s: a replay differs from the ops run directly", be->name);
+    CHECK(caught, "%s: control: the output matched before the replay ran", be->name);
+    printf("  recording on %-38s 3 replays with new inputs == direct: %s\n", be->name, same ? "bitwise" : "DIFFERENT");
+    if (g)
+        be->graph_free(g);
+    be->free(dx), be->free(db), be->free(dh), be->free(dz), be->free(dw);
+    free(x), free(b), free(nw), free(eager), free(rep);
+}
+
+/* ---- attn_step ------------------------------------------------------------------------------------ */
+
+typedef struct {
+    const char *name;
+    int S;
+    int64_t start[3];
+    int n[3];
+    int H, d, rd, W, ratio, csa, ci, nI, topk, kv_cap, c_cap;
+    int64_t vis_cap;
+    int ties; /* indexer keys planted exactly tied (more than topk of them) */
+    int prod; /* production caches: window rows, entries and indexer keys stored packed */
+} attn_case;
+
+/* A sequence's layer buffers on the host: f kv, c, z, ent, ic, iz, ikey (floats); p pkv, pent,
+ * pikey (packed rows). */
+typedef struct {
+    float *f[7];
+    uint8_t *p[3];
+} seq_state;
+
+static void state_sizes(const attn_case *c, size_t fsz[7], size_t psz[3])
+{
+    int cw = (1 + c->csa) * c->d;
+    fsz[0] = c->prod ? 0 : (size_t)c->kv_cap * c->d;
+    fsz[1] = fsz[2] = c->ratio ? (size_t)c->c_cap * cw : 0;
+    fsz[3] = c->ratio && !c->prod ? (size_t)c->vis_cap * c->d : 0;
+    fsz[4] = fsz[5] = c->csa ? (size_t)c->c_cap * 2 * c->ci : 0;
+    fsz[6] = c->csa && !c->prod ? (size_t)c->vis_cap * c->ci : 0;
+    psz[0] = c->prod ? (size_t)c->kv_cap * dsv4_kv_row_bytes(DSV4_KV_WINDOW, c->d) : 0;
+    psz[1] = c->prod && c->ratio ? (size_t)c->vis_cap * dsv4_kv_row_bytes(DSV4_KV_MAIN, c->d) : 0;
+    psz[2] = c->prod && c->csa ? (size_t)c->vis_cap * dsv4_kv_row_bytes(DSV4_KV_INDEX, c->ci) : 0;
+}
+
+static void state_copy(const attn_case *c, seq_state *dst, const seq_state *src)
+{
+    size_t fsz[7], psz[3];
+    state_sizes(c, fsz, psz);
+    for (int k = 0; k < 7; k++) {
+        dst->f[k] = fsz[k] ? falloc(fsz[k]) : NULL;
+        if (fsz[k])
+            memcpy(dst->f[k], src->f[k], fsz[k] * 4);
+    }
+    for (int k = 0; k < 3; k++) {
+        dst->p[k] = psz[k] ? malloc(psz[k]) : NULL;
+        if (psz[k])
+            memcpy(dst->p[k], src->p[k], psz[k]);
+    }
+}
+
+static void state_free(seq_state *s, int n)
+{
+    for (int j = 0; j < n; j++) {
+        for (int k = 0; k < 7; k++)
+            free(s[j].f[k]);
+        for (int k = 0; k < 3; k++)
+            free(s[j].p[k]);
+    }
+}
+
+static int states_equal(const attn_case *c, const seq_state *a, const seq_state *b)
+{
+    size_t fsz[7], psz[3];
+    state_sizes(c, fsz, psz);
+    int same = 1;
+    for (int k = 0; k < 7; k++)
+        same &= !fsz[k] || !memcmp(a->f[k], b->f[k], fsz[k] * 4);
+    for (int k = 0; k < 3; k++)
+        same &= !psz[k] || !memcmp(a->p[k], b->p[k], psz[k]);
+    return same;
+}
+
+/* The step's inputs for every row of every sequence (sequence s's rows i = 0..n[s] at
+ * positions start[s] + i, sequences in order) and the layer's constants. */
+typedef struct {
+    int R;
+    float *q, *kv, *cc, *zz, *ic, *iz, *qi, *wt;
+    float *sink, *ifreq, *ape, *norm, *iape, *inorm;
+} step_in;
+
+static int row_of(const attn_case *c, int s, int i)
+{
+    int r = i;
+    for (int t = 0; t < s; t++)
+        r += c->n[t];
+    return r;
+}
+
+/* The op on t for rows [lo[s], hi[s]) of each sequence (those with any), from the states
+ * init; the final states into fin (every sequence: copies of init where not in the step), o of
+ * the step's rows into *o (in row order). window: the layer's window. */
+static void run_attn(const target *t, const attn_case *c, const step_in *in, const int *lo, const int *hi,
+                     seq_state *const *init, seq_state *fin, float **o, int window)
+{
+    const dsv4_backend *be = t->be;
+    size_t fsz[7], psz[3];
+    state_sizes(c, fsz, psz);
+    int cw = (1 + c->csa) * c->d, iw = 2 * c->ci, Hd = c->H * c->d, nIc = c->nI * c->ci;
+    int64_t pos[64], start[3];
+    int32_t seq[64], first[3];
+    int which[3], ns = 0, R = 0;
+    for (int s = 0; s < c->S; s++) {
+        if (hi[s] <= lo[s])
+            continue;
+        which[ns] = s;
+        start[ns] = c->start[s] + lo[s];
+        first[ns] = R;
+        for (int i = lo[s]; i < hi[s]; i++, R++) {
+            pos[R] = c->start[s] + i;
+            seq[R] = ns;
+        }
+        ns++;
+    }
+    /* the rows' inputs gathered */
+    const float *src[8] = {in->q, in->kv, in->cc, in->zz, in->ic, in->iz, in->qi, in->wt};
+    int wid[8] = {Hd, c->d, cw, cw, iw, iw, nIc, c->nI};
+    float *dbuf[8];
+    for (int b = 0; b < 8; b++) {
+        float *h = falloc((size_t)R * wid[b]);
+        int r = 0;
+        for (int j = 0; j < ns; j++)
+            for (int i = lo[which[j]]; i < hi[which[j]]; i++, r++)
+                memcpy(h + (size_t)r * wid[b], src[b] + (size_t)row_of(c, which[j], i) * wid[b], wid[b] * 4);
+        dbuf[b] = bput(be, h, (size_t)R * wid[b] * 4);
+        free(h);
+    }
+    dsv4_lbufs hst[3];
+    float *dsf[3][7];
+    uint8_t *dsp[3][3];
+    memset(hst, 0, sizeof hst);
+    for (int j = 0; j < ns; j++) {
+        const seq_state *st = init[which[j]];
+        for (int k = 0; k < 7; k++)
+            dsf[j][k] = fsz[k] ? bput(be, st->f[k], fsz[k] * 4) : NULL;
+        for (int k = 0; k < 3; k++)
+            dsp[j][k] = psz[k] ? bput(be, st->p[k], psz[k]) : NULL;
+        hst[j] = (dsv4_lbufs){dsf[j][0], dsf[j][1], dsf[j][2], dsf[j][3], dsf[j][4], dsf[j][5], dsf[j][6],
+                              dsp[j][0], dsp[j][1], dsp[j][2]};
+    }
+    int m = c->ratio ? c->ratio : 1;
+    float *dk[6] = {bput(be, in->sink, c->H * 4), bput(be, in->ifreq, c->rd / 2 * 4), bput(be, in->ape, (size_t)m * cw * 4),
+                    bput(be, in->norm, c->d * 4), bput(be, in->iape, (size_t)m * iw * 4), bput(be, in->inorm, (c->ci + 1) * 4)};
+    size_t wn = be->attn_work ? be->attn_work(R, c->vis_cap, c->topk) : DSV4_ATTN_WORK(R, c->vis_cap, c->topk);
+    dsv4_attn_args a = {
+        .rows = {.R = R, .S = ns, .pos = bput(be, pos, R * 8), .seq = bput(be, seq, R * 4),
+                 .start = bput(be, start, ns * 8), .first = bput(be, first, ns * 4)},
+        .st = bput(be, hst, ns * sizeof(dsv4_lbufs)),
+        .kv_cap = c->kv_cap, .c_cap = c->c_cap, .vis_cap = c->vis_cap,
+        .H = c->H, .d = c->d, .rd = c->rd, .window = window,
+        .scale = 1.0f / sqrtf((float)c->d), .eps = 1e-6f,
+        .sink = dk[0], .inv_freq = dk[1],
+        .ratio = c->ratio, .csa = c->csa,
+        .comp = {.ratio = c->ratio, .dim = c->d, .overlap = c->csa, .ape = dk[2], .norm = dk[3]},
+        .icomp = {.ratio = c->ratio, .dim = c->ci, .overlap = 1, .ape = dk[4], .norm = dk[5]},
+        .nI = c->nI, .ci = c->ci, .topk = c->topk, .iw_scale = 0.7f,
+        .q = dbuf[0], .kv = dbuf[1], .cc = dbuf[2], .zz = dbuf[3], .ic = dbuf[4], .iz = dbuf[5], .qi = dbuf[6], .wt = dbuf[7],
+        .o = bpoison(be, (size_t)R * Hd), .work = wn ? bpoison(be, wn) : NULL,
+        .kv_prod = c->prod,
+    };
+    be->attn_step(&a);
+    *o = bget(be, a.o, (size_t)R * Hd * 4);
+    for (int s = 0; s < c->S; s++)
+        state_copy(c, &fin[s], init[s]);
+    for (int j = 0; j < ns; j++) {
+        seq_state *f = &fin[which[j]];
+        for (int k = 0; k < 7; k++)
+            if (fsz[k]) {
+                be->download(f->f[k], dsf[j][k], fsz[k] * 4);
+                be->free(dsf[j][k]);
+            }
+        for (int k = 0; k < 3; k++)
+            if (psz[k]) {
+                be->download(f->p[k], dsp[j][k], psz[k]);
+                be->free(dsp[j][k]);
+            }
+    }
+    bok(be, "attn_step");
+    for (int b = 0; b < 8; b++)
+        be->free(dbuf[b]);
+    for (int k = 0; k < 6; k++)
+        be->free(dk[k]);
+    be->free((void *)a.rows.pos), be->free((void *)a.rows.seq), be->free((void *)a.rows.start);
+    be->free((void *)a.rows.first), be->free((void *)a.st), be->free(a.o);
+    if (a.work)
+        be->free(a.work);
+}
+
+/* Row tok of a per-token stream of sequence s: the step's row when the step holds it, else
+ * the ring's slot. */
+static const float *tok_at(const attn_case *c, int s, int64_t tok, const float *step, const float *ring, int cap, int width)
+{
+    if (tok >= c->start[s])
+        return step + (size_t)row_of(c, s, (int)(tok - c->start[s])) * width;
+    return ring + (size_t)(tok % cap) * width;
+}
+
+/* Entry w of a compressor (dim, overlap, ape, norm) of sequence s in double: per channel, the
+ * softmax over its slots (with overlap window w-1's first halves, then window w's second
+ * halves) of z + ape weighting c; RMS-normed with `norm`; roped at position w m (the fp32
+ * angle, as rope_ref). Bound, first order: the pooled value's error is sum p |c| (twice the
+ * largest logit error (u |z + ape| for the sum, u |l - max| for the shift, 4 u for expf) +
+ * gamma(2 m + 2)); the norm passes it as rmsnorm_ref's chain does (|norm| inv e + |y| (|e|_2 /
+ * |x|_2 + gamma(dim / 2 + 6))); the rotation adds the pair's two errors and 7 u (|a| + |b|). */
+static void entry_ref(const attn_case *c, int s, int dim, int overlap, const float *ape, const float *norm,
+                      const float *cs, const float *zs, const float *cr, const float *zr, int64_t w, const float *ifreq,
+                      float *ref, double *tol)
+{
+    int m = c->ratio, cw = (1 + overlap) * dim, off = overlap ? dim : 0;
+    double *v = malloc(dim * sizeof(double)), *e = malloc(dim * sizeof(double)), lg[2048], vv[2048];
+    for (int ch = 0; ch < dim; ch++) {
+        int ns = 0;
+        double worst = 0;
+        if (overlap && w > 0)
+            for (int j = 0; j < m; j++) {
+                int64_t tok = (w - 1) * m + j;
+                vv[ns] = tok_at(c, s, tok, cs, cr, c->c_cap, cw)[ch];
+                lg[ns++] = (double)tok_at(c, s, tok, zs, zr, c->c_cap, cw)[ch] + ape[(size_t)j * cw + ch];
+            }
+        for (int j = 0; j < m; j++) {
+            int64_t tok = w * m + j;
+            vv[ns] = tok_at(c, s, tok, cs, cr, c->c_cap, cw)[off + ch];
+            lg[ns++] = (double)tok_at(c, s, tok, zs, zr, c->c_cap, cw)[off + ch] + ape[(size_t)j * cw + off + ch];
+        }
+        double mx = -INFINITY, den = 0, acc = 0, mag = 0;
+        for (int i = 0; i < ns; i++)
+            mx = fmax(mx, lg[i]);
+        for (int i = 0; i < ns; i++) {
+            double p = exp(lg[i] - mx);
+            den += p, acc += p * vv[i], mag += p * fabs(vv[i]);
+            worst = fmax(worst, U * fabs(lg[i]) + U * fabs(lg[i] - mx) + 4 * U);
+        }
+        v[ch] = acc / den;
+        e[ch] = mag / den * (2 * worst + gam(2.0 * m + 2));
+    }
+    double ss = 0, ee = 0;
+    for (int i = 0; i < dim; i++)
+        ss += v[i] * v[i], ee += e[i] * e[i];
+    double inv = 1.0 / sqrt(ss / dim + (double)1e-6f), rel = sqrt(ee / ss) + gam(dim / 2.0 + 6);
+    for (int i = 0; i < dim; i++) {
+        double y = v[i] * inv * norm[i];
+        e[i] = fabs(norm[i]) * inv * e[i] + fabs(y) * rel;
+        v[i] = y;
+    }
+    for (int i = 0; i < dim; i++)
+        ref[i] = (float)v[i], tol[i] = e[i] + U * fabs(v[i]);
+    for (int i = 0; i < c->rd / 2; i++) {
+        int at = dim - c->rd + 2 * i;
+        float ang = (float)(w * m) * ifreq[i];
+        double cs2 = cos((double)ang), sn = sin((double)ang), a = v[at], b = v[at + 1];
+        double t2 = e[at] + e[at + 1] + 7 * U * (fabs(a) + fabs(b));
+        ref[at] = (float)(a * cs2 - b * sn);
+        ref[at + 1] = (float)(a * sn + b * cs2);
+        tol[at] = tol[at + 1] = t2;
+    }
+    free(v), free(e);
+}
+
+/* Stored row w of a final state's entries (or indexer keys, idx) as floats: the float buffer's
+ * row, or the packed row unpacked; *step: the stored block scale of each value (0 unpacked). */
+static void stored_row(const attn_case *c, const seq_state *st, int idx, int64_t w, float *out, double *step)
+{
+    int dim = idx ? c->ci : c->d;
+    if (!c->prod) {
+        memcpy(out, (idx ? st->f[6] : st->f[3]) + w * dim, dim * 4);
+        for (int i = 0; step && i < dim; i++)
+            step[i] = 0;
+        return;
+    }
+    int fmt = idx ? DSV4_KV_INDEX : DSV4_KV_MAIN, rb = dsv4_kv_row_bytes(fmt, dim);
+    const uint8_t *row = (idx ? st->p[2] : st->p[1]) + w * rb;
+    dsv4_kv_unpack(fmt, row, dim, out);
+    for (int i = 0; step && i < dim; i++)
+        step[i] = dsv4_kv_scale(fmt, row, dim, i / dsv4_kv_block(fmt));
+}
+
+/* The stored rows of the entries (and indexer keys) the step emits, in row order, from a final
+ * state; step: their blocks' scales (production), or NULL. Returns the count of values. */
+static size_t emitted_rows(const attn_case *c, const seq_state *fin, float *out, double *step)
+{
+    size_t n = 0;
+    for (int s = 0; s < c->S && c->ratio; s++)
+        for (int i = 0; i < c->n[s]; i++) {
+            int64_t p = c->start[s] + i;
+            if ((p + 1) % c->ratio)
+                continue;
+            stored_row(c, &fin[s], 0, p / c->ratio, out + n, step ? step + n : NULL);
+            n += c->d;
+            if (c->csa) {
+                stored_row(c, &fin[s], 1, p / c->ratio, out + n, step ? step + n : NULL);
+                n += c->ci;
+            }
+        }
+    return n;
+}
+
+/* A final state as the step must leave it apart from its emitted entries (checked within
+ * their bounds): init's rings with each sequence's last cap step rows stored (packed for a
+ * production window ring), every entry row not emitted as it was, the emitted rows taken from
+ * `fin`. */
+static void expected_state(const attn_case *c, const step_in *in, seq_state *const *init, const seq_state *fin,
+                           seq_state *exp)
+{
+    int cw = (1 + c->csa) * c->d, iw = 2 * c->ci, rbw = dsv4_kv_row_bytes(DSV4_KV_WINDOW, c->d);
+    int rbm = dsv4_kv_row_bytes(DSV4_KV_MAIN, c->d), rbi = dsv4_kv_row_bytes(DSV4_KV_INDEX, c->ci);
+    for (int s = 0; s < c->S; s++) {
+        state_copy(c, &exp[s], init[s]);
+        int64_t end = c->start[s] + c->n[s];
+        for (int i = 0; i < c->n[s]; i++) {
+            int64_t p = c->start[s] + i;
+            int r = row_of(c, s, i);
+            if (p + c->kv_cap >= end) {
+                if (c->prod)
+                    dsv4_kv_pack(DSV4_KV_WINDOW, in->kv + (size_t)r * c->d, c->d, exp[s].p[0] + (p % c->kv_cap) * rbw);
+                else
+                    memcpy(exp[s].f[0] + (p % c->kv_cap) * c->d, in->kv + (size_t)r * c->d, c->d * 4);
+            }
+            if (c->ratio && p + c->c_cap >= end) {
+                memcpy(exp[s].f[1] + (p % c->c_cap) * cw, in->cc + (size_t)r * cw, cw * 4);
+                memcpy(exp[s].f[2] + (p % c->c_cap) * cw, in->zz + (size_t)r * cw, cw * 4);
+                if (c->csa) {
+                    memcpy(exp[s].f[4] + (p % c->c_cap) * iw, in->ic + (size_t)r * iw, iw * 4);
+                    memcpy(exp[s].f[5] + (p % c->c_cap) * iw, in->iz + (size_t)r * iw, iw * 4);
+                }
+            }
+            if (c->ratio && (p + 1) % c->ratio == 0) {
+                int64_t w = p / c->ratio;
+                if (c->prod) {
+                    memcpy(exp[s].p[1] + w * rbm, fin[s].p[1] + w * rbm, rbm);
+                    if (c->csa)
+                        memcpy(exp[s].p[2] + w * rbi, fin[s].p[2] + w * rbi, rbi);
+                } else {
+                    memcpy(exp[s].f[3] + w * c->d, fin[s].f[3] + w * c->d, c->d * 4);
+                    if (c->csa)
+                        memcpy(exp[s].f[6] + w * c->ci, fin[s].f[6] + w * c->ci, c->ci * 4);
+                }
+            }
+        }
+    }
+}
+
+typedef struct {
+    double s;
+    int64_t w;
+} scored_d;
+
+static int by_score_desc(const void *a, const void *b)
+{
+    const scored_d *x = a, *y = b;
+    if (x->s != y->s)
+        return x->s > y->s ? -1 : 1;
+    return x->w < y->w ? -1 : x->w > y->w;
+}
+
+/* the wrong order, for a control: ties to the higher entry */
+static int by_score_desc_high(const void *a, const void *b)
+{
+    const scored_d *x = a, *y = b;
+    if (x->s != y->s)
+        return x->s > y->s ? -1 : 1;
+    return x->w > y->w ? -1 : x->w < y->w;
+}
+
+static int by_w(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The step's emitted entries against entry_ref, and o's reference and bound over the op's own
+ * final entries and indexer keys (stored rows): an indexer score in double, sum_h (wt_h
+ * iw_scale) relu(qi_h . ikey_w) / sqrt(ci), bound sum_h |c_h| gamma(ci) sum|qi k| + gamma(nI +
+ * 3) sum|c relu| over sqrt(ci); the topk of highest score (ties to the lower entry) ascending,
+ * then the window rows p - window + 1..p (production: as stored, packed and unpacked), through
+ * attend_ref. A selection boundary closer than the scores' bounds is a near tie (counted: the
+ * case's data must have none). ties_high: ties to the higher entry instead (a control). */
+typedef struct {
+    float *o, *ent, *ent_got;
+    double *o_tol, *ent_tol;
+    size_t n_ent;
+    int near_ties, rows_selected;
+} attn_ref_out;
+
+static void attn_ref(const attn_case *c, const step_in *in, seq_state *const *init, const seq_state *fin, int window,
+                     int ties_high, attn_ref_out *out)
+{
+    int Hd = c->H * c->d, R = in->R, m = c->ratio;
+    size_t cap = (size_t)R * (c->d + c->ci) + 1;
+    out->o = falloc((size_t)R * Hd);
+    out->o_tol = malloc((size_t)R * Hd * sizeof(double));
+    out->ent = falloc(cap), out->ent_got = falloc(cap), out->ent_tol = malloc(cap * sizeof(double));
+    out->near_ties = 0, out->rows_selected = 0;
+    double *step = malloc(cap * sizeof(double));
+    out->n_ent = emitted_rows(c, fin, out->ent_got, step);
+    size_t n = 0;
+    for (int s = 0; s < c->S && m; s++)
+        for (int i = 0; i < c->n[s]; i++) {
+            int64_t p = c->start[s] + i;
+            if ((p + 1) % m)
+                continue;
+            entry_ref(c, s, c->d, c->csa, in->ape, in->norm, in->cc, in->zz, init[s]->f[1], init[s]->f[2], p / m,
+                      in->ifreq, out->ent + n, out->ent_tol + n);
+            n += c->d;
+            if (c->csa) {
+                entry_ref(c, s, c->ci, 1, in->iape, in->inorm, in->ic, in->iz, init[s]->f[4], init[s]->f[5], p / m,
+                          in->ifreq, out->ent + n, out->ent_tol + n);
+                n += c->ci;
+            }
+        }
+    for (size_t i = 0; i < n; i++)
+        out->ent_tol[i] += step[i];
+    int64_t nv = c->vis_cap + 1;
+    const float **keys = malloc((window + nv + 1) * sizeof *keys);
+    float *ek = falloc((size_t)nv * c->d), *ik = falloc((size_t)nv * (c->ci + 1)), *wk = falloc((size_t)(window + 1) * c->d);
+    uint8_t *rowb = malloc(dsv4_kv_row_bytes(DSV4_KV_WINDOW, c->d));
+    scored_d *sc = malloc(nv * sizeof *sc);
+    double *stol = malloc(nv * sizeof(double));
+    int64_t *sel = malloc(nv * sizeof(int64_t));
+    int rbw = dsv4_kv_row_bytes(DSV4_KV_WINDOW, c->d);
+    for (int s = 0; s < c->S; s++)
+        for (int i = 0; i < c->n[s]; i++) {
+            int64_t p = c->start[s] + i;
+            int r = row_of(c, s, i), nk = 0;
+            if (m) {
+                int64_t nvis = (p + 1) / m;
+                for (int64_t w = 0; w < nvis; w++)
+                    stored_row(c, &fin[s], 0, w, ek + w * c->d, NULL);
+                if (c->csa) {
+                    const float *qi = in->qi + (size_t)r * c->nI * c->ci, *wt = in->wt + (size_t)r * c->nI;
+                    for (int64_t w = 0; w < nvis; w++) {
+                        stored_row(c, &fin[s], 1, w, ik + w * c->ci, NULL);
+                        double v = 0, e = 0, a = 0;
+                        for (int h = 0; h < c->nI; h++) {
+                            double dp = 0, dm = 0, ch = (double)wt[h] * 0.7f;
+                            for (int j = 0; j < c->ci; j++) {
+                                dp += (double)qi[h * c->ci + j] * ik[w * c->ci + j];
+                                dm += fabs((double)qi[h * c->ci + j] * ik[w * c->ci + j]);
+                            }
+                            v += ch * (dp > 0 ? dp : 0);
+                            a += fabs(ch) * (dp > 0 ? dp : 0);
+                            e += fabs(ch) * gam(c->ci) * dm;
+                        }
+                        sc[w] = (scored_d){v / sqrt((double)c->ci), w};
+                        stol[w] = (e + gam(c->nI + 3.0) * a) / sqrt((double)c->ci) + U * fabs(sc[w].s);
+                    }
+                    qsort(sc, nvis, sizeof *sc, ties_high ? by_score_desc_high : by_score_desc);
+                    int64_t kept = nvis < c->topk ? nvis : c->topk;
+                    if (nvis > c->topk) {
+                        out->rows_selected++;
+                        const scored_d *a = &sc[c->topk - 1], *b = &sc[c->topk];
+                        if (a->s != b->s && a->s - b->s <= stol[a->w] + stol[b->w])
+                            out->near_ties++;
+                    }
+                    for (int64_t k = 0; k < kept; k++)
+                        sel[k] = sc[k].w;
+                    qsort(sel, kept, sizeof *sel, by_w);
+                    for (int64_t k = 0; k < kept; k++)
+                        keys[nk++] = ek + sel[k] * c->d;
+                } else
+                    for (int64_t w = 0; w < nvis; w++)
+                        keys[nk++] = ek + w * c->d;
+            }
+            int nw = 0;
+            for (int64_t j = p - window + 1 < 0 ? 0 : p - window + 1; j <= p; j++, nw++) {
+                float *dst = wk + (size_t)nw * c->d;
+                if (j >= c->start[s]) {
+                    const float *row = in->kv + (size_t)row_of(c, s, (int)(j - c->start[s])) * c->d;
+                    if (c->prod) {
+                        dsv4_kv_pack(DSV4_KV_WINDOW, row, c->d, rowb);
+                        dsv4_kv_unpack(DSV4_KV_WINDOW, rowb, c->d, dst);
+                    } else
+                        memcpy(dst, row, c->d * 4);
+                } else if (c->prod)
+                    dsv4_kv_unpack(DSV4_KV_WINDOW, init[s]->p[0] + (j % c->kv_cap) * rbw, c->d, dst);
+                else
+                    memcpy(dst, init[s]->f[0] + (j % c->kv_cap) * c->d, c->d * 4);
+                keys[nk++] = dst;
+            }
+            attend_ref(in->q + (size_t)r * Hd, c->H, c->d, keys, nk, 1.0f / sqrtf((float)c->d), in->sink,
+                       out->o + (size_t)r * Hd, out->o_tol + (size_t)r * Hd);
+        }
+    free(step), free(keys), free(ek), free(ik), free(wk), free(rowb), free(sc), free(stol), free(sel);
+}
+
+static void attn_ref_free(attn_ref_out *r) { free(r->o), free(r->ent), free(r->ent_got), free(r->o_tol), free(r->ent_tol); }
+
+/* S sequences at different positions, a step of several rows each (rows completing entries; a
+ * sequence with more rows than the window ring holds), from random state. On the CPU: the
+ * emitted entries and indexer keys against entry_ref, o against attn_ref over the op's own
+ * entries, and the rings and untouched entries as expected_state, bit for bit. Another backend:
+ * o and the entries against the CPU's (twice the bounds), the rest of the state bit for bit.
+ * Controls: the window one shorter (a wrong window start); with planted ties, the indexer's
+ * ties to the higher entry. Rows: each sequence alone, and the
+ * step cut in two (each sequence's first half, then the rest from that state), give the same
+ * o and final state bit for bit. */
+static void test_attn_step(const attn_case *c)
+{
+    if (c->prod && !cpu->kv_production)
+        return;
+    size_t fsz[7], psz[3];
+    state_sizes(c, fsz, psz);
+    int R = 0, Hd = c->H * c->d, cw = (1 + c->csa) * c->d, iw = 2 * c->ci, nIc = c->nI * c->ci;
+    for (int s = 0; s < c->S; s++)
+        R += c->n[s];
+    int m = c->ratio ? c->ratio : 1;
+    step_in in = {.R = R};
+    in.q = falloc((size_t)R * Hd), in.kv = falloc((size_t)R * c->d), in.cc = falloc((size_t)R * cw);
+    in.zz = falloc((size_t)R * cw), in.ic = falloc((size_t)R * iw + 1), in.iz = falloc((size_t)R * iw + 1);
+    in.qi = falloc((size_t)R * nIc + 1), in.wt = falloc((size_t)R * c->nI + 1);
+    in.sink = falloc(c->H), in.ifreq = falloc(c->rd / 2), in.ape = falloc((size_t)m * cw), in.norm = falloc(c->d);
+    in.iape = falloc((size_t)m * iw + 1), in.inorm = falloc(c->ci + 1);
+    fill(in.q, (size_t)R * Hd, -1, 1);
+    fill(in.kv, (size_t)R * c->d, -1, 1);
+    fill(in.cc, (size_t)R * cw, -1, 1);
+    fill(in.zz, (size_t)R * cw, -1, 1);
+    fill(in.ic, (size_t)R * iw, -1, 1);
+    fill(in.iz, (size_t)R * iw, -1, 1);
+    fill(in.qi, (size_t)R * nIc, c->ties ? 0.0f : -1.0f, 1);
+    fill(in.wt, (size_t)R * c->nI, 0.1f, 1);
+    fill(in.sink, c->H, -1, 1);
+    for (int i = 0; i < c->rd / 2; i++)
+        in.ifreq[i] = powf(10000.0f, -(float)(2 * i) / c->rd);
+    fill(in.ape, (size_t)m * cw, -0.5f, 0.5f);
+    fill(in.norm, c->d, 0.5f, 1.5f);
+    fill(in.iape, (size_t)m * iw, -0.5f, 0.5f);
+    fill(in.inorm, c->ci, 0.5f, 1.5f);
+    seq_state init[3], *ip[3] = {&init[0], &init[1], &init[2]};
+    int rb[3] = {dsv4_kv_row_bytes(DSV4_KV_WINDOW, c->d), dsv4_kv_row_bytes(DSV4_KV_MAIN, c->d),
+                 dsv4_kv_row_bytes(DSV4_KV_INDEX, c->ci)};
+    int wd[3] = {c->d, c->d, c->ci}, fm[3] = {DSV4_KV_WINDOW, DSV4_KV_MAIN, DSV4_KV_INDEX};
+    float *tmp = falloc(c->d > c->ci ? c->d : c->ci);
+    for (int s = 0; s < c->S; s++) {
+        for (int k = 0; k < 7; k++) {
+            init[s].f[k] = fsz[k] ? falloc(fsz[k]) : NULL;
+            if (fsz[k])
+                fill(init[s].f[k], fsz[k], -1, 1);
+        }
+        for (int k = 0; k < 3; k++) {
+            init[s].p[k] = psz[k] ? malloc(psz[k]) : NULL;
+            for (size_t r = 0; psz[k] && r < psz[k] / rb[k]; r++) { /* every third indexer key the same: exact ties */
+                if (k == 2 && c->ties && r % 3 == 0)
+                    for (int i = 0; i < wd[k]; i++)
+                        tmp[i] = 0.5f;
+                else
+                    fill(tmp, wd[k], -1, 1);
+                dsv4_kv_pack(fm[k], tmp, wd[k], init[s].p[k] + r * rb[k]);
+            }
+        }
+        if (c->ties && fsz[6])
+            for (int64_t w = 0; w < c->vis_cap; w += 3)
+                for (int i = 0; i < c->ci; i++)
+                    init[s].f[6][w * c->ci + i] = 0.5f;
+    }
+    free(tmp);
+    int lo[3] = {0, 0, 0}, hi[3] = {c->n[0], c->n[1], c->n[2]}, half[3];
+    for (int s = 0; s < 3; s++)
+        half[s] = hi[s] / 2;
+    float *cpu_o = NULL, *cpu_ent = falloc((size_t)R * (c->d + c->ci) + 1);
+    attn_ref_out ref = {0};
+    char what[200];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        const char *bn = t->be->name;
+        if (c->prod && !t->be->kv_production) {
+            printf("  %-52s %s: no production caches (a model with them refuses it)\n", c->name, bn);
+            continue;
+        }
+        double sc = o < 0 ? 1.0 : OTHER;
+        seq_state fin[3], exp[3];
+        float *og, *ow;
+        run_attn(t, c, &in, lo, hi, ip, fin, &og, c->W);
+        if (o < 0) {
+            attn_ref(c, &in, ip, fin, c->W, 0, &ref);
+            CHECK(ref.near_ties == 0, "%s: the case's data has %d near ties at the top-k boundary", c->name,
+                  ref.near_ties);
+            if (c->csa)
+                printf("  %-52s indexer: %d rows select from more than topk, %d near ties\n", c->name,
+                       ref.rows_selected, ref.near_ties);
+        }
+        snprintf(what, sizeof what, "%s on %s: o", c->name, bn);
+        CHECK(agree_within(what, og, o < 0 ? ref.o : cpu_o, ref.o_tol, (size_t)R * Hd, sc, 0), "%s: differs", what);
+        float *eg = falloc(ref.n_ent + 1);
+        emitted_rows(c, fin, eg, NULL);
+        snprintf(what, sizeof what, "%s on %s: entries", c->name, bn);
+        CHECK(agree_within(what, eg, o < 0 ? ref.ent : cpu_ent, ref.ent_tol, ref.n_ent, sc, 0), "%s: differ", what);
+        expected_state(c, &in, ip, fin, exp);
+        if (o < 0)
+            memcpy(cpu_ent, eg, ref.n_ent * 4);
+        int st_same = 1;
+        for (int s = 0; s < c->S; s++)
+            st_same &= states_equal(c, &exp[s], &fin[s]);
+        CHECK(st_same, "%s on %s: the rings or untouched entries are not as the step must leave them", c->name, bn);
+        printf("  %-52s %s: rings and untouched entries %s\n", c->name, bn, st_same ? "bitwise as expected" : "DIFFERENT");
+        state_free(exp, c->S);
+        /* control: the window one shorter */
+        seq_state wf[3];
+        if (o < 0) {
+            attn_ref_out wr;
+            attn_ref(c, &in, ip, fin, c->W - 1, 0, &wr);
+            ow = falloc((size_t)R * Hd);
+            memcpy(ow, wr.o, (size_t)R * Hd * 4);
+            attn_ref_free(&wr);
+        } else {
+            run_attn(&cpu_t, c, &in, lo, hi, ip, wf, &ow, c->W - 1);
+            state_free(wf, c->S);
+        }
+        snprintf(what, sizeof what, "attn_step on %s: window start off by one", bn);
+        control_within(what, og, ow, ref.o_tol, (size_t)R * Hd, sc);
+        free(ow);
+        if (c->ties) { /* control: the indexer's ties to the higher entry, over this backend's own state */
+            attn_ref_out th;
+            attn_ref(c, &in, ip, fin, c->W, 1, &th);
+            snprintf(what, sizeof what, "attn_step on %s: indexer ties to the higher entry", bn);
+            control_within(what, og, th.o, ref.o_tol, (size_t)R * Hd, sc);
+            attn_ref_free(&th);
+        }
+        /* rows: each sequence alone; the step cut in two */
+        int same = 1;
+        for (int s = 0; s < c->S; s++) {
+            int l1[3] = {0, 0, 0}, h1[3] = {0, 0, 0};
+            h1[s] = c->n[s];
+            seq_state f1[3];
+            float *o1;
+            run_attn(t, c, &in, l1, h1, ip, f1, &o1, c->W);
+            same &= rows_equal(o1, og + (size_t)row_of(c, s, 0) * Hd, (size_t)c->n[s] * Hd);
+            same &= states_equal(c, &f1[s], &fin[s]);
+            state_free(f1, c->S);
+            free(o1);
+        }
+        seq_state fa[3], fb[3], *fap[3] = {&fa[0], &fa[1], &fa[2]};
+        float *oa, *ob;
+        run_attn(t, c, &in, lo, half, ip, fa, &oa, c->W);
+        run_attn(t, c, &in, half, hi, fap, fb, &ob, c->W);
+        int ra = 0, rbo = 0;
+        for (int s = 0; s < c->S; s++) {
+            int r0 = row_of(c, s, 0);
+            same &= rows_equal(oa + (size_t)ra * Hd, og + (size_t)r0 * Hd, (size_t)half[s] * Hd);
+            same &= rows_equal(ob + (size_t)rbo * Hd, og + (size_t)(r0 + half[s]) * Hd, (size_t)(c->n[s] - half[s]) * Hd);
+            same &= states_equal(c, &fb[s], &fin[s]);
+            ra += half[s], rbo += c->n[s] - half[s];
+        }
+        state_free(fa, c->S), state_free(fb, c->S);
+        free(oa), free(ob);
+        snprintf(what, sizeof what, "%s (alone, cut in two)", c->name);
+        report_rows(what, bn, same, R);
+        free(eg);
+        state_free(fin, c->S);
+        if (o < 0)
+            cpu_o = og;
+        else
+            free(og);
+    }
+    attn_ref_free(&ref);
+    free(cpu_o), free(cpu_ent);
+    state_free(init, c->S);
+    free(in.q), free(in.kv), free(in.cc), free(in.zz), free(in.ic), free(in.iz), free(in.qi), free(in.wt);
+    free(in.sink), free(in.ifreq), free(in.ape), free(in.norm), free(in.iape), free(in.inorm);
+}
+
+static const attn_case attn_cases[] = {
+    {.name = "attn_step sliding S=2", .S = 2, .start = {3, 50}, .n = {6, 12}, .H = 2, .d = 64, .rd = 16, .W = 8,
+     .kv_cap = 8, .c_cap = 8},
+    {.name = "attn_step hca m=8 S=3", .S = 3, .start = {100, 7, 250}, .n = {9, 10, 4}, .H = 4, .d = 64, .rd = 16, .W = 8,
+     .ratio = 8, .kv_cap = 8, .c_cap = 8, .vis_cap = 40},
+    {.name = "attn_step csa m=4 S=3 ties", .S = 3, .start = {70, 130, 6}, .n = {5, 20, 3}, .H = 4, .d = 64, .rd = 16, .W = 8,
+     .ratio = 4, .csa = 1, .ci = 32, .nI = 4, .topk = 5, .kv_cap = 16, .c_cap = 8, .vis_cap = 48, .ties = 1},
+    {.name = "attn_step csa m=4 S=2", .S = 2, .start = {200, 37}, .n = {4, 6}, .H = 2, .d = 128, .rd = 64, .W = 16,
+     .ratio = 4, .csa = 1, .ci = 64, .nI = 8, .topk = 16, .kv_cap = 32, .c_cap = 12, .vis_cap = 64},
+    {.name = "attn_step sliding S=2 production", .S = 2, .start = {3, 50}, .n = {6, 12}, .H = 2, .d = 64, .rd = 16, .W = 8,
+     .kv_cap = 8, .c_cap = 8, .prod = 1},
+    {.name = "attn_step hca m=8 S=3 production", .S = 3, .start = {100, 7, 250}, .n = {9, 10, 4}, .H = 4, .d = 64, .rd = 16,
+     .W = 8, .ratio = 8, .kv_cap = 8, .c_cap = 8, .vis_cap = 40, .prod = 1},
+    {.name = "attn_step csa m=4 S=3 ties production", .S = 3, .start = {70, 130, 6}, .n = {5, 20, 3}, .H = 4, .d = 64,
+     .rd = 16, .W = 8, .ratio = 4, .csa = 1, .ci = 32, .nI = 4, .topk = 5, .kv_cap = 16, .c_cap = 8, .vis_cap = 48,
+     .ties = 1, .prod = 1},
+};
+
+/* ---- the cases ---------------------------------------------------------------------------------- */
+
+static const lin_case lin_cases[] = {
+    {.name = "linear fp8 e8m0 T=9", .form = DSV4_WF_FP8, .n = 256, .k = 512, .bn = 128, .bk = 128, .e8m0 = 1, .T = 9},
+    {.name = "linear fp8 e8m0 T=1 (fused row)", .form = DSV4_WF_FP8, .n = 130, .k = 1024, .bn = 128, .bk = 128, .e8m0 = 1, .T = 1},
+    {.name = "linear fp8 rows 37..173 strided", .form = DSV4_WF_FP8, .n = 200, .k = 320, .bn = 64, .bk = 64, .e8m0 = 1,
+     .r0 = 37, .r1 = 173, .T = 3, .padx = 5, .pady = 3},
+    {.name = "linear fp8 f32 scales k%16!=0", .form = DSV4_WF_FP8, .n = 70, .k = 100, .bn = 64, .bk = 64, .T = 5},
+    {.name = "linear fp8 f32 scales k=2048 T=1", .form = DSV4_WF_FP8, .n = 96, .k = 2048, .bn = 128, .bk = 128, .T = 1},
+    {.name = "linear fp4 e8m0 T=7", .form = DSV4_WF_FP4, .n = 128, .k = 1024, .bn = 1, .bk = 32, .e8m0 = 1, .T = 7},
+    {.name = "linear fp4 e8m0 T=1 (fused row)", .form = DSV4_WF_FP4, .n = 64, .k = 512, .bn = 1, .bk = 32, .e8m0 = 1, .T = 1},
+    {.name = "linear fp4 bk 16 f32 scales", .form = DSV4_WF_FP4, .n = 40, .k = 80, .bn = 1, .bk = 16, .T = 3},
+    {.name = "linear fp4 rows 3..60 strided", .form = DSV4_WF_FP4, .n = 64, .k = 96, .bn = 1, .bk = 32, .e8m0 = 1,
+     .r0 = 3, .r1 = 60, .T = 2, .padx = 2, .pady = 1},
+    {.name = "linear bf16 T=10", .form = DSV4_WF_BF16, .n = 300, .k = 768, .T = 10},
+    {.name = "linear bf16 k=45 strided", .form = DSV4_WF_BF16, .n = 33, .k = 45, .T = 2, .padx = 1},
+    {.name = "linear f16 rows 8..64", .form = DSV4_WF_F16, .n = 64, .k = 256, .r0 = 8, .T = 4, .pady = 2},
+    {.name = "linear f32 T=8", .form = DSV4_WF_F32, .n = 50, .k = 132, .T = 8, .padx = 4},
+};
+
+static const blocks_case blocks_cases[] = {
+    {.name = "linear_blocks fp8 8x128 T=5", .form = DSV4_WF_FP8, .G = 8, .rk = 128, .k = 512, .bn = 128, .bk = 128, .T = 5},
+    {.name = "linear_blocks fp8 4x64 T=1", .form = DSV4_WF_FP8, .G = 4, .rk = 64, .k = 256, .bn = 64, .bk = 128, .T = 1},
+    {.name = "linear_blocks fp4 2x96 T=3", .form = DSV4_WF_FP4, .G = 2, .rk = 96, .k = 256, .bn = 1, .bk = 32, .T = 3},
+};
+
+static const multi_case multi_cases[] = {
+    {.name = "linear_multi k=512 T=5", .k = 512, .T = 5, .nw = 4,
+     .w = {{.form = DSV4_WF_FP8, .n = 256, .bn = 128, .bk = 128, .e8m0 = 1},
+           {.form = DSV4_WF_FP4, .n = 96, .bn = 1, .bk = 32, .e8m0 = 1},
+           {.form = DSV4_WF_BF16, .n = 70},
+           {.form = DSV4_WF_F32, .n = 3}}},
+    {.name = "linear_multi k=100 T=1 strided", .k = 100, .T = 1, .padx = 4, .nw = 3,
+     .w = {{.form = DSV4_WF_FP8, .n = 70, .bn = 64, .bk = 64},
+           {.form = DSV4_WF_FP4, .n = 30, .bn = 1, .bk = 20, .e8m0 = 1},
+           {.form = DSV4_WF_F16, .n = 17}}},
+};
+
+static const embed_case embed_cases[] = {
+    {.name = "embed bf16 T=7 n=4", .form = DSV4_WF_BF16, .n = 1000, .k = 256, .T = 7, .streams = 4},
+    {.name = "embed fp8 e8m0 T=5 n=1", .form = DSV4_WF_FP8, .n = 300, .k = 200, .bn = 128, .bk = 128, .e8m0 = 1, .T = 5,
+     .streams = 1},
+    {.name = "embed fp8 f32 scales T=4 n=2", .form = DSV4_WF_FP8, .n = 129, .k = 100, .bn = 64, .bk = 64, .T = 4, .streams = 2},
+    {.name = "embed fp4 T=3 n=4", .form = DSV4_WF_FP4, .n = 77, .k = 128, .bn = 1, .bk = 32, .e8m0 = 1, .T = 3, .streams = 4},
+    {.name = "embed f16 T=3 n=3", .form = DSV4_WF_F16, .n = 50, .k = 70, .T = 3, .streams = 3},
+    {.name = "embed f32 T=3 n=2", .form = DSV4_WF_F32, .n = 40, .k = 33, .T = 3, .streams = 2},
+};
+
+static const norm_case norm_cases[] = {
+    {.name = "rmsnorm 5x1000 weighted", .rows = 5, .dim = 1000, .weighted = 1},
+    {.name = "rmsnorm 3x4096", .rows = 3, .dim = 4096},
+    {.name = "rmsnorm 4x512 weighted in place", .rows = 4, .dim = 512, .weighted = 1, .in_place = 1},
+    {.name = "rmsnorm 2x7 in place", .rows = 2, .dim = 7, .in_place = 1},
+};
+
+static const rope_case rope_cases[] = {
+    {.name = "rope T=4 3x64 rd 16 padded", .T = 4, .heads = 3, .d = 64, .rd = 16, .pad = 8},
+    {.name = "rope T=3 8x128 rd 64 inverse", .T = 3, .heads = 8, .d = 128, .rd = 64, .inverse = 1},
+    {.name = "rope T=2 1x512 rd 64", .T = 2, .heads = 1, .d = 512, .rd = 64},
+};
+
+static const hc_case hc_cases[] = {
+    {.name = "hc_pre T=3 n=4 D=512 sinkhorn 3", .T = 3, .n = 4, .D = 512, .full = 1, .iters = 3},
+    {.name = "hc_pre T=2 n=4 D=300 sinkhorn 2 normed", .T = 2, .n = 4, .D = 300, .full = 1, .iters = 2, .normed = 1},
+    {.name = "hc_pre T=2 n=3 D=200 sinkhorn 1", .T = 2, .n = 3, .D = 200, .full = 1, .iters = 1},
+    {.name = "hc_pre T=2 n=1 D=300 sinkhorn 2", .T = 2, .n = 1, .D = 300, .full = 1, .iters = 2},
+    {.name = "hc_pre T=2 n=4 D=700 head", .T = 2, .n = 4, .D = 700},
+    {.name = "hc_pre T=3 n=4 D=256 head normed", .T = 3, .n = 4, .D = 256, .normed = 1},
+    {.name = "hc_pre T=2 n=4 D=16 sinkhorn 1 eps 0.05", .T = 2, .n = 4, .D = 16, .full = 1, .iters = 1, .hc_eps = 0.05f},
+    {.name = "hc_pre T=2 n=4 D=16 sinkhorn 2 eps 0.05", .T = 2, .n = 4, .D = 16, .full = 1, .iters = 2, .hc_eps = 0.05f},
+    {.name = "hc_pre T=2 n=4 D=16 head eps 0.05 normed", .T = 2, .n = 4, .D = 16, .normed = 1, .hc_eps = 0.05f},
+};
+
+static const hcx_case collapse_cases[] = {
+    {.name = "hc_collapse T=5 n=4 D=700", .T = 5, .n = 4, .D = 700},
+    {.name = "hc_collapse T=2 n=2 D=33", .T = 2, .n = 2, .D = 33},
+};
+
+static const hcx_case post_cases[] = {
+    {.name = "hc_post T=3 n=4 D=700", .T = 3, .n = 4, .D = 700},
+    {.name = "hc_post T=2 n=1 D=64", .T = 2, .n = 1, .D = 64},
+};
+
+static const attend_case attend_cases[] = {
+    {.name = "attend H=4 d=96 keys 37", .H = 4, .d = 96, .nk = 37, .pool = 50},
+    {.name = "attend H=8 d=512 keys 300", .H = 8, .d = 512, .nk = 300, .pool = 400},
+    {.name = "attend H=2 d=64 no keys", .H = 2, .d = 64, .nk = 0, .pool = 1},
+};
+
+static const elem_case elem_cases[] = {
+    {.name = "add n=10001", .op = 0, .n = 10001},
+    {.name = "add n=4096 in place", .op = 0, .n = 4096, .alias = 1},
+    {.name = "swiglu n=10001 limit 1", .op = 1, .n = 10001, .limit = 1.0f},
+    {.name = "swiglu n=4096 no limit", .op = 1, .n = 4096},
+    {.name = "swiglu n=999 limit 2 in place", .op = 1, .n = 999, .limit = 2.0f, .alias = 1},
+};
+
+static const route_case route_cases[] = {
+    {.name = "route R=9 E=64 K=6 ties bias norm", .R = 9, .E = 64, .K = 6, .ties = 1, .bias = 1, .norm = 1},
+    {.name = "route R=9 E=64 K=6 ties", .R = 9, .E = 64, .K = 6, .ties = 1},
+    {.name = "route R=33 E=256 K=8 bias norm", .R = 33, .E = 256, .K = 8, .bias = 1, .norm = 1},
+    {.name = "route R=5 E=64 K=6 hash norm", .R = 5, .E = 64, .K = 6, .hash = 1, .norm = 1},
+};
+
+static const experts_case experts_cases[] = {
+    {.name = "experts fp4 R=5 E=8 K=3", .form = DSV4_WF_FP4, .R = 5, .E = 8, .K = 3, .D = 256, .I = 128},
+    {.name = "experts fp4 R=12 pre-weighted limit 1.5", .form = DSV4_WF_FP4, .R = 12, .E = 8, .K = 3, .D = 256, .I = 128,
+     .pre_weight = 1, .limit = 1.5f},
+    {.name = "experts fp8 R=6 E=6 K=4", .form = DSV4_WF_FP8, .R = 6, .E = 6, .K = 4, .D = 256, .I = 384},
+};
+
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+int main(void)
+{
+    const char *seed = getenv("DSV4_SEED");
+    rng = seed ? strtoull(seed, NULL, 10) : 20260301u;
+    if (!rng)
+        rng = 1;
+    cpu = dsv4_backend_cpu();
+    cpu_t = (target){.be = cpu};
+#ifdef DSV4_CUDA
+    /* DSV4_TEST_DEVICE=cuda (tests/cuda/on_device.sh): the device must answer; otherwise a
+     * build with CUDA but no device tests the CPU alone */
+    dsv4_err err = {0};
+    const char *want = getenv("DSV4_TEST_DEVICE");
+    if (!dsv4_cuda_init(&err)) {
+        dsv4_cuda_set_poison(1);
+        others[n_others++] = (target){.be = dsv4_backend_cuda(), .put_weight = dsv4_cuda_put_weight,
+                                      .drop_weight = dsv4_cuda_drop_weight};
+        printf("cuda: %s\n", dsv4_cuda_device_name());
+    } else {
+        CHECK(!want || strcmp(want, "cuda"), "DSV4_TEST_DEVICE=cuda but no device: %s", err.msg);
+        printf("no CUDA device (%s): the CPU alone\n", err.msg);
+    }
+#endif
+    printf("backend ops, seed %llu (DSV4_SEED to change), backends: cpu", (unsigned long long)rng);
+    for (int o = 0; o < n_others; o++)
+        printf(", %s", others[o].be->name);
+    printf("\n");
+    /* the ops' cases draw the same numbers whichever backends there are */
+    uint64_t cases_seed = rng;
+    for (int o = -1; o < n_others; o++) {
+        test_table(o < 0 ? &cpu_t : &others[o]);
+        test_memory(o < 0 ? &cpu_t : &others[o]);
+    }
+    rng = cases_seed;
+    for (size_t i = 0; i < N_OF(lin_cases); i++)
+        test_linear(&lin_cases[i]);
+    for (size_t i = 0; i < N_OF(blocks_cases); i++)
+        test_linear_blocks(&blocks_cases[i]);
+    for (size_t i = 0; i < N_OF(multi_cases); i++)
+        test_linear_multi(&multi_cases[i]);
+    for (size_t i = 0; i < N_OF(embed_cases); i++)
+        test_embed(&embed_cases[i]);
+    for (size_t i = 0; i < N_OF(norm_cases); i++)
+        test_rmsnorm(&norm_cases[i]);
+    for (size_t i = 0; i < N_OF(rope_cases); i++)
+        test_rope(&rope_cases[i]);
+    for (size_t i = 0; i < N_OF(hc_cases); i++)
+        test_hc_pre(&hc_cases[i]);
+    for (size_t i = 0; i < N_OF(collapse_cases); i++)
+        test_hc_collapse(&collapse_cases[i]);
+    for (size_t i = 0; i < N_OF(post_cases); i++)
+        test_hc_post(&post_cases[i]);
+    for (size_t i = 0; i < N_OF(attend_cases); i++)
+        test_attend(&attend_cases[i]);
+    for (size_t i = 0; i < N_OF(elem_cases); i++)
+        test_elem(&elem_cases[i]);
+    for (size_t i = 0; i < N_OF(route_cases); i++)
+        test_route(&route_cases[i]);
+    for (size_t i = 0; i < N_OF(experts_cases); i++)
+        test_experts(&experts_cases[i]);
+    for (size_t i = 0; i < N_OF(attn_cases); i++)
+        test_attn_step(&attn_cases[i]);
+    return check_summary("backend ops");
+}
