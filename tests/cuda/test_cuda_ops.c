@@ -760,7 +760,8 @@ static void test_invariance(const lin_case *c, int Tmax)
         }
     CHECK(!bad_T, "%s: at T=%d a row differs from the same row alone", what, bad_T);
     printf("  %-56s %d runs, every row bitwise equal to itself alone: %s\n", what, runs, bad_T ? "NO" : "yes");
-    /* control: one weight element changed (a copy, uploaded per call) must change its row */
+    /* control: one weight element changed (a copy, uploaded per call) must change its row, over
+     * an x whose element at the change is large enough that its term decides the row's bits */
     dsv4_weight w2 = w;
     size_t nk = (size_t)n * k, e = (size_t)k / 2; /* row 0's element k / 2 */
     size_t nbytes = c->form == DSV4_WF_F32 ? nk * 4 : c->form == DSV4_WF_FP8 ? nk : c->form == DSV4_WF_FP4 ? nk / 2 : nk * 2;
@@ -769,16 +770,20 @@ static void test_invariance(const lin_case *c, int Tmax)
     memcpy(d2, w.data, nbytes);
     d2[byte] ^= 0x10; /* an exponent bit (FP4: a magnitude bit) */
     w2.data = d2;
-    float *g2 = falloc(n);
+    float *g2 = falloc(n), *g1 = falloc(n), *xc = falloc(k);
+    memcpy(xc, x, (size_t)k * sizeof(float));
+    xc[e] = xc[e + 1] = 1e6f; /* FP4's changed bit is element e + 1's */
+    poison(g1, n);
     poison(g2, n);
-    gpu->linear(&w2, 0, n, x, 1, k, g2, n);
-    int changed = memcmp(g2, solo, sizeof(float)) != 0;
+    gpu->linear(&w, 0, n, xc, 1, k, g1, n);
+    gpu->linear(&w2, 0, n, xc, 1, k, g2, n);
+    int changed = memcmp(g2, g1, sizeof(float)) != 0;
     CHECK(changed, "control %s: a changed weight element left its row's bits unchanged", what);
     printf("  control %-48s %s\n", "invariance: one weight element changed", changed ? "caught" : "NOT CAUGHT");
     dsv4_cuda_drop_weight(&w);
     gpu->free(dx);
     gpu->free(dy);
-    free((void *)w.data), free((void *)w.scale), free(d2), free(g2);
+    free((void *)w.data), free((void *)w.scale), free(d2), free(g2), free(g1), free(xc);
     free(x), free(solo), free(ref), free(row), free(mag), free(got);
 }
 

@@ -1965,8 +1965,8 @@ static void run_attn(const target *t, const attn_case *c, const step_in *in, con
             dsf[j][k] = fsz[k] ? bput(be, st->f[k], fsz[k] * 4) : NULL;
         for (int k = 0; k < 3; k++)
             dsp[j][k] = psz[k] ? bput(be, st->p[k], psz[k]) : NULL;
-        hst[j] = (dsv4_lbufs){dsf[j][0], dsf[j][1], dsf[j][2], dsf[j][3], dsf[j][4], dsf[j][5], dsf[j][6],
-                              dsp[j][0], dsp[j][1], dsp[j][2]};
+        hst[j] = (dsv4_lbufs){.kv = dsf[j][0], .c = dsf[j][1], .z = dsf[j][2], .ent = dsf[j][3], .ic = dsf[j][4],
+                              .iz = dsf[j][5], .ikey = dsf[j][6], .pkv = dsp[j][0], .pent = dsp[j][1], .pikey = dsp[j][2]};
     }
     int m = c->ratio ? c->ratio : 1;
     float *dk[6] = {bput(be, in->sink, c->H * 4), bput(be, in->ifreq, c->rd / 2 * 4), bput(be, in->ape, (size_t)m * cw * 4),
