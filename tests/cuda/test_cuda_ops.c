@@ -170,7 +170,7 @@ static void test_linear_group(dsv4_wform form, int64_t n, int64_t k, int bn, int
     char what[128];
     snprintf(what, sizeof what, "linear group %d x %s [%lld,%lld] T=%d", count, dsv4_wform_name(form), (long long)n,
              (long long)k, T);
-    lin_case c = {form, n, k, bn, bk, 1, 0, n, T, 0, 0};
+    lin_case c = {.form = form, .n = n, .k = k, .bn = bn, .bk = bk, .e8m0 = 1, .r1 = n, .T = T};
     dsv4_weight w[8];
     const dsv4_weight *wp[8];
     float *hx[8], *dx[8], *dy[8], *dg[8];
@@ -242,7 +242,7 @@ static void test_linear_blocks(dsv4_wform form, int G, int64_t rk, int64_t k, in
     snprintf(what, sizeof what, "linear blocks %d x %s [%lld,%lld] T=%d", G, dsv4_wform_name(form), (long long)rk,
              (long long)k, T);
     int64_t n = G * rk;
-    lin_case c = {form, n, k, 128, form == DSV4_WF_FP4 ? 32 : 128, 1, 0, n, T, 0, 0};
+    lin_case c = {.form = form, .n = n, .k = k, .bn = 128, .bk = form == DSV4_WF_FP4 ? 32 : 128, .e8m0 = 1, .r1 = n, .T = T};
     dsv4_weight w;
     lin_weight(&c, &w);
     dsv4_err err = {0};
@@ -1788,44 +1788,53 @@ int main(void)
     dsv4_cuda_set_poison(1);
 
     const lin_case lc[] = {
-        {DSV4_WF_FP8, 256, 512, 128, 128, 1, 0, 256, 9, 0, 0},
-        {DSV4_WF_FP8, 256, 2048, 128, 128, 1, 0, 256, 130, 0, 0},  /* several token blocks */
-        {DSV4_WF_FP4, 512, 2048, 1, 32, 1, 0, 512, 70, 0, 0},
-        {DSV4_WF_BF16, 130, 1024, 0, 0, 0, 0, 130, 64, 0, 0},
-        {DSV4_WF_FP8, 200, 320, 64, 64, 1, 37, 173, 3, 5, 3},    /* sub-range, strided in and out */
-        {DSV4_WF_FP8, 70, 100, 64, 64, 0, 0, 70, 5, 0, 0},       /* k % 16 != 0: element path, f32 scales */
-        {DSV4_WF_FP8, 96, 2048, 128, 128, 0, 0, 96, 1, 0, 0},    /* f32 scales, long rows */
-        {DSV4_WF_FP8, 96, 96, 64, 64, 1, 0, 96, 9, 0, 0},        /* a run past k (tensor cores), tokens past 4 */
-        {DSV4_WF_BF16, 50, 40, 0, 0, 0, 0, 50, 7, 0, 0},         /* the same, BF16 */
-        {DSV4_WF_FP4, 128, 1024, 1, 32, 1, 0, 128, 9, 0, 0},
-        {DSV4_WF_FP4, 64, 96, 1, 32, 1, 3, 60, 2, 2, 1},         /* k % 32 == 0, sub-range */
-        {DSV4_WF_FP4, 40, 80, 1, 16, 1, 0, 40, 3, 0, 0},         /* bk 16: element path */
-        {DSV4_WF_BF16, 300, 768, 0, 0, 0, 0, 300, 10, 0, 0},
-        {DSV4_WF_BF16, 33, 45, 0, 0, 0, 0, 33, 2, 1, 0},         /* element path */
-        {DSV4_WF_F16, 64, 256, 0, 0, 0, 8, 64, 4, 0, 2},
-        {DSV4_WF_F32, 50, 132, 0, 0, 0, 0, 50, 8, 4, 0},
+        {.form = DSV4_WF_FP8, .n = 256, .k = 512, .bn = 128, .bk = 128, .e8m0 = 1, .r1 = 256, .T = 9},
+        /* several token blocks */
+        {.form = DSV4_WF_FP8, .n = 256, .k = 2048, .bn = 128, .bk = 128, .e8m0 = 1, .r1 = 256, .T = 130},
+        {.form = DSV4_WF_FP4, .n = 512, .k = 2048, .bn = 1, .bk = 32, .e8m0 = 1, .r1 = 512, .T = 70},
+        {.form = DSV4_WF_BF16, .n = 130, .k = 1024, .r1 = 130, .T = 64},
+        /* sub-range, strided in and out */
+        {.form = DSV4_WF_FP8, .n = 200, .k = 320, .bn = 64, .bk = 64, .e8m0 = 1, .r0 = 37, .r1 = 173, .T = 3, .padx = 5, .pady = 3},
+        /* k % 16 != 0: element path, f32 scales */
+        {.form = DSV4_WF_FP8, .n = 70, .k = 100, .bn = 64, .bk = 64, .r1 = 70, .T = 5},
+        /* f32 scales, long rows */
+        {.form = DSV4_WF_FP8, .n = 96, .k = 2048, .bn = 128, .bk = 128, .r1 = 96, .T = 1},
+        /* a run past k (tensor cores), tokens past 4 */
+        {.form = DSV4_WF_FP8, .n = 96, .k = 96, .bn = 64, .bk = 64, .e8m0 = 1, .r1 = 96, .T = 9},
+        {.form = DSV4_WF_BF16, .n = 50, .k = 40, .r1 = 50, .T = 7},         /* the same, BF16 */
+        {.form = DSV4_WF_FP4, .n = 128, .k = 1024, .bn = 1, .bk = 32, .e8m0 = 1, .r1 = 128, .T = 9},
+        /* k % 32 == 0, sub-range */
+        {.form = DSV4_WF_FP4, .n = 64, .k = 96, .bn = 1, .bk = 32, .e8m0 = 1, .r0 = 3, .r1 = 60, .T = 2, .padx = 2, .pady = 1},
+        /* bk 16: element path */
+        {.form = DSV4_WF_FP4, .n = 40, .k = 80, .bn = 1, .bk = 16, .e8m0 = 1, .r1 = 40, .T = 3},
+        {.form = DSV4_WF_BF16, .n = 300, .k = 768, .r1 = 300, .T = 10},
+        {.form = DSV4_WF_BF16, .n = 33, .k = 45, .r1 = 33, .T = 2, .padx = 1},         /* element path */
+        {.form = DSV4_WF_F16, .n = 64, .k = 256, .r0 = 8, .r1 = 64, .T = 4, .pady = 2},
+        {.form = DSV4_WF_F32, .n = 50, .k = 132, .r1 = 50, .T = 8, .padx = 4},
     };
     for (size_t i = 0; i < sizeof lc / sizeof lc[0]; i++)
         test_linear(&lc[i], i % 3 == 0 ? RESIDENT : i % 3 == 1 ? PINNED : PER_CALL);
     const lin_case ec[] = {
-        {DSV4_WF_BF16, 1000, 256, 0, 0, 0, 0, 0, 0, 0, 0},
-        {DSV4_WF_FP8, 300, 200, 128, 128, 1, 0, 0, 0, 0, 0},
-        {DSV4_WF_FP8, 129, 100, 64, 64, 0, 0, 0, 0, 0, 0},
-        {DSV4_WF_FP4, 77, 128, 1, 32, 1, 0, 0, 0, 0, 0},
-        {DSV4_WF_F16, 50, 70, 0, 0, 0, 0, 0, 0, 0, 0},
-        {DSV4_WF_F32, 40, 33, 0, 0, 0, 0, 0, 0, 0, 0},
+        {.form = DSV4_WF_BF16, .n = 1000, .k = 256},
+        {.form = DSV4_WF_FP8, .n = 300, .k = 200, .bn = 128, .bk = 128, .e8m0 = 1},
+        {.form = DSV4_WF_FP8, .n = 129, .k = 100, .bn = 64, .bk = 64},
+        {.form = DSV4_WF_FP4, .n = 77, .k = 128, .bn = 1, .bk = 32, .e8m0 = 1},
+        {.form = DSV4_WF_F16, .n = 50, .k = 70},
+        {.form = DSV4_WF_F32, .n = 40, .k = 33},
     };
     for (size_t i = 0; i < sizeof ec / sizeof ec[0]; i++) {
         test_embed(&ec[i], 7, 4, i % 3 == 0 ? RESIDENT : i % 3 == 1 ? PINNED : PER_CALL, 1);
         test_embed(&ec[i], 3, 1, PER_CALL, 0);
     }
     const lin_case ic[] = {
-        {DSV4_WF_FP8, 384, 1024, 128, 128, 1, 0, 0, 0, 0, 0}, {DSV4_WF_FP8, 200, 512, 64, 64, 0, 0, 0, 0, 0, 0},
-        {DSV4_WF_FP8, 256, 4096, 128, 128, 1, 0, 0, 0, 0, 0}, /* 16 k slices: a split launch */
-        {DSV4_WF_FP4, 256, 1024, 1, 32, 1, 0, 0, 0, 0, 0},    {DSV4_WF_BF16, 300, 768, 0, 0, 0, 0, 0, 0, 0, 0},
-        {DSV4_WF_FP8, 70, 100, 64, 64, 0, 0, 0, 0, 0, 0},     {DSV4_WF_F16, 64, 256, 0, 0, 0, 0, 0, 0, 0, 0},
-        {DSV4_WF_FP8, 96, 96, 64, 64, 1, 0, 0, 0, 0, 0}, /* a run past k */
-        {DSV4_WF_F32, 50, 132, 0, 0, 0, 0, 0, 0, 0, 0},
+        {.form = DSV4_WF_FP8, .n = 384, .k = 1024, .bn = 128, .bk = 128, .e8m0 = 1}, {.form = DSV4_WF_FP8,
+         .n = 200, .k = 512, .bn = 64, .bk = 64},
+        {.form = DSV4_WF_FP8, .n = 256, .k = 4096, .bn = 128, .bk = 128, .e8m0 = 1}, /* 16 k slices: a split launch */
+        {.form = DSV4_WF_FP4, .n = 256, .k = 1024, .bn = 1, .bk = 32, .e8m0 = 1},    {.form = DSV4_WF_BF16,
+         .n = 300, .k = 768},
+        {.form = DSV4_WF_FP8, .n = 70, .k = 100, .bn = 64, .bk = 64},     {.form = DSV4_WF_F16, .n = 64, .k = 256},
+        {.form = DSV4_WF_FP8, .n = 96, .k = 96, .bn = 64, .bk = 64, .e8m0 = 1}, /* a run past k */
+        {.form = DSV4_WF_F32, .n = 50, .k = 132},
     };
     for (size_t i = 0; i < sizeof ic / sizeof ic[0]; i++)
         test_invariance(&ic[i], i < 5 ? 4096 : 300);
@@ -1857,14 +1866,18 @@ int main(void)
     /* k 2048: FP8 e8m0 (2 warps a row), FP4 (2), FP8 f32 scales (4), BF16 (4), FP8 with bk 36
      * (element path), F32 (8), BF16 of 3 rows; k 100: all on the element path */
     const lin_case mc[] = {
-        {DSV4_WF_FP8, 8192, 2048, 128, 128, 1, 0, 8192, 0, 0, 0}, {DSV4_WF_FP4, 96, 2048, 1, 32, 1, 0, 96, 0, 0, 0},
-        {DSV4_WF_FP8, 200, 2048, 128, 128, 0, 0, 200, 0, 0, 0},   {DSV4_WF_BF16, 300, 2048, 0, 0, 0, 0, 300, 0, 0, 0},
-        {DSV4_WF_FP8, 40, 2048, 64, 36, 1, 0, 40, 0, 0, 0},       {DSV4_WF_F32, 50, 2048, 0, 0, 0, 0, 50, 0, 0, 0},
-        {DSV4_WF_BF16, 3, 2048, 0, 0, 0, 0, 3, 0, 0, 0},
+        {.form = DSV4_WF_FP8, .n = 8192, .k = 2048, .bn = 128, .bk = 128, .e8m0 = 1,
+         .r1 = 8192}, {.form = DSV4_WF_FP4, .n = 96, .k = 2048, .bn = 1, .bk = 32, .e8m0 = 1, .r1 = 96},
+        {.form = DSV4_WF_FP8, .n = 200, .k = 2048, .bn = 128, .bk = 128,
+         .r1 = 200},   {.form = DSV4_WF_BF16, .n = 300, .k = 2048, .r1 = 300},
+        {.form = DSV4_WF_FP8, .n = 40, .k = 2048, .bn = 64, .bk = 36, .e8m0 = 1,
+         .r1 = 40},       {.form = DSV4_WF_F32, .n = 50, .k = 2048, .r1 = 50},
+        {.form = DSV4_WF_BF16, .n = 3, .k = 2048, .r1 = 3},
     };
     const lin_case me[] = {
-        {DSV4_WF_FP8, 70, 100, 64, 64, 0, 0, 70, 0, 0, 0}, {DSV4_WF_FP4, 30, 100, 1, 20, 1, 0, 30, 0, 0, 0},
-        {DSV4_WF_BF16, 33, 100, 0, 0, 0, 0, 33, 0, 0, 0}, {DSV4_WF_F32, 17, 100, 0, 0, 0, 0, 17, 0, 0, 0},
+        {.form = DSV4_WF_FP8, .n = 70, .k = 100, .bn = 64, .bk = 64, .r1 = 70}, {.form = DSV4_WF_FP4,
+         .n = 30, .k = 100, .bn = 1, .bk = 20, .e8m0 = 1, .r1 = 30},
+        {.form = DSV4_WF_BF16, .n = 33, .k = 100, .r1 = 33}, {.form = DSV4_WF_F32, .n = 17, .k = 100, .r1 = 17},
     };
     for (int T = 1; T <= 5; T += 4) {
         test_linear_multi(mc, sizeof mc / sizeof mc[0], T);
@@ -1878,15 +1891,19 @@ int main(void)
     test_experts(DSV4_WF_FP4, 40, 8, 3, 256, 128, 1, 1.5f);
     test_experts(DSV4_WF_FP8, 30, 6, 4, 256, 384, 0, 0.0f);
     const attn_case ac[] = {
-        /* S  start            n           H  d    rd  W   m  csa ci  nI topk kv  c   vis  ties */
-        {3, {70, 130, 6}, {5, 20, 3}, 4, 64, 16, 8, 4, 1, 32, 4, 5, 16, 8, 48, 1},
-        {3, {600, 37, 250}, {4, 6, 9}, 8, 128, 64, 16, 4, 1, 64, 8, 16, 32, 12, 200, 0},
-        {3, {100, 7, 250}, {9, 10, 4}, 4, 64, 16, 8, 8, 0, 0, 0, 0, 8, 8, 40, 0},
-        {2, {3, 50, 0}, {6, 12, 0}, 2, 64, 16, 8, 0, 0, 0, 0, 0, 8, 8, 0, 0},
+        {.S = 3, .start = {70, 130, 6}, .n = {5, 20, 3}, .H = 4, .d = 64, .rd = 16, .W = 8, .ratio = 4,
+         .csa = 1, .ci = 32, .nI = 4, .topk = 5, .kv_cap = 16, .c_cap = 8, .vis_cap = 48, .ties = 1},
+        {.S = 3, .start = {600, 37, 250}, .n = {4, 6, 9}, .H = 8, .d = 128, .rd = 64, .W = 16, .ratio = 4,
+         .csa = 1, .ci = 64, .nI = 8, .topk = 16, .kv_cap = 32, .c_cap = 12, .vis_cap = 200},
+        {.S = 3, .start = {100, 7, 250}, .n = {9, 10, 4}, .H = 4, .d = 64, .rd = 16, .W = 8, .ratio = 8,
+         .kv_cap = 8, .c_cap = 8, .vis_cap = 40},
+        {.S = 2, .start = {3, 50, 0}, .n = {6, 12, 0}, .H = 2, .d = 64, .rd = 16, .W = 8, .kv_cap = 8, .c_cap = 8},
         /* V4-sized: d 512, 64 indexer heads of 128, topk 512 over ~4000 entries (ties); HCA m 128
          * over ~15600 entries (the attention's key array past 48 KB of shared memory) */
-        {2, {9000, 15999, 0}, {3, 2, 0}, 8, 512, 64, 128, 4, 1, 128, 64, 512, 256, 8, 4096, 1},
-        {2, {1998975, 262143, 0}, {2, 2, 0}, 4, 512, 64, 128, 128, 0, 0, 0, 0, 256, 128, 16384, 0},
+        {.S = 2, .start = {9000, 15999, 0}, .n = {3, 2, 0}, .H = 8, .d = 512, .rd = 64, .W = 128,
+         .ratio = 4, .csa = 1, .ci = 128, .nI = 64, .topk = 512, .kv_cap = 256, .c_cap = 8, .vis_cap = 4096, .ties = 1},
+        {.S = 2, .start = {1998975, 262143, 0}, .n = {2, 2, 0}, .H = 4, .d = 512, .rd = 64, .W = 128,
+         .ratio = 128, .kv_cap = 256, .c_cap = 128, .vis_cap = 16384},
     };
     for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++)
         test_attn_step(&ac[i]);
