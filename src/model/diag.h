@@ -38,6 +38,8 @@ typedef struct dsv4_synth_opts {
 } dsv4_synth_opts;
 dsv4_model *dsv4_model_synthetic_ext(const char *preset, const dsv4_synth_opts *so, const dsv4_load_opts *opts,
                                      dsv4_err *err);
+/* The config.json text a preset's model of n_layers has (nothing is built), into buf [n]. */
+int dsv4_synthetic_config(const char *preset, int n_layers, int64_t engram_rows, char *buf, size_t n, dsv4_err *err);
 /* Writes the same as a checkpoint folder (config.json + model.safetensors, and for V4.1 the
  * token_map.json), any preset ("tiny": real vocabulary, width 64, every V4 layer kind). */
 int dsv4_synthetic_write(const char *preset, int n_layers, const char *dir, dsv4_err *err);

@@ -21,6 +21,7 @@ typedef struct syn_t {
     int kind;   /* fill: 0 weights, 1 ones (norms), 2 zeros, 3 e8m0 weight scale, 4 e8m0 fp4 scale, 5 tid2eid, 6 small f32,
                 * 7 an Engram table's rows or scales (filled by the table generator) */
     int alias;  /* >= 0: shares the bytes of that earlier tensor (same shape) */
+    int ext;    /* in a file of its own, not in the image (a streamed Engram table) */
     size_t off, bytes;
 } syn_t;
 
@@ -47,6 +48,7 @@ static void add(syn_list *l, dsv4_dtype dt, int64_t a, int64_t b, int kind, cons
     t->nd = b > 0 ? 2 : 1;
     t->kind = kind;
     t->alias = -1;
+    t->ext = 0;
     t->bytes = (size_t)a * (b > 0 ? b : 1) * dsv4_dtype_size(dt);
 }
 
@@ -189,7 +191,7 @@ static void v41_plan_make(int N, v41_plan *p)
 /* What a preset build is asked for, and what it gives. */
 typedef struct syn_req {
     const char *preset;
-    int n_layers, expert_layers, in_memory, progress;
+    int n_layers, expert_layers, in_memory, progress, config_only;
     int64_t engram_rows;    /* rows per Engram table asked (0: the preset's default) */
     const char *engram_dir; /* non-NULL: the tables go to files there (streamed), not into the image */
 } syn_req;
@@ -386,6 +388,8 @@ static int synth_build(const syn_req *rq, syn_out *out, dsv4_err *err)
              V, D, n_layers, sh->H, d, sh->rd, Q, sh->G, sh->OR, sh->W, ratios, sh->csa, sh->hca, NI, CI, sh->topk, E, K, sh->I,
              n_hash, sh->blk, sh->blk);
     }
+    if (rq->config_only)
+        return 0;
     syn_list l = {.blk = sh->blk};
     int expert_base[43] = {0}, etab[2][2]; /* the Engram tables' rows and scales tensors */
     char p[96];
@@ -420,12 +424,12 @@ static int synth_build(const syn_req *rq, syn_out *out, dsv4_err *err)
         }
         if (v41 && rel_engram(r)) {
             int cols = (sh->e_ngram - 1) * sh->e_heads;
-            if (!rq->engram_dir) {
-                etab[ei][0] = l.n;
-                add(&l, DSV4_DT_F8_E4M3, erows[ei], sh->e_hd, 7, "%s", P("engram.embed.weight"));
-                etab[ei][1] = l.n;
-                add(&l, DSV4_DT_F8_E8M0, erows[ei], sh->e_hd / 32, 7, "%s", P("engram.embed.scale"));
-            }
+            /* listed either way, so that every other tensor keeps its seed */
+            etab[ei][0] = l.n;
+            add(&l, DSV4_DT_F8_E4M3, erows[ei], sh->e_hd, 7, "%s", P("engram.embed.weight"));
+            etab[ei][1] = l.n;
+            add(&l, DSV4_DT_F8_E8M0, erows[ei], sh->e_hd / 32, 7, "%s", P("engram.embed.scale"));
+            l.t[l.n - 1].ext = l.t[l.n - 2].ext = rq->engram_dir != NULL;
             fp8(&l, (int64_t)5 * D, (int64_t)cols * sh->e_hd, P("engram.wkv"));
             add(&l, DSV4_DT_BF16, 4, D, 0, "%s", P("engram.q_weight"));
             add(&l, DSV4_DT_BF16, 4, D, 0, "%s", P("engram.k_weight"));
@@ -498,17 +502,20 @@ static int synth_build(const syn_req *rq, syn_out *out, dsv4_err *err)
     size_t hcap = (size_t)l.n * 160 + 64, hl = 0, off = 0;
     char *hdr = malloc(hcap);
     hl += snprintf(hdr + hl, hcap - hl, "{");
-    for (int i = 0; i < l.n; i++) {
+    for (int i = 0, first = 1; i < l.n; i++) {
         syn_t *t = &l.t[i];
+        if (t->ext)
+            continue;
         off = (off + 63) & ~(size_t)63;
         t->off = t->alias >= 0 ? l.t[t->alias].off : off;
         if (t->nd == 2)
             hl += snprintf(hdr + hl, hcap - hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
-                           i ? "," : "", t->name, dsv4_dtype_name(t->dt), (long long)t->shape[0], (long long)t->shape[1], t->off,
+                           first ? "" : ",", t->name, dsv4_dtype_name(t->dt), (long long)t->shape[0], (long long)t->shape[1], t->off,
                            t->off + t->bytes);
         else
             hl += snprintf(hdr + hl, hcap - hl, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}",
-                           i ? "," : "", t->name, dsv4_dtype_name(t->dt), (long long)t->shape[0], t->off, t->off + t->bytes);
+                           first ? "" : ",", t->name, dsv4_dtype_name(t->dt), (long long)t->shape[0], t->off, t->off + t->bytes);
+        first = 0;
         if (t->alias < 0)
             off += t->bytes;
     }
@@ -527,7 +534,7 @@ static int synth_build(const syn_req *rq, syn_out *out, dsv4_err *err)
     dsv4_progress pr;
     dsv4_progress_begin(&pr, "building synthetic weights", l.n, rq->progress);
     for (int i = 0; i < l.n; i++) {
-        if (l.t[i].alias < 0 && l.t[i].kind != 7)
+        if (l.t[i].alias < 0 && l.t[i].kind != 7 && !l.t[i].ext)
             fill(&l.t[i], img + 8 + hpad + l.t[i].off, E, K, 0x5eed0000ull + i);
         dsv4_progress_step(&pr, 1);
     }
@@ -568,6 +575,16 @@ static int synth_build(const syn_req *rq, syn_out *out, dsv4_err *err)
     out->img = img;
     out->len = total;
     return 0;
+}
+
+int dsv4_synthetic_config(const char *preset, int n_layers, int64_t engram_rows, char *buf, size_t n, dsv4_err *err)
+{
+    syn_req rq = {.preset = preset, .n_layers = n_layers, .engram_rows = engram_rows, .config_only = 1};
+    syn_out out;
+    if (synth_build(&rq, &out, err))
+        return err->code;
+    snprintf(buf, n, "%s", out.cfg);
+    return strlen(out.cfg) < n ? 0 : dsv4_fail(err, DSV4_E_ARG, "the synthetic config needs %zu bytes", strlen(out.cfg) + 1);
 }
 
 dsv4_model *dsv4_model_synthetic_ext(const char *preset, const dsv4_synth_opts *so, const dsv4_load_opts *opts,
