@@ -49,7 +49,7 @@ refuse "bench v4.1-flash, 41 layers" $bin bench --synthetic v4.1-flash --layers 
 check "synth v4.1-tiny" $bin synth --preset v4.1-tiny --layers 4 -o "$tmp/t41"
 if $bin generate -m "$tmp/t41" --ids 0,5,7,9,5,7 -n 8 >"$tmp/plain" 2>/dev/null &&
    $bin generate -m "$tmp/t41" --ids 0,5,7,9,5,7 -n 8 --draft dspark >"$tmp/drafted" 2>"$tmp/out" &&
-   grep -q "draft dspark: 8 steps" "$tmp/out" && [ "$(grep -c , "$tmp/plain")" = 1 ] && cmp -s "$tmp/plain" "$tmp/drafted"; then
+   grep -q "draft dspark: [0-9]* steps" "$tmp/out" && [ "$(grep -c , "$tmp/plain")" = 1 ] && cmp -s "$tmp/plain" "$tmp/drafted"; then
     ok
 else
     bad "generate on synthetic v4.1-tiny: DSpark-drafted ids differ from plain"
