@@ -128,9 +128,11 @@ typedef struct syn_shape {
     int64_t e_rows;                    /* default rows per Engram table */
 } syn_shape;
 
-static const syn_shape v4_flash = {129280, 4096, 64, 512, 64, 1024, 8, 1024, 256, 6, 2048, 64, 128, 512, 128, 4, 128, 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const syn_shape v4_flash = {129280, 4096, 64, 512, 64, 1024, 8, 1024, 256, 6, 2048, 64, 128, 512, 128, 4, 128, 128,
+                                   0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 /* A toy at the real vocabulary (so the real tokenizer drives it) with every layer kind. */
-static const syn_shape tiny = {129280, 64, 2, 64, 16, 32, 2, 16, 8, 2, 32, 2, 32, 8, 16, 4, 16, 32, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+static const syn_shape tiny = {129280, 64, 2, 64, 16, 32, 2, 16, 8, 2, 32, 2, 32, 8, 16, 4, 16, 32,
+                               0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
 
 /* V4.1-Flash as released (spec §2). Engram tables default to 2^22 rows each (1.1 GB; the
  * release's are 384M rows, 94 GiB): random rows are past every cache either way. */
