@@ -1,6 +1,7 @@
 /* Synthetic models: random weights in the release layout and storage forms at real shapes,
  * built in memory as a safetensors image and loaded through the normal binder, so the real
  * per-token cost can be measured without the 150 GB checkpoint. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -558,6 +559,14 @@ static int synth_build(const syn_req *rq, syn_out *out, dsv4_err *err)
                 rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory");
             else
                 rc = dsv4_etable_synth(path, pfx, erows[i], sh->e_hd, table_seed(i), 0, err);
+            /* on the disk and out of the page cache before the runs, as a table that was not just
+             * written is: no writeback during them, and buffered reads start cold */
+            int fd = rc ? -1 : open(path, O_RDONLY);
+            if (fd >= 0) {
+                fsync(fd);
+                posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+                close(fd);
+            }
         }
         /* the token map: id mod the compressed vocabulary (the release's is built from its
          * tokenizer: 99,092 classes over 129,280 ids) */
