@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CLI as a user runs it: -h on every command, bad options and missing models refused with
 # a non-zero exit, `dsv4 logits` by both paths against a fixture (compared by an independent
-# stdlib reader), and the synthetic default generating.
+# stdlib reader), the synthetic default generating, and the synthetic V4.1 presets (bench -h
+# lists them; Engram gather reported resident and streamed; DSpark-drafted == plain ids).
 set -u
 cd "$(dirname "$0")/.."
 bin=build/dsv4
@@ -37,5 +38,21 @@ check "generate on it" $bin generate -m "$tmp/tiny" --ids 0,1,2 -n 4
 check "bench, 2 lanes, experts of 2 layers" $bin bench --synthetic tiny --layers 4 --expert-layers 2 --prefill 8 --decode 2 --lanes 2
 grep -q "experts: 2 layers own routed experts" "$tmp/out" && grep -q "2 lanes, .* aggregate" "$tmp/out" && ok || bad "bench lanes output"
 refuse "bench --lanes 0" $bin bench --synthetic tiny --layers 2 --lanes 0
+$bin bench -h | grep -q "v4.1-flash  V4.1-Flash" && ok || bad "bench -h lists the v4.1-flash preset"
+for t in resident streamed; do
+    check "bench v4.1-tiny, $t Engram tables" $bin bench --synthetic v4.1-tiny --layers 3 --prefill 8 --decode 2 \
+        --engram-tables $t --engram-dir "$tmp"
+    grep -q "^  engram ($t): 48 rows/token, gather" "$tmp/out" && ok || bad "bench reports the $t Engram gather"
+done
+[ -z "$(ls "$tmp" | grep dsv4-synthetic-engram)" ] && ok || bad "streamed synthetic tables left behind"
+refuse "bench v4.1-flash, 41 layers" $bin bench --synthetic v4.1-flash --layers 41
+check "synth v4.1-tiny" $bin synth --preset v4.1-tiny --layers 4 -o "$tmp/t41"
+if $bin generate -m "$tmp/t41" --ids 0,5,7,9,5,7 -n 8 >"$tmp/plain" 2>/dev/null &&
+   $bin generate -m "$tmp/t41" --ids 0,5,7,9,5,7 -n 8 --draft dspark >"$tmp/drafted" 2>"$tmp/out" &&
+   grep -q "draft dspark: [0-9]* steps" "$tmp/out" && [ "$(grep -c , "$tmp/plain")" = 1 ] && cmp -s "$tmp/plain" "$tmp/drafted"; then
+    ok
+else
+    bad "generate on synthetic v4.1-tiny: DSpark-drafted ids differ from plain"
+fi
 echo "cli: $pass passed, $fail failed"
 [ $fail -eq 0 ]

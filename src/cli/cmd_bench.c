@@ -59,6 +59,37 @@ static int int_list(const char *s, int *v, int n)
     return *s ? 0 : c;
 }
 
+/* Engram counters at one moment; eg_print reports the span between two. */
+typedef struct eg_mark {
+    uint64_t bytes, tokens;
+    double gather_s, stall_s;
+} eg_mark;
+
+static eg_mark eg_now(const dsv4_model *m)
+{
+    eg_mark e;
+    dsv4_engram_stats(m, &e.bytes, &e.tokens, NULL);
+    dsv4_engram_times(m, &e.gather_s, &e.stall_s);
+    return e;
+}
+
+/* Rows a token gathered over the span [a, b] of span_s seconds: time reading and decoding them
+ * and the part the forward waited for, per token and as a share of the span; the bytes read
+ * and their rate against the measured bandwidth. */
+static void eg_print(const dsv4_model *m, eg_mark a, eg_mark b, double span_s, double bw)
+{
+    int cols, streamed, ne = dsv4_engram_layout(m, NULL, &cols);
+    uint64_t tok = b.tokens - a.tokens;
+    if (!ne || !tok)
+        return;
+    dsv4_engram_stats(m, NULL, NULL, &streamed);
+    double g = (b.gather_s - a.gather_s) / tok, w = (b.stall_s - a.stall_s) / tok, by = (double)(b.bytes - a.bytes) / tok;
+    printf("  engram (%s): %d rows/token, gather %.1f us/token = %.2f%% of the time (waited for: %.1f us, %.2f%%); "
+           "%.1f KB/token read at %.2f GB/s = %.1f%% of the measured bandwidth\n",
+           streamed ? "streamed" : "resident", ne * cols, g * 1e6, 100.0 * g * tok / span_s, w * 1e6,
+           100.0 * w * tok / span_s, by / 1e3, g > 0 ? by / g / 1e9 : 0, g > 0 && bw > 0 ? 100.0 * by / g / 1e9 / bw : 0);
+}
+
 /* A prompt of P tokens on a fresh sequence: its time in *t, the next token in *next. */
 static int time_prefill(dsv4_model *m, int P, int V, int salt, dsv4_seq *s, float *lg, double *t, int32_t *next,
                         dsv4_err *err)
@@ -81,7 +112,8 @@ static int time_prefill(dsv4_model *m, int P, int V, int salt, dsv4_seq *s, floa
 /* `lanes` sequences, each prompted with P tokens alone, then decoded together: the mean time of
  * N steps after two untimed ones (the first step of a shape runs, the second records it).
  * capture: a device whose profiler records the last step (NULL: none). */
-static int time_decode(dsv4_model *m, int P, int N, int lanes, int V, const char *capture, double *t, dsv4_err *err)
+static int time_decode(dsv4_model *m, int P, int N, int lanes, int V, const char *capture, double *t, eg_mark *e0,
+                       eg_mark *e1, dsv4_err *err)
 {
     dsv4_seq **s = calloc(lanes, sizeof *s);
     int32_t *next = calloc(lanes, sizeof *next);
@@ -99,8 +131,10 @@ static int time_decode(dsv4_model *m, int P, int N, int lanes, int V, const char
     dsv4_batch b = {.n_seqs = lanes, .seqs = s, .ids = idp, .n_ids = nid, .logits = lg};
     double t2 = 0;
     for (int i = 0; i < N + 2 && !rc; i++) {
-        if (i == 2)
+        if (i == 2) {
+            *e0 = eg_now(m);
             t2 = dsv4_now();
+        }
         if (capture && i == N + 1)
             dsv4_device_capture(capture, 1);
         rc = dsv4_forward(m, &b, err);
@@ -110,6 +144,7 @@ static int time_decode(dsv4_model *m, int P, int N, int lanes, int V, const char
             next[l] = argmax(lg + (size_t)l * V, V);
     }
     *t = (dsv4_now() - t2) / N;
+    *e1 = eg_now(m);
     for (int l = 0; s && l < lanes; l++)
         dsv4_seq_free(s[l]);
     free(s), free(next), free(idp), free(nid), free(lg);
@@ -175,18 +210,30 @@ int dsv4_cmd_bench(int argc, char **argv)
 {
     cli_model_opts o = {0};
     const char *synth = NULL, *graphs = "on";
+    const char *edir = NULL;
+    long long erows = 0;
     int layers = 2, N = 8, elayers = 0, Ps[8] = {64}, nP = 1, Ls[8] = {1}, nL = 1, capture = 0, Ds[8], nD = 0;
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
-            printf("usage: dsv4 bench (-m DIR | --synthetic v4-flash [--layers N] [--expert-layers E]) [--prefill P,...]\n"
-                   "                  [--decode N] [--lanes L,...] [--graphs on|off|both]\n"
+            printf("usage: dsv4 bench (-m DIR | --synthetic PRESET [--layers N] [--expert-layers E] [--engram-rows R]\n"
+                   "                  [--engram-dir DIR]) [--prefill P,...] [--decode N] [--lanes L,...] [--graphs on|off|both]\n"
                    "Prints load time, prefill and decode tokens/s, the bytes a decoded token reads (weights and\n"
                    "cache) and the fraction of the measured memory bandwidth that the decode speed represents\n"
-                   "(on a GPU: its device-to-device copy rate; on the CPU: all threads reading).\n"
-                   "  --synthetic v4-flash  random weights in memory at V4-Flash shapes and storage forms\n"
-                   "  --layers N            synthetic layers (alternating CSA / HCA as in layers 2.. of the model)\n"
-                   "  --expert-layers E     only E layers own routed experts, layer i uses layer i %% E's (all 43\n"
-                   "                        layers' shapes on a GPU that cannot hold 43 layers of experts)\n"
+                   "(on a GPU: its device-to-device copy rate; on the CPU: all threads reading); with Engram\n"
+                   "layers, the time spent gathering their rows per token and its share of the step.\n"
+                   "  --synthetic PRESET    random weights in memory at a release's shapes and storage forms:\n"
+                   "                        v4-flash    V4-Flash (N of its compressed layers, alternating CSA / HCA)\n"
+                   "                        v4.1-flash  V4.1-Flash: N of its 40 layers with their CSA2 roles, Engram\n"
+                   "                                    at layers 1 and 14, the 3 DSpark stages (docs/v41.md)\n"
+                   "                        v4.1-tiny   the same structure at width 64; tiny: V4 layer kinds at width 64\n"
+                   "  --layers N            synthetic layers (default 2)\n"
+                   "  --expert-layers E     only E layers own routed experts, layer i uses layer i %% E's (all the\n"
+                   "                        layers' shapes on a machine that cannot hold every layer's experts)\n"
+                   "  --engram-rows R       V4.1: about R rows per Engram table (v4.1-flash default 4194304, 1.1 GB\n"
+                   "                        a table; the release's have 384M); --engram-tables resident (default)\n"
+                   "                        builds them in memory, streamed writes them to files and reads by row\n"
+                   "  --engram-dir DIR      where streamed synthetic tables are written (default $TMPDIR or /tmp;\n"
+                   "                        removed once loaded, the model holds them open)\n"
                    "  --prefill P,...       prompts timed on fresh sequences (default 64); decode lanes start\n"
                    "                        from a prompt of the first\n"
                    "  --decode N            timed decode steps (default 8), after two untimed ones\n"
@@ -209,6 +256,15 @@ int dsv4_cmd_bench(int argc, char **argv)
             layers = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--expert-layers") && i + 1 < argc)
             elayers = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--engram-rows") && i + 1 < argc) {
+            char *end;
+            erows = strtoll(argv[++i], &end, 10);
+            if (*end || erows < 1) {
+                fprintf(stderr, "dsv4 bench: --engram-rows takes a positive row count\n");
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--engram-dir") && i + 1 < argc)
+            edir = argv[++i];
         else if (!strcmp(argv[i], "--prefill") && i + 1 < argc)
             nP = int_list(argv[++i], Ps, 8);
         else if (!strcmp(argv[i], "--decode") && i + 1 < argc)
@@ -247,7 +303,8 @@ int dsv4_cmd_bench(int argc, char **argv)
     dsv4_model *m;
     if (synth) {
         o.load.progress = 1;
-        m = dsv4_model_synthetic(synth, layers, elayers, &o.load, &err);
+        dsv4_synth_opts so = {.n_layers = layers, .expert_layers = elayers, .engram_rows = erows, .engram_dir = edir};
+        m = dsv4_model_synthetic_ext(synth, &so, &o.load, &err);
         if (!m)
             fprintf(stderr, "dsv4 bench: %s\n", err.msg);
     } else
@@ -264,6 +321,16 @@ int dsv4_cmd_bench(int argc, char **argv)
         printf("experts: %d layers own routed experts; layer i reads layer i %% %d's (same bytes read per token)\n", elayers,
                elayers);
     printf("load: %.2f s, %.2f GB of weights\n", t_load, info.weight_bytes / 1e9);
+    {
+        int64_t er[8];
+        int cols, streamed, ne = dsv4_engram_layout(m, er, &cols);
+        dsv4_engram_stats(m, NULL, NULL, &streamed);
+        for (int i = 0; i < ne && i < 8; i++)
+            printf("%s%lld%s", i ? ", " : "engram: tables of ", (long long)er[i], i + 1 == ne ? " rows" : "");
+        if (ne)
+            printf(" (%.2f GB), %s, %d rows per token per layer\n", (double)(er[0] + (ne > 1 ? er[1] : 0)) * 264 / 1e9,
+                   streamed ? "streamed from a file" : "resident", cols);
+    }
     if (*dsv4_model_placement(m))
         printf("placement: %s\n", dsv4_model_placement(m));
     double bw = gpu ? dsv4_device_bandwidth("cuda") : read_bandwidth();
@@ -293,12 +360,16 @@ int dsv4_cmd_bench(int argc, char **argv)
         dsv4_seq *s = dsv4_seq_new(m, &err);
         double t;
         int32_t nx;
+        eg_mark e0 = eg_now(m);
         rc = !s || time_prefill(m, Ps[i], V, 0, s, lg, &t, &nx, &err);
+        eg_mark e1 = eg_now(m);
         dsv4_seq_free(s);
-        if (!rc)
+        if (!rc) {
             printf("prefill: %d tokens in %.3f s = %.1f tok/s (%.1f %s in the projections and experts)\n", Ps[i], t,
                    Ps[i] / t, flops * Ps[i] / t / (flops * Ps[i] / t >= 1e12 ? 1e12 : 1e9),
                    flops * Ps[i] / t >= 1e12 ? "TFLOP/s" : "GFLOP/s");
+            eg_print(m, e0, e1, t, bw);
+        }
         fflush(stdout);
     }
     free(lg);
@@ -309,7 +380,8 @@ int dsv4_cmd_bench(int argc, char **argv)
                 setenv("DSV4_GRAPHS", pass ? "0" : "1", 1);
             int lanes = Ls[i];
             double t;
-            if ((rc = time_decode(m, P, N, lanes, V, capture ? o.load.device : NULL, &t, &err)))
+            eg_mark e0, e1;
+            if ((rc = time_decode(m, P, N, lanes, V, capture ? o.load.device : NULL, &t, &e0, &e1, &err)))
                 break;
             double step_b = dsv4_decode_step_bytes(m, lanes, P + N / 2 + 1);
             const char *how = !gpu ? "" : getenv("DSV4_GRAPHS") && !strcmp(getenv("DSV4_GRAPHS"), "0") ? ", ops one by one"
@@ -327,6 +399,7 @@ int dsv4_cmd_bench(int argc, char **argv)
                        "%.2f GB/s; floor %.3f ms/step; %.0f%% of it\n",
                        lanes, step_b / 1e6, step_b / t / 1e9, step_b / (bw * 1e9) * 1e3, 100.0 * step_b / t / 1e9 / bw);
             }
+            eg_print(m, e0, e1, t * N, bw);
             fflush(stdout);
         }
     if (rc) {

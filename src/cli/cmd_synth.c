@@ -12,10 +12,12 @@ int dsv4_cmd_synth(int argc, char **argv)
     int layers = 4;
     for (int i = 1; i < argc; i++) {
         if (cli_is_help(argv[i])) {
-            printf("usage: dsv4 synth [--preset tiny|v4-flash] [--layers N] -o DIR\n"
+            printf("usage: dsv4 synth [--preset tiny|v4-flash|v4.1-tiny|v4.1-flash] [--layers N] -o DIR\n"
                    "Writes config.json + model.safetensors with random weights in the release layout\n"
                    "(FP8 blocks, FP4 experts, BF16 embeddings). tiny: the real 129,280 vocabulary at width 64\n"
-                   "with sliding, CSA and HCA layers and a hash-routed layer (default 4 layers).\n");
+                   "with sliding, CSA and HCA layers and a hash-routed layer (default 4 layers). v4.1-tiny:\n"
+                   "V4.1's structure at width 64 (CSA2 roles, Engram, 3 DSpark stages; a token_map.json beside\n"
+                   "it); v4.1-flash: the same at V4.1-Flash shapes (docs/v41.md).\n");
             return 0;
         }
         if (!strcmp(argv[i], "--preset") && i + 1 < argc)

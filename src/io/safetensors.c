@@ -335,6 +335,20 @@ dsv4_st *dsv4_st_open_memory(void *map, size_t size, const char *label, dsv4_err
     return st;
 }
 
+int dsv4_st_add_file(dsv4_st *st, const char *path, dsv4_err *err)
+{
+    st_file *nf = realloc(st->files, (st->n_files + 1) * sizeof *nf);
+    if (!nf)
+        return dsv4_fail(err, DSV4_E_NOMEM, "out of memory adding %s", path);
+    st->files = nf;
+    memset(&nf[st->n_files], 0, sizeof *nf);
+    nf[st->n_files].path = strdup(path);
+    int fi = st->n_files++;
+    if (load_file(st, fi, NULL, NULL, err) || check_duplicates(st, err))
+        return err->code;
+    return 0;
+}
+
 typedef struct { cJSON *map; } index_ctx;
 
 static int index_owns(void *ctx, const char *name, const char *path)

@@ -41,6 +41,8 @@ dsv4_st *dsv4_st_open_dir(const char *dir, dsv4_err *err);
 dsv4_st *dsv4_st_open_file(const char *path, dsv4_err *err);
 /* A safetensors image built in memory (an mmap'd region the set takes over and unmaps). */
 dsv4_st *dsv4_st_open_memory(void *map, size_t size, const char *label, dsv4_err *err);
+/* Adds the tensors of one more .safetensors file to a set (a name already in it is refused). */
+int dsv4_st_add_file(dsv4_st *st, const char *path, dsv4_err *err);
 void dsv4_st_close(dsv4_st *st);
 
 const dsv4_tensor *dsv4_st_find(const dsv4_st *st, const char *name);

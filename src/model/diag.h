@@ -22,14 +22,38 @@ extern "C" {
  * 43 layers of experts; each layer still reads its own active experts once per token. */
 dsv4_model *dsv4_model_synthetic(const char *preset, int n_layers, int expert_layers, const dsv4_load_opts *opts,
                                  dsv4_err *err);
-/* Writes the same as a checkpoint folder (config.json + model.safetensors), presets
- * "v4-flash" and "tiny" (real vocabulary, width 64, every layer kind). */
+/* The presets, for messages and help. */
+#define DSV4_SYNTHETIC_PRESETS "v4-flash, v4.1-flash, v4.1-tiny, tiny"
+/* V4.1 presets ("v4.1-flash" at the release's shapes, "v4.1-tiny" the same structure at width 64):
+ * N of the release's 40 layers with their CSA2 roles (N = 40: all; fewer: first those of every
+ * role, see docs/v41.md), the Engram layers among them, the three DSpark stages (their experts
+ * are layer 0's bytes), and an Engram token map of id mod 99,092. The Engram tables have
+ * about engram_rows rows each (the layout's primes after engram_rows / 24): in the image when
+ * the load options ask for resident (or auto) tables, else written to files in engram_dir and
+ * streamed from there (the files are unlinked once the model holds them). */
+typedef struct dsv4_synth_opts {
+    int n_layers, expert_layers;
+    int64_t engram_rows;    /* 0: the preset's default (v4.1-flash 2^22, v4.1-tiny 48,000) */
+    const char *engram_dir; /* NULL: $TMPDIR, else /tmp */
+} dsv4_synth_opts;
+dsv4_model *dsv4_model_synthetic_ext(const char *preset, const dsv4_synth_opts *so, const dsv4_load_opts *opts,
+                                     dsv4_err *err);
+/* The config.json text a preset's model of n_layers has (nothing is built), into buf [n]. */
+int dsv4_synthetic_config(const char *preset, int n_layers, int64_t engram_rows, char *buf, size_t n, dsv4_err *err);
+/* Writes the same as a checkpoint folder (config.json + model.safetensors, and for V4.1 the
+ * token_map.json), any preset ("tiny": real vocabulary, width 64, every V4 layer kind). */
 int dsv4_synthetic_write(const char *preset, int n_layers, const char *dir, dsv4_err *err);
 
 /* ---- diagnostics ----------------------------------------------------------------- */
 /* Engram table traffic since load: bytes of rows read (or touched, when resident), and the
  * tokens they served. streamed: 1 if the tables are streamed. */
 void dsv4_engram_stats(const dsv4_model *m, uint64_t *bytes, uint64_t *tokens, int *streamed);
+/* Engram time since load, in seconds: reading and decoding rows (on the fetch thread when
+ * streamed), and the part of it the forward waited for (all of it when read in line). */
+void dsv4_engram_times(const dsv4_model *m, double *gather_s, double *stall_s);
+/* Engram layers; their tables' rows into rows [n] (may be NULL), row ids a token looks up per
+ * layer into *cols (may be NULL). Returns the number of Engram layers. */
+int dsv4_engram_layout(const dsv4_model *m, int64_t *rows, int *cols);
 
 /* What a sequence's window rows, compressed entries and indexer keys hold at `ctx` tokens of
  * context, in bytes: in exact caches (fp32) and, the _q figures, in production caches (window

@@ -58,5 +58,8 @@ uint64_t dsv4_fnv1a64(uint64_t h, const void *p, size_t n);
  * one, 2 a wrong one. For tests and the streaming benchmark. */
 int dsv4_etable_synth(const char *path, const char *prefix, int64_t rows, int head_dim, uint64_t seed, int checksum,
                       dsv4_err *err);
+/* The data of the table dsv4_etable_synth writes for seed, in memory: rows into w [rows,
+ * head_dim], scales into sc [rows, head_dim / 32] (a synthetic model's resident tables). */
+void dsv4_etable_synth_data(uint8_t *w, uint8_t *sc, int64_t rows, int head_dim, uint64_t seed);
 
 #endif

@@ -237,6 +237,23 @@ void dsv4_engram_stats(const dsv4_model *m, uint64_t *bytes, uint64_t *tokens, i
         *streamed = m->engram_streamed;
 }
 
+void dsv4_engram_times(const dsv4_model *m, double *gather_s, double *stall_s)
+{
+    if (gather_s)
+        *gather_s = m->engram_gather_s;
+    if (stall_s)
+        *stall_s = m->engram_stall_s;
+}
+
+int dsv4_engram_layout(const dsv4_model *m, int64_t *rows, int *cols)
+{
+    for (int i = 0; rows && i < m->cfg.n_engram; i++)
+        rows[i] = m->cfg.engram_rows[i];
+    if (cols)
+        *cols = m->cfg.n_engram ? m->engram[0].cols : 0;
+    return m->cfg.n_engram;
+}
+
 uint64_t dsv4_fnv1a64(uint64_t h, const void *p, size_t n)
 {
     const uint8_t *b = p;
@@ -260,6 +277,13 @@ static void synth_fill(uint8_t *p, size_t n, int k, uint64_t *s)
         uint8_t v = (uint8_t)splitmix(s);
         p[i] = k ? (uint8_t)(120 + v % 8) : ((v & 0x7f) == 0x7f ? v ^ 1 : v);
     }
+}
+
+void dsv4_etable_synth_data(uint8_t *w, uint8_t *sc, int64_t rows, int head_dim, uint64_t seed)
+{
+    uint64_t s = seed;
+    synth_fill(w, (size_t)(rows * head_dim), 0, &s);
+    synth_fill(sc, (size_t)(rows * (head_dim / 32)), 1, &s);
 }
 
 int dsv4_etable_synth(const char *path, const char *prefix, int64_t rows, int head_dim, uint64_t seed, int checksum,

@@ -422,6 +422,14 @@ static int load_token_map(dsv4_model *m, dsv4_err *err)
     const dsv4_config *c = &m->cfg;
     if (c->engram_pad_id < 0 || c->engram_pad_id >= c->vocab)
         return dsv4_fail(err, DSV4_E_MODEL, "config: engram_pad_id %d is not a token", c->engram_pad_id);
+    if (m->token_map) { /* given with the model (a synthetic one) */
+        for (int i = 0; i < c->vocab; i++)
+            if (m->token_map[i] < 0 || m->token_map[i] >= c->engram_compressed_vocab)
+                return dsv4_fail(err, DSV4_E_MODEL, "%s: token map entry %d = %d is not below engram_compressed_vocab_size %d",
+                                 m->dir, i, m->token_map[i], c->engram_compressed_vocab);
+        m->engram_pad = m->token_map[c->engram_pad_id];
+        return 0;
+    }
     char path[4096];
     snprintf(path, sizeof path, "%s/token_map.json", m->dir);
     FILE *f = fopen(path, "rb");
@@ -823,6 +831,13 @@ dsv4_model *dsv4_model_load(const char *dir, const dsv4_load_opts *opts, dsv4_er
 dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size_t st_len, const char *label,
                                    const dsv4_load_opts *opts, dsv4_err *err)
 {
+    return dsv4_model_from_memory_ext(config_json, st_image, st_len, label, NULL, NULL, opts, err);
+}
+
+dsv4_model *dsv4_model_from_memory_ext(const char *config_json, void *st_image, size_t st_len, const char *label,
+                                       const char *const *files, const int32_t *token_map, const dsv4_load_opts *opts,
+                                       dsv4_err *err)
+{
     dsv4_load_opts o = {0};
     if (opts)
         o = *opts;
@@ -832,7 +847,23 @@ dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size
         dsv4_model_free(m);
         return NULL;
     }
-    if (!(m->st = dsv4_st_open_memory(st_image, st_len, label, err)) || model_bind(m, &o, err) || model_place(m, &o, err)) {
+    if (!(m->st = dsv4_st_open_memory(st_image, st_len, label, err))) {
+        dsv4_model_free(m);
+        return NULL;
+    }
+    for (int i = 0; files && files[i]; i++)
+        if (dsv4_st_add_file(m->st, files[i], err)) {
+            dsv4_model_free(m);
+            return NULL;
+        }
+    if (token_map && m->cfg.n_engram) {
+        if (!(m->token_map = dsv4_xmalloc((size_t)m->cfg.vocab * sizeof(int32_t), err))) {
+            dsv4_model_free(m);
+            return NULL;
+        }
+        memcpy(m->token_map, token_map, (size_t)m->cfg.vocab * sizeof(int32_t));
+    }
+    if (model_bind(m, &o, err) || model_place(m, &o, err)) {
         dsv4_model_free(m);
         return NULL;
     }

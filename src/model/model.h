@@ -141,6 +141,7 @@ struct dsv4_model {
     int32_t engram_pad;      /* compressed id of the pad token */
     int engram_streamed;
     uint64_t engram_bytes, engram_tokens; /* table traffic since load */
+    double engram_gather_s, engram_stall_s; /* time reading rows; time the forward waited for them */
     size_t weight_bytes;
     char *dir;
     char placement[320];     /* a device backend's memory plan in words ("" on the CPU) */
@@ -190,6 +191,12 @@ struct dsv4_seq {
  * over: unmapped when the model is freed). Used for synthetic models. */
 dsv4_model *dsv4_model_from_memory(const char *config_json, void *st_image, size_t st_len, const char *label,
                                    const dsv4_load_opts *opts, dsv4_err *err);
+/* As dsv4_model_from_memory, and: files (NULL-terminated, may be NULL), safetensors files whose
+ * tensors join the image's (tables to stream from disk); token_map (may be NULL), the Engram
+ * token classes [vocab] when the config has Engram layers, instead of token_map.json. */
+dsv4_model *dsv4_model_from_memory_ext(const char *config_json, void *st_image, size_t st_len, const char *label,
+                                       const char *const *files, const int32_t *token_map, const dsv4_load_opts *opts,
+                                       dsv4_err *err);
 
 /* Sequence state helpers shared by the forward. */
 int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err);

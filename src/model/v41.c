@@ -39,6 +39,7 @@ typedef struct prefetch {
     int done, rc;            /* Engram layers fetched; first error */
     dsv4_err err;
     uint64_t bytes;
+    double gather_s, stall_s; /* reading rows (fetch thread); the forward waiting for them */
     pthread_mutex_t mu;
     pthread_cond_t cv;
 } prefetch;
@@ -56,9 +57,11 @@ static void *fetch_all(void *arg)
             rc = dsv4_fail(&pf->err, DSV4_E_NOMEM, "out of memory fetching Engram rows");
         for (int64_t i = 0; i < per && ids; i++)
             ids[i] = pf->ehash[(i / cols * ne + ei) * cols + i % cols];
+        double t0 = dsv4_now();
         if (!rc)
             rc = dsv4_etable_rows(&pf->m->engram[ei].table, ids, (int)per, pf->rows + ei * per * c->engram_head_dim, &pf->bytes,
                                   &pf->err);
+        pf->gather_s += dsv4_now() - t0;
         pthread_mutex_lock(&pf->mu);
         pf->done = rc ? ne : ei + 1;
         pf->rc = rc;
@@ -74,11 +77,13 @@ static void *fetch_all(void *arg)
 /* Waits for Engram layer ei's rows; returns its [R * cols, head_dim] block or NULL on error. */
 static const float *rows_of(prefetch *pf, int ei, dsv4_err *err)
 {
+    double t0 = dsv4_now();
     pthread_mutex_lock(&pf->mu);
     while (pf->done <= ei)
         pthread_cond_wait(&pf->cv, &pf->mu);
     int rc = pf->rc;
     pthread_mutex_unlock(&pf->mu);
+    pf->stall_s += dsv4_now() - t0;
     if (rc) {
         *err = pf->err;
         return NULL;
@@ -543,8 +548,10 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
             goto out;
         }
         threaded = m->engram_streamed && !pthread_create(&th, NULL, fetch_all, &pf);
-        if (!threaded)
+        if (!threaded) { /* read in line: all of it is the forward's wait */
             fetch_all(&pf);
+            pf.stall_s += pf.gather_s;
+        }
     }
     dsv4_rnd(m, X, (int64_t)R * n * D);
     for (int li = 0; li < c->n_layers && !rc; li++) {
@@ -575,6 +582,8 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
     if (threaded)
         pthread_join(th, NULL);
     m->engram_bytes += pf.bytes;
+    m->engram_gather_s += pf.gather_s;
+    m->engram_stall_s += pf.stall_s;
     if (!rc && c->n_engram)
         m->engram_tokens += (uint64_t)R;
 out:

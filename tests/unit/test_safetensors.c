@@ -173,6 +173,23 @@ int main(void)
     st = dsv4_st_open_dir(sd, &err);
     CHECK(!st && strstr(err.msg, "tensor w") && strstr(err.msg, "s1.safetensors") && strstr(err.msg, "s2.safetensors"),
           "duplicate without an index: %s", err.msg);
+    /* a file added to an open set: its tensors join; a name already there is refused naming both */
+    char a1[512], a2[512];
+    snprintf(a1, sizeof a1, "%s/s1.safetensors", sd);
+    snprintf(a2, sizeof a2, "%s/s2.safetensors", sd);
+    st = dsv4_st_open_file(a1, &err);
+    CHECK(st && dsv4_st_add_file(st, a2, &err) && strstr(err.msg, "tensor w") && strstr(err.msg, "s2.safetensors"),
+          "adding a file with a tensor already in the set: %s", err.msg);
+    dsv4_st_close(st);
+    const char *n3[] = {"c"};
+    snprintf(a2, sizeof a2, "%s/extra.safetensors", dir);
+    write_st(a2, 1, n3, f32, e2, s4, f2);
+    st = dsv4_st_open_file(a1, &err);
+    CHECK(st && !dsv4_st_add_file(st, a2, &err) && dsv4_st_count(st) == 3 && dsv4_st_find(st, "c") &&
+              ((const unsigned char *)dsv4_st_find(st, "c")->data)[0] == 3 && dsv4_st_find(st, "a") &&
+              dsv4_st_file_offset(st, dsv4_st_find(st, "c")) >= 8,
+          "a file added to a set: %s", err.msg);
+    dsv4_st_close(st);
     /* a folder with nothing */
     snprintf(p, sizeof p, "%s/empty", dir);
     mkdir(p, 0755);
