@@ -1219,18 +1219,7 @@ static void test_experts(dsv4_wform form, int R, int E, int K, int D, int I, int
     int32_t *eid = malloc((size_t)RK * 4);
     fill(x, (size_t)R * D, -1, 1);
     fill(wts, RK, 0.1f, 1.0f);
-    for (int r = 0; r < R; r++)
-        for (int k = 0; k < K; k++) {
-            int e;
-            int again;
-            do { /* distinct experts in a row, as routing gives */
-                e = rnd() % E;
-                again = 0;
-                for (int j = 0; j < k; j++)
-                    again |= eid[r * K + j] == e;
-            } while (again);
-            eid[r * K + k] = e;
-        }
+    distinct_experts(eid, R, K, E);
     dsv4_experts_args a = {w1, w2, w3, E, K, R, D, I, eid, wts, x, limit, pre_weight, 0, yr, NULL};
     cpu->experts(&a);
     size_t wn = DSV4_EXPERTS_WORK(R, K, D, I, E);

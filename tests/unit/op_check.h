@@ -156,4 +156,20 @@ static inline void *scale_skipped(const dsv4_weight *w, int64_t row)
     return s;
 }
 
+/* eid [R, K]: K distinct experts of E a row, as routing gives (E >= K). */
+static inline void distinct_experts(int32_t *eid, int R, int K, int E)
+{
+    for (int r = 0; r < R; r++)
+        for (int k = 0; k < K; k++) {
+            int e, again;
+            do {
+                e = (int)(rnd() % (uint64_t)E);
+                again = 0;
+                for (int j = 0; j < k; j++)
+                    again |= eid[r * K + j] == e;
+            } while (again);
+            eid[r * K + k] = e;
+        }
+}
+
 #endif

@@ -1715,17 +1715,7 @@ static void test_experts(const experts_case *c)
     int32_t *eid = malloc(RK * 4), *e2 = malloc(RK * 4);
     fill(x, (size_t)R * D, -1, 1);
     fill(wts, RK, 0.1f, 1.0f);
-    for (int r = 0; r < R; r++)
-        for (int k = 0; k < K; k++) {
-            int e, again;
-            do { /* distinct experts in a row, as routing gives */
-                e = rnd() % E;
-                again = 0;
-                for (int j = 0; j < k; j++)
-                    again |= eid[r * K + j] == e;
-            } while (again);
-            eid[r * K + k] = e;
-        }
+    distinct_experts(eid, R, K, E);
     memcpy(e2, eid, RK * 4);
     e2[RK - 1] = (e2[RK - 1] + 1) % E;
     double *tol = malloc((size_t)R * D * sizeof(double)), *scr = malloc((size_t)R * D * sizeof(double));

@@ -147,23 +147,20 @@ template <int F, class XF>
 __device__ __forceinline__ void tc_run(float acc[4], const uint32_t (*a)[4], const XF &xfrag, float s0, float s1)
 {
     enum { G = tcf<F>::G };
-    if constexpr (F == DSV4_WF_BF16) {
+    auto chain = [&](float d[4]) {
 #pragma unroll
         for (int u = 0; u < G; u++)
 #pragma unroll
             for (int e = 0; e < 3; e++) {
                 uint2 b = xfrag(u, e);
-                mma_bf16(acc, a[u], b.x, b.y, acc);
+                mma_bf16(d, a[u], b.x, b.y, d);
             }
+    };
+    if constexpr (F == DSV4_WF_BF16) {
+        chain(acc);
     } else {
         float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-        for (int u = 0; u < G; u++)
-#pragma unroll
-            for (int e = 0; e < 3; e++) {
-                uint2 b = xfrag(u, e);
-                mma_bf16(p, a[u], b.x, b.y, p);
-            }
+        chain(p);
         acc[0] = fmaf(p[0], s0, acc[0]);
         acc[1] = fmaf(p[1], s0, acc[1]);
         acc[2] = fmaf(p[2], s1, acc[2]);
