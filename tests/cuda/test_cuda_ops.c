@@ -116,10 +116,21 @@ static void test_linear(const lin_case *c, int where)
     /* control 1, one index off: the reference computed with x[T-1][j] and x[T-1][j+1] swapped */
     float *xs = falloc((size_t)T * ldx), *wr = falloc((size_t)T * ldy), *wp = calloc((size_t)T * nr, sizeof(float));
     memcpy(xs, x, (size_t)T * ldx * sizeof(float));
-    int64_t j = rnd() % (k - 1);
-    /* a pair that differs (x within 1e-3 of its neighbour would hide the swap) */
-    while (fabsf(xs[(size_t)(T - 1) * ldx + j] - xs[(size_t)(T - 1) * ldx + j + 1]) < 0.25f)
-        j = (j + 1) % (k - 1);
+    /* the pair whose swap moves row r0 the most (a pair in a block of small scale, or of nearly
+     * equal weights, moves it less than the tolerance and would hide the swap) */
+    float *w0 = falloc(k);
+    dsv4_weight_row(&w, c->r0, w0);
+    int64_t j = 0;
+    double best = -1;
+    for (int64_t q = 0; q + 1 < k; q++) {
+        const float *xl = xs + (size_t)(T - 1) * ldx;
+        double d = fabs(((double)w0[q] - w0[q + 1]) * ((double)xl[q] - xl[q + 1]));
+        if (d > best) {
+            best = d;
+            j = q;
+        }
+    }
+    free(w0);
     float tmp = xs[(size_t)(T - 1) * ldx + j];
     xs[(size_t)(T - 1) * ldx + j] = xs[(size_t)(T - 1) * ldx + j + 1];
     xs[(size_t)(T - 1) * ldx + j + 1] = tmp;
