@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include "cli/cli.h"
 #include "core/core.h"
+#include "kernels/cpu/cpu.h"
 #include "model/diag.h"
 #include "model/model.h"
 

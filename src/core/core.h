@@ -29,6 +29,10 @@ extern const float dsv4_e2m1_lut[16];
 void dsv4_round_bf16(float *x, int64_t n);                /* each value through bf16 */
 float dsv4_pow2_ceil(float t);                            /* 2^ceil(log2 t), t positive finite */
 void dsv4_fp8_roundtrip(float *x, int64_t n, int block);  /* e4m3, ue8m0 scale per block */
+void dsv4_fp4_roundtrip(float *x, int64_t n, int block, int e4m3_scale); /* e2m1; e4m3 or ue8m0 scale */
+/* The dot product every CPU op and the model's host arithmetic use: one fixed reduction order
+ * per length (core/dot.c). */
+float dsv4_dot(const float *a, const float *b, int64_t n);
 
 /* ---- logging and progress */
 void dsv4_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

@@ -84,6 +84,65 @@ typedef struct dsv4_attn_args {
 } dsv4_attn_args;
 #define DSV4_ATTN_WORK(R, vis_cap, topk) ((size_t)(R) * ((size_t)(vis_cap) + (size_t)(topk) + 1))
 
+/* The stateful part of one V4.1 attention layer over a step (CSA2, spec §5-§7), for every row
+ * r of sequence s at position p, with compression ratio m (0: sliding only), rows in position
+ * order:
+ *  1. the window ring takes kv[r] at p mod kv_cap; a KV source (own_ent) with m > 1 also puts
+ *     cc[r], zz[r] into its rings at p mod c_cap;
+ *  2. a KV source whose group w = p / m completes at p ((p+1) mod m = 0) emits entry w into
+ *     st[s].ent: m > 1: pooled from its rings (dsv4_pool over cc, zz) and RMS-normed with
+ *     comp.norm; m = 1: cc[r] as it is. With own_ikey it first derives the index key from
+ *     that unrotated entry, ikey[w] = rmsnorm(iwk . entry, ik_norm) roped at w m; the entry is
+ *     then roped at w m (inv_freq). REF (ref): bf16 rounding after each of these steps, the
+ *     iwk product's input through e4m3 blocks of 32 when iwk is FP8/FP4, and the stored key
+ *     and entry through their fp4 round trips; with kv_prod the packed rows instead;
+ *  3. an index source scores the entries w < (p+1)/m against ist[s]'s keys (the layer owning
+ *     them, spec: index-key ownership), score = sum_h wt[r,h] relu(qi[r,h] . ikey[w]) (wt
+ *     already carries every factor; REF: bf16 per term). A candidate source keeps in cand[r]
+ *     the best cand_k blocks of cand_bs entries by their best score (the block of the newest
+ *     entry always, blocks of no finite score never), ncand[r] of them; a candidate filter
+ *     sets the scores outside cand[r] (as an earlier layer left it) to -inf. The topk best
+ *     remaining go to sel[r] in ascending order, nsel[r] of them; ties to the lower index;
+ *  4. o[r] = attend(q[r]) over est[s]'s entries sel[r][0..nsel[r]) (a layer that is no index
+ *     source reads the selection an earlier layer of the step left) then the window rows
+ *     p-W+1..p from the ring, with the sink.
+ * A row reads only entries and keys complete at its position, written by this step or before,
+ * so its result does not depend on the step it is in. st, est and ist may be the same arrays
+ * (a layer that owns its entries and keys); sel, nsel, cand, ncand are the step's slots shared
+ * across layers, [R, topk], [R], [R, cand_k], [R]. */
+typedef struct dsv4_attn41_args {
+    dsv4_rows rows;          /* pos and seq are read (host memory) */
+    const dsv4_lbufs *st;    /* [S] this layer's buffers: window ring, and when own_ent its rings, entries, keys */
+    const dsv4_lbufs *est;   /* [S] the KV source layer's: the entries attended */
+    const dsv4_lbufs *ist;   /* [S] the index keys' owner: the keys scored (index sources) */
+    int kv_cap, c_cap;       /* ring rows */
+    int64_t vis_cap;         /* bound on (p+1)/m over the rows */
+    int H, d, rd, window;    /* heads of width d, rope dims, window W */
+    float scale, eps;        /* attention 1/sqrt(d), norm eps */
+    const float *sink;       /* [H] */
+    const float *inv_freq;   /* [rd/2]: the compressed entries' and keys' rope */
+    int ratio;
+    int own_ent, own_ikey, index_source, cand_source, cand_filter;
+    dsv4_pool comp;          /* the KV source's pooling (ratio, dim = d, norm) */
+    const dsv4_weight *iwk;  /* [ci, d] index key projection (own_ikey) */
+    const float *ik_norm;    /* [ci] */
+    int nI, ci, topk;        /* index heads, width, entries kept */
+    int cand_bs, cand_k;     /* candidate block size, blocks kept */
+    int ref, kv_prod;        /* REF numerics; production caches */
+    const float *q;          /* [R, H d] */
+    const float *kv;         /* [R, d] */
+    const float *cc, *zz;    /* [R, d] (own_ent; zz only for m > 1) */
+    const float *qi, *wt;    /* [R, nI ci], [R, nI] (index sources) */
+    int64_t *sel, *cand;     /* [R, topk], [R, cand_k] */
+    int *nsel, *ncand;       /* [R] */
+    float *o;                /* [R, H d] */
+    float *work;             /* DSV4_ATTN41_WORK floats of scratch, in the op's memory */
+} dsv4_attn41_args;
+#define DSV4_ATTN41_WORK(vis_cap, topk, window, d, ci)                                                      \
+    (2 * ((size_t)(window) + ((topk) > 0 ? (size_t)(topk) : 1) + 1) + 8 * ((size_t)(vis_cap) + 1) +        \
+     ((size_t)(window) + ((topk) > 0 ? (size_t)(topk) : 1) + 2) * (size_t)(d) +                           \
+     (1024 + 1) * ((ci) > 0 ? (size_t)(ci) : 1) + ((size_t)(vis_cap) + 4) / 4 + 1)
+
 /* Routed experts of a MoE layer. For row r and its k-th expert e = eid[r, k] with weight
  * w = wts[r, k]: h = swiglu(W1[e] x_r, W3[e] x_r, limit) (times w when pre_weight), and
  * y_r = sum over k in order of (pre_weight ? 1 : w) * W2[e] h. Each product is computed as
@@ -155,6 +214,8 @@ typedef struct dsv4_backend {
     void (*attend)(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink, float *out);
     /* The V4 attention layer's stateful part, above. */
     void (*attn_step)(const dsv4_attn_args *a);
+    /* The V4.1 attention layer's stateful part, above (NULL: the backend has none). */
+    void (*attn_step41)(const dsv4_attn41_args *a);
     /* Routing of R rows over E experts: s = sqrt(softplus(lg[r])); the K experts are
      * tid2eid[ids[r]] when tid2eid is given (hash layers), else the K best of s + bias (bias
      * may be NULL), ties to the lower expert, best first; wts[r, k] = s_e (over the K's sum +
@@ -207,25 +268,5 @@ const dsv4_backend *dsv4_backend_cpu(void);
  * (DSV4_E_DEVICE) when the name is unknown, this build lacks it or no usable device is there
  * (kernels/device.c: the one place that knows which backends a build has). */
 const dsv4_backend *dsv4_backend_named(const char *device, dsv4_err *err);
-
-/* Seconds the CPU has spent scoring indexer keys (V4's attn_step, V4.1's index sources) since
- * the process started, for the benchmark's indexer share of a step; add: the V4.1 forward's
- * scoring reports its own. One forward at a time updates it. */
-double dsv4_index_seconds(void);
-void dsv4_index_seconds_add(double s);
-
-/* The dot product every CPU op uses: one fixed reduction order per length. */
-float dsv4_dot(const float *a, const float *b, int64_t n);
-
-/* CPU reference pieces the V4.1 forward shares (kernels/cpu/step.c). */
-/* Pooled group w of a compressor: per channel, softmax over the group's slots of z (+ ape)
- * weighting c, rings [c_cap, (1 + overlap) dim] by position mod c_cap; out [dim]. */
-void dsv4_pool_group(const dsv4_pool *cp, const float *cring, const float *zring, int c_cap, int64_t w, float *out);
-/* A scored entry for the family's top-k selections: descending score, ties to the lower index. */
-typedef struct dsv4_scored { float s; int64_t w; } dsv4_scored;
-/* The min(k, nvis) best of tmp[0..nvis) (reordered) into sel, ascending entry order; returns the count. */
-int dsv4_topk_ascending(dsv4_scored *tmp, int64_t nvis, int k, int64_t *sel);
-/* The min(k, n) best of v moved to v[0..) in no particular order; returns the count. */
-int64_t dsv4_best_k(dsv4_scored *v, int64_t n, int k);
 
 #endif

@@ -218,7 +218,6 @@ void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1,
 void dsv4_lin_multi(const dsv4_model *m, int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx,
                     float *const *y, int flags);
 void dsv4_rnd(const dsv4_model *m, float *x, int64_t n);          /* REF: round to bf16 */
-void dsv4_fp4_roundtrip(float *x, int64_t n, int block, int e4m3_scale); /* e2m1; e4m3 or ue8m0 scale */
 
 static inline float *dsv4_fbuf(size_t n, dsv4_err *err) { return dsv4_xmalloc(n * sizeof(float), err); }
 

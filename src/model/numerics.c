@@ -14,22 +14,6 @@ void dsv4_rnd(const dsv4_model *m, float *x, int64_t n)
         dsv4_round_bf16(x, n);
 }
 
-/* Per block: e2m1 codes with scale e4m3(max(amax, 6*2^-9) / 6) (e4m3_scale) or
- * 2^ceil(log2(max(amax, 6*2^-126) / 6)) (ue8m0); v = e2m1(clamp(v / s, +-6)) * s. */
-void dsv4_fp4_roundtrip(float *x, int64_t n, int block, int e4m3_scale)
-{
-    for (int64_t b0 = 0; b0 < n; b0 += block) {
-        int64_t e = b0 + block < n ? b0 + block : n;
-        float amax = 0;
-        for (int64_t i = b0; i < e; i++)
-            amax = fmaxf(amax, fabsf(x[i]));
-        float s = e4m3_scale ? dsv4_e4m3_to_f32(dsv4_f32_to_e4m3(fmaxf(amax, 6.0f * 0x1p-9f) / 6.0f))
-                             : dsv4_pow2_ceil(fmaxf(amax, 6.0f * 0x1p-126f) * (1.0f / 6.0f));
-        for (int64_t i = b0; i < e; i++)
-            x[i] = dsv4_e2m1_to_f32(dsv4_f32_to_e2m1(fminf(fmaxf(x[i] / s, -6.0f), 6.0f))) * s;
-    }
-}
-
 void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx,
               float *y, int64_t ldy, int flags)
 {

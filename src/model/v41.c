@@ -151,109 +151,6 @@ static int engram_apply(dsv4_step *f, int ei, prefetch *pf, float *X, dsv4_err *
     return rc;
 }
 
-/* Index scores of one query over the nvis visible keys: sum_h w_h relu(q_h . k) (REF: bf16
- * per-head products, weighted terms and sum, as the reference's bf16 einsum). Production keys
- * are unpacked a tile at a time into kt [INDEX_TILE, ci]. */
-#define INDEX_TILE 1024
-static void index_scores(const dsv4_model *m, const float *qi, const float *wt, const dsv4_lbufs *src, int64_t nvis,
-                         float *kt, dsv4_scored *out)
-{
-    const dsv4_config *c = &m->cfg;
-    int nI = c->index_heads, ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
-    int rb = dsv4_kv_row_bytes(DSV4_KV_INDEX, ci);
-    for (int64_t w0 = 0; w0 < nvis; w0 += INDEX_TILE) {
-        int64_t nt = nvis - w0 < INDEX_TILE ? nvis - w0 : INDEX_TILE;
-        const float *keys = m->kv_prod ? kt : src->ikey + w0 * ci;
-        if (m->kv_prod)
-            for (int64_t i = 0; i < nt; i++)
-                dsv4_kv_unpack(DSV4_KV_INDEX, src->pikey + (w0 + i) * rb, ci, kt + i * ci);
-        /* entries are independent: threads split them, each score summed in one order */
-#pragma omp parallel for schedule(static) if (nt * nI * ci > 1 << 20)
-        for (int64_t i = 0; i < nt; i++) {
-            float s = 0;
-            for (int h = 0; h < nI; h++) {
-                float dp = dsv4_dot(qi + (int64_t)h * ci, keys + i * ci, ci);
-                if (ref)
-                    dp = dsv4_bf16_to_f32(dsv4_f32_to_bf16(dp));
-                float t = wt[h] * (dp > 0 ? dp : 0);
-                s += ref ? dsv4_bf16_to_f32(dsv4_f32_to_bf16(t)) : t;
-            }
-            out[w0 + i].s = ref ? dsv4_bf16_to_f32(dsv4_f32_to_bf16(s)) : s;
-            out[w0 + i].w = w0 + i;
-        }
-    }
-}
-
-/* The candidate source's block filter for one query: block score = max over its entries,
- * the block of the newest visible entry forced in, the best `candidate_topk_blocks` kept. */
-static int candidate_blocks(const dsv4_config *c, const dsv4_scored *sc, int64_t nvis, int64_t *blocks, dsv4_scored *tmp)
-{
-    int bs = c->candidate_block_size;
-    int64_t nb = (nvis + bs - 1) / bs;
-    for (int64_t b = 0; b < nb; b++) {
-        float mx = -INFINITY;
-        for (int64_t w = b * bs; w < nvis && w < (b + 1) * bs; w++)
-            mx = fmaxf(mx, sc[w].s);
-        tmp[b].s = b == (nvis - 1) / bs ? INFINITY : mx;
-        tmp[b].w = b;
-    }
-    int64_t n = dsv4_best_k(tmp, nb, c->candidate_topk_blocks);
-    int k = 0;
-    for (int64_t i = 0; i < n; i++) /* blocks with no finite score are not kept */
-        if (tmp[i].s != -INFINITY)
-            blocks[k++] = tmp[i].w;
-    return k;
-}
-
-/* A compressed entry's rope at its group's first position, then (REF) its cache round trip. */
-static void rope_at(const dsv4_step *f, float *x, int heads, int width, int64_t p)
-{
-    f->be->rope(x, 1, (int64_t)heads * width, heads, width, f->m->cfg.rope_dim, f->m->inv_freq_compress, &p, 0);
-    dsv4_rnd(f->m, x, (int64_t)heads * width);
-}
-
-/* KV source: group w of positions [w r, (w + 1) r) is complete. Pools the group's projected
- * inputs (ratio > 1: per channel, softmax over the group's gate scores weighting its kv;
- * ratio 1: the row's normed latent as it is), derives the index key from the unrotated
- * latent, then ropes and stores the entry. */
-static void emit_group(dsv4_step *f, int li, dsv4_lbufs *ls, int64_t w, const float *lat1, float *lat, float *kk)
-{
-    const dsv4_model *m = f->m;
-    const dsv4_config *c = &m->cfg;
-    const dsv4_layer *L = &m->layers[li];
-    int d = c->head_dim, r = L->ratio, ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
-    float eps = (float)c->norm_eps;
-    if (r > 1) {
-        dsv4_pool_group(&(dsv4_pool){L->comp.ratio, L->comp.dim, L->comp.overlap, L->comp.ape, L->comp.norm}, ls->c, ls->z, dsv4_c_cap(m, L), w, lat);
-        dsv4_rnd(m, lat, d);
-        f->be->rmsnorm(lat, 1, d, L->comp.norm, eps, lat);
-        dsv4_rnd(m, lat, d);
-    } else
-        memcpy(lat, lat1, d * sizeof(float));
-    int64_t p = w * r;
-    if (L->own_ikey) {
-        dsv4_lin(m, &L->iwk, 0, ci, lat, 1, d, kk, ci, 0);
-        f->be->rmsnorm(kk, 1, ci, L->ik_norm, eps, kk);
-        dsv4_rnd(m, kk, ci);
-        rope_at(f, kk, 1, ci, p);
-        if (m->kv_prod) /* the stored format is the round trip */
-            dsv4_kv_pack(DSV4_KV_INDEX, kk, ci, ls->pikey + w * dsv4_kv_row_bytes(DSV4_KV_INDEX, ci));
-        else {
-            if (ref)
-                dsv4_fp4_roundtrip(kk, ci, 32, 0);
-            memcpy(ls->ikey + w * ci, kk, ci * sizeof(float));
-        }
-    }
-    rope_at(f, lat, 1, d, p);
-    if (m->kv_prod)
-        dsv4_kv_pack(DSV4_KV_MAIN, lat, d, ls->pent + w * dsv4_kv_row_bytes(DSV4_KV_MAIN, d));
-    else {
-        if (ref)
-            dsv4_fp4_roundtrip(lat, d, 16, 1);
-        memcpy(ls->ent + w * d, lat, d * sizeof(float));
-    }
-}
-
 /* Rope tables of a layer: the compressed layers' (YaRN) or the main one. */
 static const float *freq_of(const dsv4_model *m, const dsv4_layer *L)
 {
@@ -309,20 +206,35 @@ int dsv4_v41_attn_out(const dsv4_model *m, const dsv4_layer *L, float *o, int R,
     return 0;
 }
 
-/* One layer's attention over R rows: a [R, D] (attn_norm output) -> y [R, D]. */
+/* One layer's attention over R rows: a [R, D] (attn_norm output) -> y [R, D]. The projections
+ * run over all rows; the stateful part is the backend's attn_step41. */
 static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float *y, dsv4_err *err)
 {
     dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
     const dsv4_backend *be = f->be;
     const dsv4_layer *L = &m->layers[li];
-    int R = f->R, H = c->n_heads, d = c->head_dim, rd = c->rope_dim, W = c->window, nI = c->index_heads,
+    int R = f->R, S = f->rows.S, H = c->n_heads, d = c->head_dim, rd = c->rope_dim, nI = c->index_heads,
         ci = c->index_dim, ref = m->numerics == DSV4_NUMERICS_REF;
     int64_t Hd = (int64_t)H * d;
     float eps = (float)c->norm_eps;
+    if (!be->attn_step41)
+        return dsv4_fail(err, DSV4_E_UNSUPPORTED, "%s: V4.1 attention is not on this backend", be->name);
+    dsv4_attn41_args A = {.rows = f->rows, .st = f->st + (int64_t)li * S, .est = L->ratio ? f->st + (int64_t)L->kv_src * S : NULL,
+                          .ist = L->index_source ? f->st + (int64_t)L->ikey_src * S : NULL, .kv_cap = f->kv_cap,
+                          .c_cap = L->own_ent && L->ratio > 1 ? dsv4_c_cap(m, L) : 0,
+                          .vis_cap = L->ratio ? f->vis_cap[L->kv_src] : 0, .H = H, .d = d, .rd = rd, .window = c->window,
+                          .scale = 1.0f / sqrtf((float)d), .eps = eps, .sink = L->sink, .inv_freq = m->inv_freq_compress,
+                          .ratio = L->ratio, .own_ent = L->own_ent, .own_ikey = L->own_ikey,
+                          .index_source = L->index_source, .cand_source = L->cand_source, .cand_filter = L->cand_filter,
+                          .comp = dsv4_pool_of(&L->comp), .iwk = &L->iwk, .ik_norm = L->ik_norm, .nI = nI, .ci = ci,
+                          .topk = c->index_topk, .cand_bs = c->candidate_block_size, .cand_k = c->candidate_topk_blocks,
+                          .ref = ref, .kv_prod = m->kv_prod, .sel = sh->topk, .cand = sh->cand, .nsel = sh->ntopk,
+                          .ncand = sh->ncand};
     float *qr = dsv4_fbuf((size_t)R * c->q_lora, err), *q = dsv4_fbuf((size_t)R * Hd, err), *kv = dsv4_fbuf((size_t)R * d, err);
     float *o = dsv4_fbuf((size_t)R * Hd, err);
-    float *cc = NULL, *zz = NULL, *qi = NULL, *wt = NULL, *lat = dsv4_fbuf(d, err), *kk = dsv4_fbuf(ci > 0 ? ci : 1, err);
+    float *cc = NULL, *zz = NULL, *qi = NULL, *wt = NULL;
+    float *work = dsv4_fbuf(DSV4_ATTN41_WORK(A.vis_cap, A.topk, A.window, d, ci), err);
     if (L->own_ent) {
         cc = dsv4_fbuf((size_t)R * d, err);
         zz = dsv4_fbuf((size_t)R * d, err);
@@ -331,10 +243,6 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
         qi = dsv4_fbuf((size_t)R * nI * ci, err);
         wt = dsv4_fbuf((size_t)R * nI, err);
     }
-    const float **keys = NULL;
-    float *wk = NULL, *ek = NULL, *kt = NULL; /* production: unpacked window rows, entries, a tile of keys */
-    dsv4_scored *tmp = NULL, *btmp = NULL;
-    uint8_t *bmask = NULL;
     int rc = err && err->code;
     if (rc)
         goto out;
@@ -361,94 +269,11 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
             wt[i] *= s;
         dsv4_rnd(m, wt, (int64_t)R * nI);
     }
-
-    int64_t max_vis = 0;
-    for (int r = 0; r < R; r++) {
-        int64_t v = L->ratio ? (f->pos[r] + 1) / L->ratio : 0;
-        if (v > max_vis)
-            max_vis = v;
-    }
-    keys = malloc((W + c->index_topk + 1) * sizeof *keys);
-    tmp = malloc((max_vis + 1) * sizeof *tmp);
-    btmp = malloc((max_vis + 1) * sizeof *btmp);
-    bmask = malloc(max_vis + 1);
-    if (m->kv_prod) {
-        wk = malloc((size_t)W * d * sizeof(float));
-        ek = malloc((size_t)(c->index_topk > 0 ? c->index_topk : 1) * d * sizeof(float));
-        kt = malloc((size_t)INDEX_TILE * (ci > 0 ? ci : 1) * sizeof(float));
-    }
-    if (!keys || !tmp || !btmp || !bmask || (m->kv_prod && (!wk || !ek || !kt))) {
-        rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory in layer %d's attention", li);
-        goto out;
-    }
-    float scale = 1.0f / sqrtf((float)d);
-    int K = c->index_topk;
-    for (int r = 0; r < R; r++) {
-        dsv4_seq *s = f->b->seqs[f->row_seq[r]];
-        dsv4_lbufs *ls = &s->L[li];
-        int64_t p = f->pos[r];
-        size_t wrb = (size_t)dsv4_kv_row_bytes(DSV4_KV_WINDOW, d), erb = (size_t)dsv4_kv_row_bytes(DSV4_KV_MAIN, d);
-        if (m->kv_prod)
-            dsv4_kv_pack(DSV4_KV_WINDOW, kv + (int64_t)r * d, d, ls->pkv + (p % s->kv_cap) * wrb);
-        else
-            memcpy(ls->kv + (p % s->kv_cap) * d, kv + (int64_t)r * d, d * sizeof(float));
-        int nk = 0;
-        if (L->ratio) {
-            if (L->own_ent) {
-                if (L->ratio > 1) {
-                    int64_t slot = p % dsv4_c_cap(m, L);
-                    memcpy(ls->c + slot * d, cc + (int64_t)r * d, d * sizeof(float));
-                    memcpy(ls->z + slot * d, zz + (int64_t)r * d, d * sizeof(float));
-                }
-                if ((p + 1) % L->ratio == 0)
-                    emit_group(f, li, ls, p / L->ratio, cc + (int64_t)r * d, lat, kk);
-            }
-            int64_t nvis = (p + 1) / L->ratio;
-            if (L->index_source) {
-                double t0 = dsv4_now();
-                index_scores(m, qi + (int64_t)r * nI * ci, wt + (int64_t)r * nI, &s->L[L->ikey_src], nvis, kt, tmp);
-                if (L->cand_source)
-                    sh->ncand[r] = candidate_blocks(c, tmp, nvis, sh->cand + (int64_t)r * c->candidate_topk_blocks, btmp);
-                if (L->cand_filter) { /* outside the kept blocks: -inf, chosen only to fill the k slots */
-                    int bs = c->candidate_block_size;
-                    memset(bmask, 0, (size_t)(nvis + bs - 1) / bs);
-                    for (int i = 0; i < sh->ncand[r]; i++) {
-                        int64_t blk = sh->cand[(int64_t)r * c->candidate_topk_blocks + i];
-                        if (blk * bs < nvis)
-                            bmask[blk] = 1;
-                    }
-                    for (int64_t w = 0; w < nvis; w++)
-                        if (!bmask[w / bs])
-                            tmp[w].s = -INFINITY;
-                }
-                sh->ntopk[r] = dsv4_topk_ascending(tmp, nvis, K, sh->topk + (int64_t)r * K);
-                dsv4_index_seconds_add(dsv4_now() - t0);
-            }
-            const dsv4_lbufs *es = &s->L[L->kv_src];
-            for (int i = 0; i < sh->ntopk[r]; i++) {
-                int64_t w = sh->topk[(int64_t)r * K + i];
-                if (m->kv_prod)
-                    dsv4_kv_unpack(DSV4_KV_MAIN, es->pent + w * erb, d, ek + (int64_t)i * d);
-                keys[nk++] = m->kv_prod ? ek + (int64_t)i * d : es->ent + w * d;
-            }
-        }
-        int nw = 0;
-        for (int64_t j = p - W + 1 < 0 ? 0 : p - W + 1; j <= p; j++, nw++) {
-            if (m->kv_prod)
-                dsv4_kv_unpack(DSV4_KV_WINDOW, ls->pkv + (j % s->kv_cap) * wrb, d, wk + (int64_t)nw * d);
-            keys[nk++] = m->kv_prod ? wk + (int64_t)nw * d : ls->kv + (j % s->kv_cap) * d;
-        }
-        be->attend(q + (int64_t)r * Hd, H, d, keys, nk, scale, L->sink, o + (int64_t)r * Hd);
-    }
+    A.q = q, A.kv = kv, A.cc = cc, A.zz = zz, A.qi = qi, A.wt = wt, A.o = o, A.work = work;
+    be->attn_step41(&A);
     rc = dsv4_v41_attn_out(m, L, o, R, f->pos, y, err);
 out:
-    free(keys);
-    free(wk);
-    free(ek);
-    free(kt);
-    free(tmp);
-    free(btmp);
-    free(bmask);
+    free(work);
     free(qr);
     free(q);
     free(kv);
@@ -457,8 +282,6 @@ out:
     free(zz);
     free(qi);
     free(wt);
-    free(lat);
-    free(kk);
     return rc;
 }
 

@@ -24,6 +24,7 @@
 #include "check.h"
 #include "core/core.h"
 #include "kernels/backend.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/cpu/weight_decode.h"
 #include "kernels/cuda/cuda.h"
 

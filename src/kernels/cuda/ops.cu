@@ -8,7 +8,8 @@
  *
  * Buffers: the ops run over device buffers without copies or waits (the V4 forward's step
  * arena and sequence state); the ops other than attn_step and experts also take host buffers,
- * copied in and out per call (V4.1's stateful steps, tests).
+ * copied in and out per call (V4.1's stateful steps, tests). attn_step41 is the CPU's row loop
+ * over host buffers, calling this table's ops.
  *
  * Files: runtime.cu (device, residency, scratch, buffers, memory, graphs), linear.cu,
  * experts.cu, norm.cu (rmsnorm, rope), hc.cu, attend.cu, elementwise.cu, embed.cu, step.cu
@@ -21,10 +22,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/cuda/internal.h"
+extern "C" {
+#include "kernels/cpu/cpu.h"
+}
 
 using namespace dsv4cu;
 
 static void cu_attn_step(const dsv4_attn_args *a) { dsv4cu::attn_step(a); }
+
+static const dsv4_backend *cuda_table(void);
+
+/* V4.1's step has no kernels yet: its row loop runs on the host over the V4.1 forward's host
+ * buffers, and the per-row ops it calls (linear, rmsnorm, rope, attend) are this table's,
+ * each copying its host buffers in and out. */
+static void cu_attn_step41(const dsv4_attn41_args *a) { dsv4_cpu_attn_step41_on(cuda_table(), a); }
 
 static void cu_route(const float *lg, int R, int E, int K, const float *bias, const int32_t *tid2eid, const int32_t *ids,
                      int norm, float route_scale, int32_t *eid, float *wts)
@@ -55,6 +66,7 @@ static dsv4_backend make_table(void)
     t.hc_post = cu_hc_post;
     t.attend = cu_attend;
     t.attn_step = cu_attn_step;
+    t.attn_step41 = cu_attn_step41;
     t.route = cu_route;
     t.experts = cu_experts;
     t.add = cu_add;
@@ -73,5 +85,7 @@ static dsv4_backend make_table(void)
 }
 
 static const dsv4_backend cuda_backend = make_table();
+
+static const dsv4_backend *cuda_table(void) { return &cuda_backend; }
 
 extern "C" const dsv4_backend *dsv4_backend_cuda(void) { return &cuda_backend; }
