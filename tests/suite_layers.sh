@@ -2,7 +2,7 @@
 # The layering of docs/architecture.md (tests/tools/check_layers.py): the tree's includes obey it,
 # and the checker refuses each kind of violation planted in a small tree of its own (an include
 # up a layer, a lower layer including the public API, text including the model, the model
-# including text beyond its token map or a backend's device header, the server including the
+# including text beyond its token map, a backend's device header or the CPU backend's ops header, the server including the
 # model's internals, an include cycle in model/, an include that names no file).
 # Prints "layers: N passed, M failed".
 set -u
@@ -27,6 +27,8 @@ printf '#include "core/err.h"\n' > "$base/src/io/io.h"
 printf '#include "io/io.h"\n' > "$base/src/kernels/backend.h"
 mkdir -p "$base/src/kernels/cuda"
 printf '#include "kernels/backend.h"\n' > "$base/src/kernels/cuda/cuda.h"
+mkdir -p "$base/src/kernels/cpu"
+printf '#include "kernels/backend.h"\n' > "$base/src/kernels/cpu/cpu.h"
 printf '#include "core/err.h"\n' > "$base/src/text/token_map.h"
 printf '#include "core/err.h"\n' > "$base/src/text/tokenizer.h"
 printf '#include "dsv4.h"\n#include "kernels/backend.h"\n#include "text/token_map.h"\n#include "model/b.h"\n' > "$base/src/model/a.h"
@@ -55,7 +57,8 @@ plant text/token_map.h '#include "dsv4.h"' 'runs from text to model'
 plant text/token_map.h '#include "kernels/backend.h"' 'runs from text to kernels'
 plant model/b.h '#include "text/tokenizer.h"' 'model/b.h:2: #include "text/tokenizer.h" runs from model to text'
 plant model/b.h '#include "serve/lanes.h"' 'runs from model to serve'
-plant model/b.h '#include "kernels/cuda/cuda.h"' 'runs from model to kernels (model may include: core, model, io, kernels, dsv4.h, text/token_map.h; never kernels/cuda/)'
+plant model/b.h '#include "kernels/cuda/cuda.h"' 'runs from model to kernels (model may include: core, model, io, kernels, dsv4.h, text/token_map.h; never kernels/cuda/; never kernels/cpu/cpu.h)'
+plant model/b.h '#include "kernels/cpu/cpu.h"' 'model/b.h:2: #include "kernels/cpu/cpu.h" runs from model to kernels'
 plant serve/lanes.h '#include "model/a.h"' 'runs from serve to model'
 plant serve/lanes.h '#include "cli/main.c"' 'runs from serve to cli'
 plant serve/lanes.h '#include "cli/cli.h"' 'is not a file of src/'
