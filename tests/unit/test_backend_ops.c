@@ -2495,6 +2495,462 @@ static const attn_case attn_cases[] = {
      .ties = 1, .prod = 1},
 };
 
+/* ---- attn_step41 ------------------------------------------------------------------------------- */
+
+/* V4.1's step (CSA2) over S sequences of P rows each from position 0, through three layers as a
+ * V4.1 model chains them: A, a KV source of ratio m that owns its index keys and is the index and
+ * candidate source; B, an index source scoring A's keys, filtered by A's candidate blocks; C, a
+ * reader that attends A's entries through B's selection. fp32 caches and numerics (REF and the
+ * production caches: test_v41_fixtures, test_kv). CPU only: the CUDA table's attn_step41 is this
+ * loop over the CUDA ops, which tests/cuda checks one by one. */
+typedef struct {
+    const char *name;
+    int S, P, m, H, d, rd, W, nI, ci, topk, cand_bs, cand_k, ape, cut;
+} attn41_case;
+
+enum { L41 = 3 }; /* A, B, C */
+
+typedef struct {
+    float *q[L41], *kv[L41], *cc, *zz, *qi[2], *wt[2];
+    float *sink, *freq, *norm, *apev, *iknorm;
+    dsv4_weight iwk;
+} in41;
+
+typedef struct {
+    float *o[L41];           /* [Rt, H d] */
+    int64_t *sel[2], *cand;  /* A's and B's selections [Rt, K]; A's blocks [Rt, cand_k] */
+    int *nsel[2], *ncand;
+} out41;
+
+static int64_t ent_cap41(const attn41_case *c) { return c->P / c->m + 1; }
+static int kv_cap41(const attn41_case *c) { return c->W + 2; }
+static int c_cap41(const attn41_case *c) { return c->m + 1; }
+
+/* each sequence's buffers for A, B, C: [S * L41], layer-major */
+static dsv4_lbufs *state41(const attn41_case *c)
+{
+    dsv4_lbufs *st = calloc((size_t)L41 * c->S, sizeof *st);
+    for (int l = 0; l < L41; l++)
+        for (int s = 0; s < c->S; s++) {
+            dsv4_lbufs *b = &st[l * c->S + s];
+            b->kv = calloc((size_t)kv_cap41(c) * c->d, sizeof(float));
+            if (l == 0) {
+                b->c = calloc((size_t)c_cap41(c) * c->d, sizeof(float));
+                b->z = calloc((size_t)c_cap41(c) * c->d, sizeof(float));
+                b->ent = calloc((size_t)ent_cap41(c) * c->d, sizeof(float));
+                b->ikey = calloc((size_t)ent_cap41(c) * c->ci, sizeof(float));
+                b->ent_cap = ent_cap41(c);
+            }
+        }
+    return st;
+}
+
+static void state41_free(const attn41_case *c, dsv4_lbufs *st)
+{
+    for (int i = 0; i < L41 * c->S; i++)
+        free(st[i].kv), free(st[i].c), free(st[i].z), free(st[i].ent), free(st[i].ikey);
+    free(st);
+}
+
+static void out41_alloc(const attn41_case *c, out41 *o)
+{
+    size_t Rt = (size_t)c->S * c->P;
+    for (int l = 0; l < L41; l++)
+        o->o[l] = falloc(Rt * c->H * c->d);
+    for (int k = 0; k < 2; k++) {
+        o->sel[k] = calloc(Rt * c->topk, sizeof(int64_t));
+        o->nsel[k] = calloc(Rt, sizeof(int));
+    }
+    o->cand = calloc(Rt * c->cand_k, sizeof(int64_t));
+    o->ncand = calloc(Rt, sizeof(int));
+}
+
+static void out41_free(out41 *o)
+{
+    for (int l = 0; l < L41; l++)
+        free(o->o[l]);
+    for (int k = 0; k < 2; k++)
+        free(o->sel[k]), free(o->nsel[k]);
+    free(o->cand), free(o->ncand);
+}
+
+/* Gathers rows [lo, hi) of a [Rt, w] input (each sequence's positions lo..hi-1) into a step's rows. */
+static float *gather41(const attn41_case *c, const float *x, int w, int lo, int hi)
+{
+    int n = hi - lo;
+    float *g = falloc((size_t)c->S * n * w);
+    for (int s = 0; s < c->S; s++)
+        memcpy(g + (size_t)s * n * w, x + ((size_t)s * c->P + lo) * w, (size_t)n * w * sizeof(float));
+    return g;
+}
+
+/* One step of positions [lo, hi) of every sequence through A, B, C; results land at the rows'
+ * places in out. */
+static void step41(const attn41_case *c, const in41 *in, dsv4_lbufs *st, int lo, int hi, out41 *out)
+{
+    int S = c->S, n = hi - lo, R = S * n, K = c->topk, CB = c->cand_k, d = c->d, Hd = c->H * c->d;
+    int64_t *pos = malloc(R * sizeof(int64_t)), *start = malloc(S * sizeof(int64_t));
+    int32_t *seq = malloc(R * sizeof(int32_t)), *first = malloc(S * sizeof(int32_t));
+    for (int s = 0; s < S; s++) {
+        start[s] = lo;
+        first[s] = s * n;
+        for (int i = 0; i < n; i++)
+            pos[s * n + i] = lo + i, seq[s * n + i] = s;
+    }
+    int64_t *sel = calloc((size_t)R * K, sizeof(int64_t)), *cand = calloc((size_t)R * CB, sizeof(int64_t));
+    int *nsel = calloc(R, sizeof(int)), *ncand = calloc(R, sizeof(int));
+    int64_t vis = ent_cap41(c);
+    float *work = falloc(DSV4_ATTN41_WORK(vis, K, c->W, d, c->ci));
+    float *cc = gather41(c, in->cc, d, lo, hi), *zz = gather41(c, in->zz, d, lo, hi);
+    for (int l = 0; l < L41; l++) {
+        float *q = gather41(c, in->q[l], Hd, lo, hi), *kv = gather41(c, in->kv[l], d, lo, hi), *o = falloc((size_t)R * Hd);
+        float *qi = l < 2 ? gather41(c, in->qi[l], c->nI * c->ci, lo, hi) : NULL;
+        float *wt = l < 2 ? gather41(c, in->wt[l], c->nI, lo, hi) : NULL;
+        poison(o, (size_t)R * Hd);
+        dsv4_attn41_args a = {.rows = {.R = R, .S = S, .pos = pos, .seq = seq, .start = start, .first = first},
+                              .st = st + l * S, .est = st, .ist = st, .kv_cap = kv_cap41(c), .c_cap = c_cap41(c),
+                              .vis_cap = vis, .H = c->H, .d = d, .rd = c->rd, .window = c->W,
+                              .scale = 1.0f / sqrtf((float)d), .eps = 1e-6f, .sink = in->sink, .inv_freq = in->freq,
+                              .ratio = c->m, .own_ent = l == 0, .own_ikey = l == 0, .index_source = l < 2,
+                              .cand_source = l == 0, .cand_filter = l == 1,
+                              .comp = {.ratio = c->m, .dim = d, .overlap = 0, .ape = in->apev, .norm = in->norm},
+                              .iwk = &in->iwk, .ik_norm = in->iknorm, .nI = c->nI, .ci = c->ci, .topk = K,
+                              .cand_bs = c->cand_bs, .cand_k = CB, .q = q, .kv = kv, .cc = cc, .zz = zz, .qi = qi,
+                              .wt = wt, .sel = sel, .cand = cand, .nsel = nsel, .ncand = ncand, .o = o, .work = work};
+        cpu->attn_step41(&a);
+        for (int s = 0; s < S; s++)
+            for (int i = 0; i < n; i++) {
+                size_t g = (size_t)s * c->P + lo + i, r = (size_t)s * n + i;
+                memcpy(out->o[l] + g * Hd, o + r * Hd, Hd * sizeof(float));
+                if (l < 2) {
+                    memcpy(out->sel[l] + g * K, sel + r * K, K * sizeof(int64_t));
+                    out->nsel[l][g] = nsel[r];
+                }
+                if (l == 0) {
+                    memcpy(out->cand + g * CB, cand + r * CB, CB * sizeof(int64_t));
+                    out->ncand[g] = ncand[r];
+                }
+            }
+        free(q), free(kv), free(o), free(qi), free(wt);
+    }
+    free(cc), free(zz), free(work), free(pos), free(start), free(seq), free(first), free(sel), free(cand), free(nsel);
+    free(ncand);
+}
+
+/* Rope of the last rd channels of a row of width w at position p, in double: the angle is the
+ * fp32 product backend.h states. */
+static void rope41_d(double *x, int w, int rd, const float *freq, int64_t p)
+{
+    for (int i = 0; i < rd / 2; i++) {
+        float ang = (float)p * freq[i];
+        double cs = cos((double)ang), sn = sin((double)ang), *v = x + (w - rd) + 2 * i, a = v[0], b = v[1];
+        v[0] = a * cs - b * sn;
+        v[1] = a * sn + b * cs;
+    }
+}
+
+static void rms41_d(double *x, int n, const float *w)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++)
+        ss += x[i] * x[i];
+    double inv = 1.0 / sqrt(ss / n + 1e-6);
+    for (int i = 0; i < n; i++)
+        x[i] *= inv * w[i];
+}
+
+/* Entry w of sequence s and its index key, in double from the inputs (rope at position pos_of):
+ * m > 1, the softmax pool of the group, RMS-normed; m = 1, the row's cc. */
+static void entry41_d(const attn41_case *c, const in41 *in, int s, int64_t w, int64_t pos_of, double *ent, double *key)
+{
+    int d = c->d, m = c->m;
+    for (int ch = 0; ch < d; ch++) {
+        double mx = -INFINITY, den = 0, acc = 0;
+        for (int j = 0; j < m; j++) {
+            size_t g = (size_t)s * c->P + w * m + j;
+            mx = fmax(mx, (double)in->zz[g * d + ch] + (in->apev ? in->apev[j * d + ch] : 0.0));
+        }
+        for (int j = 0; j < m; j++) {
+            size_t g = (size_t)s * c->P + w * m + j;
+            double e = exp((double)in->zz[g * d + ch] + (in->apev ? in->apev[j * d + ch] : 0.0) - mx);
+            den += e;
+            acc += e * in->cc[g * d + ch];
+        }
+        ent[ch] = m > 1 ? acc / den : in->cc[((size_t)s * c->P + w) * d + ch];
+    }
+    if (m > 1) /* ratio 1: the row's latent, normed by the forward, as it is */
+        rms41_d(ent, d, in->norm);
+    const float *W = in->iwk.data;
+    for (int i = 0; i < c->ci; i++) {
+        double v = 0;
+        for (int j = 0; j < d; j++)
+            v += (double)W[(size_t)i * d + j] * ent[j];
+        key[i] = v;
+    }
+    rms41_d(key, c->ci, in->iknorm);
+    rope41_d(key, c->ci, c->rd, in->freq, pos_of);
+    rope41_d(ent, d, c->rd, in->freq, pos_of);
+}
+
+/* Scores of row g's query (index layer k) against sequence s's stored keys, in double, with a
+ * bound on the op's error: per head, the dot's gamma(ci) sum|q k|; the weighted sum's
+ * gamma(nI + 1) over its terms. */
+static void scores41_d(const attn41_case *c, const in41 *in, int k, size_t g, const float *keys, int64_t nvis,
+                       double *sc, double *tl)
+{
+    int ci = c->ci, nI = c->nI;
+    for (int64_t w = 0; w < nvis; w++) {
+        double s = 0, t = 0;
+        for (int h = 0; h < nI; h++) {
+            const float *qh = in->qi[k] + (g * nI + h) * ci;
+            double v = 0, a = 0;
+            for (int j = 0; j < ci; j++) {
+                v += (double)qh[j] * keys[w * ci + j];
+                a += fabs((double)qh[j] * keys[w * ci + j]);
+            }
+            double wh = in->wt[k][g * nI + h];
+            s += wh * (v > 0 ? v : 0);
+            t += fabs(wh) * (gam(ci) * a + U * fabs(v)) + gam(nI + 1.0) * fabs(wh * v);
+        }
+        sc[w] = s;
+        tl[w] = t;
+    }
+}
+
+/* Whether a kept set sel[0..n) of nvis scored items is a top-k the op may give: n = min(k, nvis),
+ * ascending ids, and no item left out beats a kept one by more than their bounds; items
+ * masked (-inf) are kept only once no unmasked one is left out, lowest ids first (ties to the
+ * lower index). */
+static int topk41_ok(const int64_t *sel, int n, int k, int64_t nvis, const double *sc, const double *tl,
+                     const uint8_t *masked)
+{
+    if (n != (k < nvis ? k : nvis))
+        return 0;
+    uint8_t *in = calloc(nvis + 1, 1);
+    int ok = 1;
+    for (int i = 0; i < n && ok; i++) {
+        ok = sel[i] >= 0 && sel[i] < nvis && (i == 0 || sel[i] > sel[i - 1]);
+        if (ok)
+            in[sel[i]] = 1;
+    }
+    for (int64_t a = 0; a < nvis && ok; a++)
+        for (int64_t b = 0; b < nvis && ok && in[a]; b++) {
+            if (in[b])
+                continue;
+            int ma = masked && masked[a], mb = masked && masked[b];
+            if (ma && !mb)
+                ok = 0;
+            else if (ma && mb)
+                ok = a < b;
+            else if (!ma && !mb)
+                ok = sc[a] + tl[a] >= sc[b] - tl[b];
+        }
+    free(in);
+    return ok;
+}
+
+/* Control: the selection's best entry swapped for the worst one left out; B's selection judged
+ * without A's blocks; an entry's rope one position off; the row's own window row left out of the attention. Rows: cut in two steps
+ * (the second continuing from the first's state) == one step, bit for bit, outputs and state. */
+static void test_attn_step41(const attn41_case *c)
+{
+    int S = c->S, P = c->P, d = c->d, H = c->H, Hd = H * d, ci = c->ci, nI = c->nI, K = c->topk, bs = c->cand_bs;
+    size_t Rt = (size_t)S * P;
+    in41 in = {0};
+    for (int l = 0; l < L41; l++) {
+        fill(in.q[l] = falloc(Rt * Hd), Rt * Hd, -1, 1);
+        fill(in.kv[l] = falloc(Rt * d), Rt * d, -1, 1);
+    }
+    fill(in.cc = falloc(Rt * d), Rt * d, -1, 1);
+    fill(in.zz = falloc(Rt * d), Rt * d, -2, 2);
+    for (int k = 0; k < 2; k++) {
+        fill(in.qi[k] = falloc(Rt * nI * ci), Rt * nI * ci, -1, 1);
+        fill(in.wt[k] = falloc(Rt * nI), Rt * nI, -1, 1);
+    }
+    fill(in.sink = falloc(H), H, -1, 1);
+    fill(in.norm = falloc(d), d, 0.5f, 1.5f);
+    fill(in.iknorm = falloc(ci), ci, 0.5f, 1.5f);
+    if (c->ape)
+        fill(in.apev = falloc((size_t)c->m * d), (size_t)c->m * d, -1, 1);
+    in.freq = falloc(c->rd / 2);
+    for (int i = 0; i < c->rd / 2; i++)
+        in.freq[i] = powf(10000.0f, -2.0f * i / c->rd);
+    make_weight(DSV4_WF_F32, ci, d, 0, 0, 0, &in.iwk);
+
+    dsv4_lbufs *st = state41(c), *st2 = state41(c);
+    out41 one = {0}, two = {0};
+    out41_alloc(c, &one);
+    out41_alloc(c, &two);
+    step41(c, &in, st, 0, P, &one);
+    step41(c, &in, st2, 0, c->cut, &two);
+    step41(c, &in, st2, c->cut, P, &two);
+    char what[160];
+
+    /* the entries and keys A emitted, against the double reference */
+    int64_t ne = P / c->m;
+    size_t nent = (size_t)S * ne;
+    float *eref = falloc(nent * (d + ci)), *ebad = falloc(nent * (d + ci)), *egot = falloc(nent * (d + ci));
+    double *etol = malloc(nent * (d + ci) * sizeof(double)), *ed = malloc((d + ci) * sizeof(double));
+    for (int s = 0; s < S; s++)
+        for (int64_t w = 0; w < ne; w++) {
+            size_t at = ((size_t)s * ne + w) * (d + ci);
+            memcpy(egot + at, st[s].ent + w * d, d * sizeof(float));
+            memcpy(egot + at + d, st[s].ikey + w * ci, ci * sizeof(float));
+            /* bound, taken whole: the pool's m-term softmax and sum, the norm's d-term mean, the key's
+             * d-term product and ci-term mean, the ropes: gamma(4 (m + d + ci) + 64) times the row's
+             * largest magnitude (each step's error is relative to its inputs, all of that size) */
+            entry41_d(c, &in, s, w, w * c->m, ed, ed + d);
+            double mx = 0;
+            for (int i = 0; i < d + ci; i++)
+                mx = fmax(mx, fabs(ed[i]));
+            for (int i = 0; i < d + ci; i++) {
+                eref[at + i] = (float)ed[i];
+                etol[at + i] = gam(4.0 * (c->m + d + ci) + 64) * mx;
+            }
+            entry41_d(c, &in, s, w, w * c->m + 1, ed, ed + d);
+            for (int i = 0; i < d + ci; i++)
+                ebad[at + i] = (float)ed[i];
+        }
+    snprintf(what, sizeof what, "%s: entries and keys", c->name);
+    CHECK(agree_within(what, egot, eref, etol, nent * (d + ci), 1.0, 0), "%s: differ", what);
+    snprintf(what, sizeof what, "%s: entry rope one position off", c->name);
+    control_within(what, egot, ebad, etol, nent * (d + ci), 1.0);
+
+    /* the selections, against double scores of the keys A stored */
+    double *sc = malloc((ne + 1) * sizeof(double)), *tl = malloc((ne + 1) * sizeof(double));
+    double *bsc = malloc((ne + 1) * sizeof(double)), *btl = malloc((ne + 1) * sizeof(double));
+    uint8_t *mask = malloc(ne + 1);
+    int bad_sel = 0, bad_cand = 0, control = 0, controlled = 0, unfiltered = 0;
+    for (int s = 0; s < S; s++)
+        for (int p = 0; p < P; p++) {
+            size_t g = (size_t)s * P + p;
+            int64_t nvis = (p + 1) / c->m, nb = (nvis + bs - 1) / bs;
+            scores41_d(c, &in, 0, g, st[s].ikey, nvis, sc, tl);
+            bad_sel += !topk41_ok(one.sel[0] + g * K, one.nsel[0][g], K, nvis, sc, tl, NULL);
+            if (!controlled && nvis > K) { /* the best kept swapped for the worst left out */
+                int64_t sw[64], best = 0, worst = -1;
+                memcpy(sw, one.sel[0] + g * K, K * sizeof(int64_t));
+                for (int i = 1; i < K; i++)
+                    if (sc[sw[i]] > sc[sw[best]])
+                        best = i;
+                for (int64_t w = 0; w < nvis; w++) {
+                    int kept = 0;
+                    for (int i = 0; i < K; i++)
+                        kept |= sw[i] == w;
+                    if (!kept && (worst < 0 || sc[w] < sc[worst]))
+                        worst = w;
+                }
+                sw[best] = worst;
+                for (int i = 1; i < K; i++) /* ascending again */
+                    for (int j = i; j > 0 && sw[j] < sw[j - 1]; j--) {
+                        int64_t t = sw[j];
+                        sw[j] = sw[j - 1], sw[j - 1] = t;
+                    }
+                control = !topk41_ok(sw, K, K, nvis, sc, tl, NULL);
+                controlled = 1;
+            }
+            /* the candidate blocks: best score of each, the newest forced in */
+            for (int64_t b = 0; b < nb; b++) {
+                bsc[b] = -INFINITY, btl[b] = 0;
+                for (int64_t w = b * bs; w < nvis && w < (b + 1) * bs; w++)
+                    if (sc[w] > bsc[b])
+                        bsc[b] = sc[w], btl[b] = tl[w];
+            }
+            if (nb)
+                bsc[nb - 1] = INFINITY;
+            int64_t cs[64];
+            int nc = one.ncand[g];
+            memcpy(cs, one.cand + g * c->cand_k, nc * sizeof(int64_t));
+            for (int i = 1; i < nc; i++)
+                for (int j = i; j > 0 && cs[j] < cs[j - 1]; j--) {
+                    int64_t t = cs[j];
+                    cs[j] = cs[j - 1], cs[j - 1] = t;
+                }
+            bad_cand += !topk41_ok(cs, nc, c->cand_k, nb, bsc, btl, NULL) || (nb && cs[nc - 1] != nb - 1);
+            /* B: A's keys, entries outside A's blocks masked */
+            scores41_d(c, &in, 1, g, st[s].ikey, nvis, sc, tl);
+            for (int64_t w = 0; w < nvis; w++) {
+                mask[w] = 1;
+                for (int i = 0; i < nc; i++)
+                    if (cs[i] == w / bs)
+                        mask[w] = 0;
+            }
+            bad_sel += !topk41_ok(one.sel[1] + g * K, one.nsel[1][g], K, nvis, sc, tl, mask);
+            unfiltered += !topk41_ok(one.sel[1] + g * K, one.nsel[1][g], K, nvis, sc, tl, NULL);
+        }
+    snprintf(what, sizeof what, "%s: A's and B's top-k", c->name);
+    CHECK(!bad_sel, "%s: %d rows' selections are no top-k of the scores", what, bad_sel);
+    printf("  %-52s %d rows off  %s\n", what, bad_sel, bad_sel ? "FAIL" : "ok");
+    snprintf(what, sizeof what, "%s: A's candidate blocks", c->name);
+    CHECK(!bad_cand, "%s: %d rows' blocks are not the best", what, bad_cand);
+    printf("  %-52s %d rows off  %s\n", what, bad_cand, bad_cand ? "FAIL" : "ok");
+    CHECK(controlled && control, "control %s: a selection with its best entry swapped out passed", c->name);
+    snprintf(what, sizeof what, "%s: the best entry swapped out", c->name);
+    printf("  control %-44s %s\n", what, controlled && control ? "caught" : "NOT CAUGHT");
+    snprintf(what, sizeof what, "%s: B's top-k without A's blocks", c->name);
+    CHECK(unfiltered > 0, "control %s: B's selections are also the unfiltered top-k", what);
+    printf("  control %-44s %s\n", what, unfiltered ? "caught" : "NOT CAUGHT");
+
+    /* the outputs: attend over the selected stored entries, then the window rows */
+    for (int l = 0; l < L41; l++) {
+        float *ref = falloc(Rt * Hd), *bad = falloc(Rt * Hd);
+        double *tol = malloc(Rt * Hd * sizeof(double)), *scr = malloc(Hd * sizeof(double));
+        const float **rows = malloc((K + c->W + 1) * sizeof *rows);
+        const int64_t *sl = one.sel[l == 0 ? 0 : 1];
+        const int *ns = one.nsel[l == 0 ? 0 : 1];
+        for (int s = 0; s < S; s++)
+            for (int p = 0; p < P; p++) {
+                size_t g = (size_t)s * P + p;
+                int nk = 0;
+                for (int i = 0; i < ns[g]; i++)
+                    rows[nk++] = st[s].ent + sl[g * K + i] * d;
+                for (int j = p - c->W + 1 < 0 ? 0 : p - c->W + 1; j <= p; j++)
+                    rows[nk++] = in.kv[l] + ((size_t)s * P + j) * d;
+                float scale = 1.0f / sqrtf((float)d);
+                attend_ref(in.q[l] + g * Hd, H, d, rows, nk, scale, in.sink, ref + g * Hd, tol + g * Hd);
+                attend_ref(in.q[l] + g * Hd, H, d, rows, nk - 1, scale, in.sink, bad + g * Hd, scr);
+            }
+        snprintf(what, sizeof what, "%s: layer %c's output", c->name, "ABC"[l]);
+        CHECK(agree_within(what, one.o[l], ref, tol, Rt * Hd, 1.0, 0), "%s: differs", what);
+        snprintf(what, sizeof what, "layer %c: the row's own window row left out", "ABC"[l]);
+        control_within(what, one.o[l], bad, tol, Rt * Hd, 1.0);
+        free(ref), free(bad), free(tol), free(scr), free(rows);
+    }
+
+    /* cut in two == one step */
+    int same = 1;
+    for (int l = 0; l < L41; l++)
+        same &= rows_equal(one.o[l], two.o[l], Rt * Hd);
+    for (int k = 0; k < 2; k++)
+        same &= !memcmp(one.sel[k], two.sel[k], Rt * K * sizeof(int64_t)) &&
+                !memcmp(one.nsel[k], two.nsel[k], Rt * sizeof(int));
+    same &= !memcmp(one.cand, two.cand, Rt * c->cand_k * sizeof(int64_t)) &&
+            !memcmp(one.ncand, two.ncand, Rt * sizeof(int));
+    for (int s = 0; s < S; s++)
+        same &= rows_equal(st[s].ent, st2[s].ent, (size_t)ent_cap41(c) * d) &&
+                rows_equal(st[s].ikey, st2[s].ikey, (size_t)ent_cap41(c) * ci);
+    snprintf(what, sizeof what, "%s (cut at %d)", c->name, c->cut);
+    CHECK(same, "%s: two steps differ from one", what);
+    printf("  %-52s two steps == one: %s\n", what, same ? "bitwise" : "DIFFER");
+
+    free(eref), free(ebad), free(egot), free(etol), free(ed), free(sc), free(tl), free(bsc), free(btl), free(mask);
+    out41_free(&one), out41_free(&two);
+    state41_free(c, st), state41_free(c, st2);
+    for (int l = 0; l < L41; l++)
+        free(in.q[l]), free(in.kv[l]);
+    for (int k = 0; k < 2; k++)
+        free(in.qi[k]), free(in.wt[k]);
+    free(in.cc), free(in.zz), free(in.sink), free(in.norm), free(in.iknorm), free(in.apev), free(in.freq);
+    free_weight(&in.iwk);
+}
+
+static const attn41_case attn41_cases[] = {
+    {.name = "attn_step41 m=2 S=2", .S = 2, .P = 40, .m = 2, .H = 2, .d = 32, .rd = 16, .W = 8, .nI = 4, .ci = 16,
+     .topk = 6, .cand_bs = 4, .cand_k = 2, .ape = 1, .cut = 13},
+    {.name = "attn_step41 m=1 S=3", .S = 3, .P = 24, .m = 1, .H = 4, .d = 32, .rd = 8, .W = 4, .nI = 2, .ci = 16,
+     .topk = 5, .cand_bs = 3, .cand_k = 3, .ape = 0, .cut = 7},
+};
+
 /* ---- the cases ---------------------------------------------------------------------------------- */
 
 static const lin_case lin_cases[] = {
@@ -2670,5 +3126,7 @@ int main(void)
         test_experts(&experts_cases[i]);
     for (size_t i = 0; i < N_OF(attn_cases); i++)
         test_attn_step(&attn_cases[i]);
+    for (size_t i = 0; i < N_OF(attn41_cases); i++)
+        test_attn_step41(&attn41_cases[i]);
     return check_summary("backend ops");
 }
