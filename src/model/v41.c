@@ -7,15 +7,14 @@
  * step, as the reference's shared runtime slots are. Every index source scores against its
  * KV source's keys as they stand after this row's group (decode == prefill, spec §7.2).
  *
- * Projections run over all rows; the stateful part runs row by row in position order, so a
- * row is computed the same way however the prompt was chunked. Shapes: R rows, D width,
+ * Projections run over all rows; the stateful part is the backend's attn_step41 (its rule is in
+ * kernels/backend.h), so a row is computed the same way however the prompt was chunked. Shapes: R rows, D width,
  * n streams, H heads of d, rd rope dims, nI index heads of ci, r compression ratio. */
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/core.h"
-#include "kernels/kv_format.h"
 #include "model/engram.h"
 #include "model/model.h"
 
