@@ -109,7 +109,8 @@ typedef struct dsv4_attn_args {
  * A row reads only entries and keys complete at its position, written by this step or before,
  * so its result does not depend on the step it is in. st, est and ist may be the same arrays
  * (a layer that owns its entries and keys); sel, nsel, cand, ncand are the step's slots shared
- * across layers, [R, topk], [R], [R, cand_k], [R]. */
+ * across layers, [R, topk], [R], [R, cand_k], [R]. Every buffer is host memory on every
+ * backend: V4.1 keeps its activations and sequence state there (the model's m->mem is the CPU). */
 typedef struct dsv4_attn41_args {
     dsv4_rows rows;          /* pos and seq are read (host memory) */
     const dsv4_lbufs *st;    /* [S] this layer's buffers: window ring, and when own_ent its rings, entries, keys */
@@ -138,10 +139,12 @@ typedef struct dsv4_attn41_args {
     float *o;                /* [R, H d] */
     float *work;             /* DSV4_ATTN41_WORK floats of scratch, in the op's memory */
 } dsv4_attn41_args;
+/* Production index keys are unpacked this many at a time. */
+#define DSV4_ATTN41_TILE 1024
 #define DSV4_ATTN41_WORK(vis_cap, topk, window, d, ci)                                                      \
     (2 * ((size_t)(window) + ((topk) > 0 ? (size_t)(topk) : 1) + 1) + 8 * ((size_t)(vis_cap) + 1) +        \
      ((size_t)(window) + ((topk) > 0 ? (size_t)(topk) : 1) + 2) * (size_t)(d) +                           \
-     (1024 + 1) * ((ci) > 0 ? (size_t)(ci) : 1) + ((size_t)(vis_cap) + 4) / 4 + 1)
+     (DSV4_ATTN41_TILE + 1) * ((ci) > 0 ? (size_t)(ci) : 1) + ((size_t)(vis_cap) + 4) / 4 + 1)
 
 /* Routed experts of a MoE layer. For row r and its k-th expert e = eid[r, k] with weight
  * w = wts[r, k]: h = swiglu(W1[e] x_r, W3[e] x_r, limit) (times w when pre_weight), and

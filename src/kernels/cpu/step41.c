@@ -9,9 +9,6 @@
 #include "kernels/cpu/cpu.h"
 #include "kernels/kv_format.h"
 
-/* Production keys are unpacked this many at a time. */
-#define INDEX_TILE 1024
-
 _Static_assert(sizeof(dsv4_scored) <= 4 * sizeof(float), "a scored entry fits DSV4_ATTN41_WORK's 4 floats");
 _Static_assert(sizeof(void *) <= 2 * sizeof(float), "a key pointer fits DSV4_ATTN41_WORK's 2 floats");
 
@@ -23,14 +20,14 @@ static void rnd(int ref, float *x, int64_t n)
 
 /* Index scores of one query over the nvis visible keys: sum_h w_h relu(q_h . k) (REF: bf16
  * per-head products, weighted terms and sum, as the reference's bf16 einsum). Production keys
- * are unpacked a tile at a time into kt [INDEX_TILE, ci]. */
+ * are unpacked a tile at a time into kt [DSV4_ATTN41_TILE, ci]. */
 static void index_scores(const dsv4_attn41_args *a, const float *qi, const float *wt, const dsv4_lbufs *src, int64_t nvis,
                          float *kt, dsv4_scored *out)
 {
     int nI = a->nI, ci = a->ci, ref = a->ref;
     int rb = dsv4_kv_row_bytes(DSV4_KV_INDEX, ci);
-    for (int64_t w0 = 0; w0 < nvis; w0 += INDEX_TILE) {
-        int64_t nt = nvis - w0 < INDEX_TILE ? nvis - w0 : INDEX_TILE;
+    for (int64_t w0 = 0; w0 < nvis; w0 += DSV4_ATTN41_TILE) {
+        int64_t nt = nvis - w0 < DSV4_ATTN41_TILE ? nvis - w0 : DSV4_ATTN41_TILE;
         const float *keys = a->kv_prod ? kt : src->ikey + w0 * ci;
         if (a->kv_prod)
             for (int64_t i = 0; i < nt; i++)
@@ -142,7 +139,7 @@ void dsv4_cpu_attn_step41_on(const dsv4_backend *be, const dsv4_attn41_args *a)
     wp += 4 * (size_t)(vis + 1);
     dsv4_scored *btmp = (dsv4_scored *)(void *)wp;
     wp += 4 * (size_t)(vis + 1);
-    float *wk = wp, *ek = wk + (size_t)W * d, *kt = ek + (size_t)K1 * d, *lat = kt + (size_t)INDEX_TILE * ci1;
+    float *wk = wp, *ek = wk + (size_t)W * d, *kt = ek + (size_t)K1 * d, *lat = kt + (size_t)DSV4_ATTN41_TILE * ci1;
     float *kk = lat + d, *xq = kk + ci1;
     uint8_t *bmask = (uint8_t *)(xq + d);
     size_t wrb = (size_t)dsv4_kv_row_bytes(DSV4_KV_WINDOW, d), erb = (size_t)dsv4_kv_row_bytes(DSV4_KV_MAIN, d);
