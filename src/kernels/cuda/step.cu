@@ -15,20 +15,11 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include "kernels/cuda/internal.h"
+#include "kernels/cuda/step.cuh"
 
 using namespace dsv4cu;
 
 namespace {
-
-struct rows_dev {
-    const int64_t *pos;
-    const int32_t *seq;
-    const int64_t *start;
-    const int32_t *first;
-    const dsv4_lbufs *st;
-    int R, S;
-};
 
 struct pool_dev {
     int ratio, dim, overlap;
@@ -258,30 +249,15 @@ __global__ void __launch_bounds__(ATT_NW * 32) k_attn(rows_dev rd_, int ratio, i
     extern __shared__ float pr[];
     __shared__ float sh[ATT_NW + 1], part[ATT_NW * ATT_MAXD];
     int r = blockIdx.x, h = blockIdx.y;
-    int64_t p = rd_.pos[r];
-    int s = rd_.seq[r];
-    dsv4_lbufs b = rd_.st[s];
-    int64_t start = rd_.start[s], first = rd_.first[s];
-    int64_t nvis = ratio ? (p + 1) / ratio : 0;
-    bool use_sel = csa && nvis > topk;
-    int64_t nsel = use_sel ? topk : nvis;
-    int64_t j0 = p - window + 1 < 0 ? 0 : p - window + 1;
-    int64_t nk64 = nsel + (p - j0 + 1);
+    attn_row ar(rd_, r, ratio, csa, topk, vis_cap, window, nkmax, sel);
     float *orow = o + ((int64_t)r * H + h) * d;
-    if (nvis > vis_cap || nk64 > nkmax || p < 0) {
+    if (!ar.ok) {
         for (int j = threadIdx.x; j < d; j += ATT_NW * 32)
             orow[j] = __int_as_float(0x7fc00000);
         return;
     }
-    int nk = (int)nk64, ns = (int)nsel;
-    const int *rs = sel + (int64_t)r * topk;
-    auto key = [&](int i) -> const float * {
-        if (i < ns)
-            return b.ent + (use_sel ? (int64_t)rs[i] : (int64_t)i) * d;
-        int64_t tok = j0 + (i - ns);
-        return tok >= start ? kv + (first + (tok - start)) * d : b.kv + (tok % kv_cap) * d;
-    };
-    attend_head<ATT_NW>(q + ((int64_t)r * H + h) * d, key, nk, d, scale, sink[h], pr, sh, part, orow);
+    auto key = [&](int i) -> const float * { return ar.key(i, d, kv_cap, kv); };
+    attend_head<ATT_NW>(q + ((int64_t)r * H + h) * d, key, ar.nk, d, scale, sink[h], pr, sh, part, orow);
 }
 
 /* ---- 4. ring stores -------------------------------------------------------------------- */
