@@ -76,7 +76,8 @@ typedef struct dsv4_attn_args {
     const float *ic, *iz;    /* [R, 2 ci] */
     const float *qi, *wt;    /* [R, nI ci], [R, nI] */
     float *o;                /* [R, H d] */
-    float *work;             /* attn_work(R, vis_cap, topk) floats of backend scratch */
+    float *work;             /* work_n >= DSV4_ATTN_WORK floats of backend scratch (attn_work's) */
+    size_t work_n;
     /* Production caches: the step's window rows, each emitted entry and key are stored packed
      * and every read (this step's rows too) sees the stored value, so a row's result still does
      * not depend on the step it is in. */
@@ -243,8 +244,10 @@ typedef struct dsv4_backend {
      * failure, and check() reports it into err and clears it (returns its code, 0 if none).
      * NULL where the ops cannot fail. */
     int (*check)(dsv4_err *err);
-    /* Floats of scratch attn_step takes in `work` for R rows (NULL: DSV4_ATTN_WORK). */
-    size_t (*attn_work)(int R, int64_t vis_cap, int topk);
+    /* Floats of scratch attn_step would take in `work` for these arguments (NULL:
+     * DSV4_ATTN_WORK(R, vis_cap, topk)); given less (at least DSV4_ATTN_WORK), it computes the
+     * same bits another way. */
+    size_t (*attn_work)(const dsv4_attn_args *a);
     /* 1 when attn_step reads and writes production caches (kv_prod); a model with production
      * caches refuses a backend without them. */
     int kv_production;

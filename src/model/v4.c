@@ -114,8 +114,9 @@ static int attention(dsv4_step *f, int li, const float *a, float *y, dsv4_err *e
         qi = ftake(m, (size_t)R * nI * ci, err);
         wt = ftake(m, (size_t)R * nI, err);
     }
-    size_t nwork = be->attn_work ? be->attn_work(R, A.vis_cap, A.topk) : DSV4_ATTN_WORK(R, A.vis_cap, A.topk);
+    size_t nwork = be->attn_work ? be->attn_work(&A) : DSV4_ATTN_WORK(R, A.vis_cap, A.topk);
     A.work = nwork ? ftake(m, nwork, err) : NULL;
+    A.work_n = nwork;
     if (err && err->code)
         return err->code;
 

@@ -1464,6 +1464,10 @@ static dsv4_attn_args attn_args(const attn_case *c, const step_in *in, const int
     return a;
 }
 
+/* Scratch attn_gpu gives the op: what its attn_work asks (0), or only DSV4_ATTN_WORK (1), with
+ * which the tensor-core attention takes its other form (per row instead of per key chunk). */
+static int g_attn_lean;
+
 /* Runs the step for sequences `which` on the GPU from the initial states; returns o [rows, H d]
  * and the final states (host copies, in st_out). work_out: the op's scratch (scores, sel). */
 static float *attn_gpu(const attn_case *c, const step_in *in, const int *which, int ns, seq_state *const *init,
@@ -1493,12 +1497,12 @@ static float *attn_gpu(const attn_case *c, const step_in *in, const int *which, 
     dsv4_lbufs *dst = to_dev(hst, ns * sizeof(dsv4_lbufs));
     int64_t *dpos = to_dev(pos, R * 8), *dstart = to_dev(start, ns * 8);
     int32_t *dseq = to_dev(seq, R * 4), *dfirst = to_dev(first, ns * 4);
-    size_t wn = DSV4_ATTN_WORK(R, c->vis_cap, c->topk);
+    size_t wn = !g_attn_lean && gpu->attn_work ? gpu->attn_work(&a) : DSV4_ATTN_WORK(R, c->vis_cap, c->topk);
     float *dwork = to_dev(NULL, wn * 4), *dout = to_dev(NULL, (size_t)R * Hd * 4);
     a.rows.pos = dpos, a.rows.seq = dseq, a.rows.start = dstart, a.rows.first = dfirst;
     a.st = dst;
     a.q = db[0], a.kv = db[1], a.cc = db[2], a.zz = db[3], a.ic = db[4], a.iz = db[5], a.qi = db[6], a.wt = db[7];
-    a.o = dout, a.work = dwork;
+    a.o = dout, a.work = dwork, a.work_n = wn;
     gpu->attn_step(&a);
     float *o = from_dev(dout, (size_t)R * Hd * 4);
     for (int j = 0; j < ns; j++)
@@ -1763,6 +1767,18 @@ static void test_attn_step(const attn_case *c)
     }
     CHECK(same, "%s: a sequence alone differs from the batch", what);
     printf("  each sequence alone == in the batch: %s\n", same ? "bitwise equal" : "DIFFERENT");
+    /* the batch again with the least scratch: the same bits (on tensor cores, the other form) */
+    {
+        seq_state lean[3];
+        g_attn_lean = 1;
+        float *ol = attn_gpu(c, &in, all3, c->S, ip, lean, NULL);
+        g_attn_lean = 0;
+        int eq = !memcmp(ol, ogot, (size_t)R * Hd * 4);
+        CHECK(eq, "%s: the batch with the least scratch differs", what);
+        printf("  the batch with the least scratch: %s\n", eq ? "bitwise equal" : "DIFFERENT");
+        state_free(lean, c->S);
+        free(ol);
+    }
     CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
     state_free(init, c->S), state_free(ref, c->S), state_free(got, c->S);
     free(oref), free(ogot), free(work), free(mag);
@@ -1905,6 +1921,10 @@ int main(void)
          .ratio = 4, .csa = 1, .ci = 128, .nI = 64, .topk = 512, .kv_cap = 256, .c_cap = 8, .vis_cap = 4096, .ties = 1},
         {.S = 2, .start = {1998975, 262143, 0}, .n = {2, 2, 0}, .H = 4, .d = 512, .rd = 64, .W = 128,
          .ratio = 128, .kv_cap = 256, .c_cap = 128, .vis_cap = 16384},
+        /* V4's 64 heads over 40 rows, a sequence of 30 alone and both together (with the tensor
+         * cores on: a block per key chunk, and a block per row, the same bits) */
+        {.S = 2, .start = {2100, 700, 0}, .n = {30, 10, 0}, .H = 64, .d = 512, .rd = 64, .W = 128,
+         .ratio = 4, .csa = 1, .ci = 128, .nI = 64, .topk = 512, .kv_cap = 256, .c_cap = 8, .vis_cap = 1024},
     };
     for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++)
         test_attn_step(&ac[i]);

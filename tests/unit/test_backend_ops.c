@@ -1961,7 +1961,6 @@ static void run_attn(const target *t, const attn_case *c, const step_in *in, con
     int m = c->ratio ? c->ratio : 1;
     float *dk[6] = {bput(be, in->sink, c->H * 4), bput(be, in->ifreq, c->rd / 2 * 4), bput(be, in->ape, (size_t)m * cw * 4),
                     bput(be, in->norm, c->d * 4), bput(be, in->iape, (size_t)m * iw * 4), bput(be, in->inorm, (c->ci + 1) * 4)};
-    size_t wn = be->attn_work ? be->attn_work(R, c->vis_cap, c->topk) : DSV4_ATTN_WORK(R, c->vis_cap, c->topk);
     dsv4_attn_args a = {
         .rows = {.R = R, .S = ns, .pos = bput(be, pos, R * 8), .seq = bput(be, seq, R * 4),
                  .start = bput(be, start, ns * 8), .first = bput(be, first, ns * 4)},
@@ -1975,9 +1974,11 @@ static void run_attn(const target *t, const attn_case *c, const step_in *in, con
         .icomp = {.ratio = c->ratio, .dim = c->ci, .overlap = 1, .ape = dk[4], .norm = dk[5]},
         .nI = c->nI, .ci = c->ci, .topk = c->topk, .iw_scale = 0.7f,
         .q = dbuf[0], .kv = dbuf[1], .cc = dbuf[2], .zz = dbuf[3], .ic = dbuf[4], .iz = dbuf[5], .qi = dbuf[6], .wt = dbuf[7],
-        .o = bpoison(be, (size_t)R * Hd), .work = wn ? bpoison(be, wn) : NULL,
-        .kv_prod = c->prod,
+        .o = bpoison(be, (size_t)R * Hd), .kv_prod = c->prod,
     };
+    size_t wn = be->attn_work ? be->attn_work(&a) : DSV4_ATTN_WORK(R, c->vis_cap, c->topk);
+    a.work = wn ? bpoison(be, wn) : NULL;
+    a.work_n = wn;
     be->attn_step(&a);
     *o = bget(be, a.o, (size_t)R * Hd * 4);
     for (int s = 0; s < c->S; s++)

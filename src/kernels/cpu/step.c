@@ -194,9 +194,9 @@ static double index_s;
 double dsv4_index_seconds(void) { return index_s; }
 void dsv4_index_seconds_add(double s) { index_s += s; }
 
-size_t dsv4_cpu_attn_work(int R, int64_t vis_cap, int topk)
+size_t dsv4_cpu_attn_work(const dsv4_attn_args *a)
 {
-    (void)R, (void)vis_cap, (void)topk; /* attn_step takes its own scratch, bounded per row */
+    (void)a; /* attn_step takes its own scratch, bounded per row */
     return 0;
 }
 

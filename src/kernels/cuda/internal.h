@@ -298,6 +298,7 @@ void cu_experts(const dsv4_experts_args *a);
 
 /* The step ops in step.cu. */
 void attn_step(const dsv4_attn_args *a);
+size_t attn_work(const dsv4_attn_args *a);
 void route(const float *lg, int R, int E, int K, const float *bias, const int32_t *tid2eid, const int32_t *ids, int norm,
            float route_scale, int32_t *eid, float *wts);
 

@@ -29,6 +29,7 @@ extern "C" {
 using namespace dsv4cu;
 
 static void cu_attn_step(const dsv4_attn_args *a) { dsv4cu::attn_step(a); }
+static size_t cu_attn_work(const dsv4_attn_args *a) { return dsv4cu::attn_work(a); }
 
 static const dsv4_backend *cuda_table(void);
 
@@ -66,6 +67,7 @@ static dsv4_backend make_table(void)
     t.hc_post = cu_hc_post;
     t.attend = cu_attend;
     t.attn_step = cu_attn_step;
+    t.attn_work = cu_attn_work;
     t.attn_step41 = cu_attn_step41;
     t.route = cu_route;
     t.experts = cu_experts;

@@ -378,6 +378,24 @@ static bool need_dev(const void *p, const char *what)
     return false;
 }
 
+/* Keys a row may attend: its kept entries (all visible ones without an indexer) and the window. */
+static int64_t attn_nkmax(const dsv4_attn_args *a)
+{
+    int64_t vis = a->ratio ? a->vis_cap : 0;
+    return (a->ratio ? (a->csa ? (vis < a->topk ? vis : a->topk) : vis) : 0) + a->window;
+}
+
+/* On tensor cores (when the heads suit them), few rows take partials in work past what the
+ * indexer uses. */
+size_t dsv4cu::attn_work(const dsv4_attn_args *a)
+{
+    int64_t vis = a->ratio ? a->vis_cap : 0;
+    size_t base = DSV4_ATTN_WORK(a->rows.R, vis, a->topk);
+    if (!dsv4_cuda_tensor_cores() || !attn_tc_fits(a->H, a->d))
+        return base;
+    return base + attn_tc_part(a->rows.R, a->H, a->d, attn_nkmax(a));
+}
+
 void dsv4cu::attn_step(const dsv4_attn_args *a)
 {
     const dsv4_rows *rw = &a->rows;
@@ -431,7 +449,8 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
         }
     }
     /* k_attn's score array: every key a row may have */
-    int64_t nkmax = (ratio ? (csa ? (vis < a->topk ? vis : a->topk) : vis) : 0) + a->window;
+    int64_t nkmax = attn_nkmax(a);
+    bool tc = dsv4_cuda_tensor_cores() && attn_tc_fits(H, d);
     size_t asmem = (size_t)(nkmax > 0 ? nkmax : 1) * sizeof(float);
     if (ok && !g_smem_optin) {
         int dev = 0;
@@ -439,12 +458,12 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
             ok = false;
     }
     size_t static_smem = (ATT_NW + 1 + ATT_NW * ATT_MAXD) * sizeof(float);
-    if (ok && asmem + static_smem > (size_t)g_smem_optin) {
+    if (ok && !tc && asmem + static_smem > (size_t)g_smem_optin) {
         fail(DSV4_E_UNSUPPORTED, "cuda: attn_step: %lld keys a row do not fit shared memory (%d bytes)", (long long)nkmax,
              g_smem_optin);
         ok = false;
     }
-    if (ok && asmem + static_smem > 48 * 1024 && (int)asmem > g_attn_smem_set) {
+    if (ok && !tc && asmem + static_smem > 48 * 1024 && (int)asmem > g_attn_smem_set) {
         if (CK(cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)))
             ok = false;
         else
@@ -476,7 +495,12 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
             run = launched("attn_step indexer top-k");
         }
     }
-    if (run) {
+    size_t wbase = DSV4_ATTN_WORK(R, vis, a->topk);
+    if (run && tc) {
+        float *part = a->work && a->work_n > wbase ? a->work + wbase : NULL;
+        run = attn_tc_launch(rdv, ratio, csa, a->topk, vis, a->kv_cap, H, d, a->window, nkmax, a->scale, sink, a->q,
+                             a->kv, sel, a->o, part, part ? a->work_n - wbase : 0);
+    } else if (run) {
         launch_k(k_attn, dim3((unsigned)R, (unsigned)H), ATT_NW * 32, asmem, stream, rdv, ratio, csa, a->topk, vis, a->kv_cap, H, d,
                                                                        a->window, (int)nkmax, a->scale, sink, a->q,
                                                                        a->kv, sel, a->o);

@@ -57,6 +57,16 @@ struct attn_row {
     }
 };
 
+/* attn_step's attention on tensor cores (attn_tc.cu): whether a head width suits it; the floats
+ * of partials the per-chunk form wants for R rows (0: that form is not used); the launch, per
+ * chunk when part holds part_n >= attn_tc_part floats, else a block a row and head group.
+ * False when a launch failed (the failure is recorded). */
+bool attn_tc_fits(int H, int d);
+size_t attn_tc_part(int R, int H, int d, int64_t nkmax);
+bool attn_tc_launch(const rows_dev &rd, int ratio, int csa, int topk, int64_t vis_cap, int kv_cap, int H, int d,
+                    int window, int64_t nkmax, float scale, const float *sink, const float *q, const float *kv,
+                    const int *sel, float *o, float *part, size_t part_n);
+
 } // namespace dsv4cu
 
 #endif
