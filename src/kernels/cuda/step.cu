@@ -487,9 +487,13 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
         run = launched("attn_step entries");
     }
     if (run && csa && vis > a->topk) {
-        launch_k(k_iscore, dim3((unsigned)R, (unsigned)cdiv(vis, SC_EPB)), NB, 0, stream, 
-            rdv, ratio, a->topk, vis, a->nI, a->ci, a->iw_scale, a->qi, a->wt, scores);
-        run = launched("attn_step indexer scores");
+        if (iscore_tc_fits(a->nI, a->ci, vis))
+            run = iscore_tc(rdv, ratio, a->topk, vis, a->nI, a->ci, a->iw_scale, a->qi, a->wt, scores);
+        else {
+            launch_k(k_iscore, dim3((unsigned)R, (unsigned)cdiv(vis, SC_EPB)), NB, 0, stream, 
+                rdv, ratio, a->topk, vis, a->nI, a->ci, a->iw_scale, a->qi, a->wt, scores);
+            run = launched("attn_step indexer scores");
+        }
         if (run) {
             launch_k(k_itopk, (unsigned)R, TK_NT, 0, stream, rdv, ratio, a->topk, vis, scores, sel);
             run = launched("attn_step indexer top-k");

@@ -67,6 +67,15 @@ bool attn_tc_launch(const rows_dev &rd, int ratio, int csa, int topk, int64_t vi
                     int window, int64_t nkmax, float scale, const float *sink, const float *q, const float *kv,
                     const int *sel, float *o, float *part, size_t part_n);
 
+/* The indexer's scores on the tensor cores (index_tc.cu): whether k_iscore_tc takes a step of
+ * these shapes (the tensor-core switch on, ci % 16 == 0, its shared memory within the device's
+ * limit: shapes and the device alone, so every step of a process scores one way), and its
+ * launch on the op stream: scores[r * vis_cap + w] for the rows and entries k_iscore writes.
+ * false: the launch failed (recorded). */
+bool iscore_tc_fits(int nI, int ci, int64_t vis_cap);
+bool iscore_tc(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale, const float *qi,
+               const float *wt, float *scores);
+
 } // namespace dsv4cu
 
 #endif
