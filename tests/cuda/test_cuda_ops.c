@@ -1561,18 +1561,9 @@ static void state_free(seq_state *s, int n)
             free(s[j].b[k]);
 }
 
-/* Random sequence state (rings, entries, indexer keys) for S sequences at different positions
- * and a step of several rows each (rows completing CSA/HCA entries; a sequence with more rows
- * than the rings hold); compares o, the entries, the indexer keys and every ring with the CPU
- * op, checks the indexer's selection exactly (the GPU's own scores through the CPU's top-k, and
- * against the CPU's scores), that each sequence alone gives the rows of the batch bitwise, and
- * planted controls: a window one shorter, and ties to the higher index. */
-static void test_attn_step(const attn_case *c)
+/* A case's random step inputs and initial sequence states (with planted ties when asked). */
+static void attn_inputs(const attn_case *c, step_in *inp, seq_state init[3])
 {
-    char what[160];
-    snprintf(what, sizeof what, "attn_step ratio %d%s S=%d H=%d d=%d topk %d vis %lld W %d%s", c->ratio,
-             c->csa ? " csa" : c->ratio ? " hca" : " sliding", c->S, c->H, c->d, c->topk, (long long)c->vis_cap, c->W,
-             c->ties ? " ties" : "");
     size_t sz[7];
     state_sizes(c, sz);
     int R = 0, Hd = c->H * c->d, cw = (1 + c->csa) * c->d, iw = 2 * c->ci;
@@ -1602,7 +1593,6 @@ static void test_attn_step(const attn_case *c)
     fill(in.norm, c->d, 0.5f, 1.5f);
     fill(in.iape, (size_t)m * iw, -0.5f, 0.5f);
     fill(in.inorm, c->ci, 0.5f, 1.5f);
-    seq_state init[3], *ip[3] = {&init[0], &init[1], &init[2]};
     for (int s = 0; s < c->S; s++)
         for (int k = 0; k < 7; k++) {
             init[s].b[k] = sz[k] ? falloc(sz[k]) : NULL;
@@ -1614,6 +1604,36 @@ static void test_attn_step(const attn_case *c)
             for (int64_t w = 0; w < c->vis_cap; w += 3)
                 for (int i = 0; i < c->ci; i++)
                     init[s].b[6][w * c->ci + i] = 0.5f;
+    *inp = in;
+}
+
+static void attn_inputs_free(const attn_case *c, step_in *in, seq_state init[3])
+{
+    state_free(init, c->S);
+    free(in->q), free(in->kv), free(in->cc), free(in->zz), free(in->ic), free(in->iz), free(in->qi), free(in->wt);
+    free(in->sink), free(in->ifreq), free(in->ape), free(in->norm), free(in->iape), free(in->inorm);
+}
+
+/* Random sequence state (rings, entries, indexer keys) for S sequences at different positions
+ * and a step of several rows each (rows completing CSA/HCA entries; a sequence with more rows
+ * than the rings hold); compares o, the entries, the indexer keys and every ring with the CPU
+ * op, checks the indexer's selection exactly (the GPU's own scores through the CPU's top-k, and
+ * against the CPU's scores), that each sequence alone gives the rows of the batch bitwise, and
+ * planted controls: a window one shorter, and ties to the higher index. */
+static void test_attn_step(const attn_case *c)
+{
+    char what[200];
+    snprintf(what, sizeof what, "attn_step ratio %d%s S=%d H=%d d=%d topk %d vis %lld W %d%s%s", c->ratio,
+             c->csa ? " csa" : c->ratio ? " hca" : " sliding", c->S, c->H, c->d, c->topk, (long long)c->vis_cap, c->W,
+             c->ties ? " ties" : "", c->csa && dsv4_cuda_tensor_cores() ? " (tensor cores)" : "");
+    size_t sz[7];
+    state_sizes(c, sz);
+    int R = 0, Hd = c->H * c->d;
+    for (int s = 0; s < c->S; s++)
+        R += c->n[s];
+    step_in in;
+    seq_state init[3], *ip[3] = {&init[0], &init[1], &init[2]};
+    attn_inputs(c, &in, init);
     seq_state ref[3], got[3];
     int all3[3] = {0, 1, 2};
     float *oref = attn_cpu(c, &in, ip, ref, c->W);
@@ -1780,10 +1800,203 @@ static void test_attn_step(const attn_case *c)
         free(ol);
     }
     CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
-    state_free(init, c->S), state_free(ref, c->S), state_free(got, c->S);
+    state_free(ref, c->S), state_free(got, c->S);
+    attn_inputs_free(c, &in, init);
     free(oref), free(ogot), free(work), free(mag);
-    free(in.q), free(in.kv), free(in.cc), free(in.zz), free(in.ic), free(in.iz), free(in.qi), free(in.wt);
-    free(in.sink), free(in.ifreq), free(in.ape), free(in.norm), free(in.iape), free(in.inorm);
+}
+
+/* Rows [r0, r0 + n) of a step's inputs as a step of their own (the shared parameters as they are). */
+static step_in rows_of(const attn_case *c, const step_in *in, int r0, int n)
+{
+    int cw = (1 + c->csa) * c->d, iw = 2 * c->ci;
+    step_in v = *in;
+    v.R = n;
+    v.q = in->q + (size_t)r0 * c->H * c->d, v.kv = in->kv + (size_t)r0 * c->d;
+    v.cc = in->cc + (size_t)r0 * cw, v.zz = in->zz + (size_t)r0 * cw;
+    v.ic = in->ic + (size_t)r0 * iw, v.iz = in->iz + (size_t)r0 * iw;
+    v.qi = in->qi + (size_t)r0 * c->nI * c->ci, v.wt = in->wt + (size_t)r0 * c->nI;
+    return v;
+}
+
+/* x with its low 16 bits cleared: the hi term of the tensor cores' split. */
+static float bf16_hi(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    u &= 0xffff0000u;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/* Row r's indexer scores over keys (nvis rows of ci) in double: ref[w], and mag[w] = sum_h |w_h|
+ * sum_j |q_hj k_wj| / sqrt(ci), with w_h = wt[r,h] 0.7 (the float product); hi: q and the keys
+ * cut to their bf16 hi terms first. */
+static void iscore_ref(const attn_case *c, const step_in *in, int r, const float *keys, int64_t nvis, int hi,
+                       float *ref, double *mag)
+{
+    const float *q = in->qi + (size_t)r * c->nI * c->ci;
+    for (int64_t w = 0; w < nvis; w++) {
+        double v = 0, m = 0;
+        for (int h = 0; h < c->nI; h++) {
+            double wh = (double)(in->wt[(size_t)r * c->nI + h] * 0.7f), dp = 0, dm = 0;
+            for (int j = 0; j < c->ci; j++) {
+                float a = q[(size_t)h * c->ci + j], b = keys[w * c->ci + j];
+                if (hi)
+                    a = bf16_hi(a), b = bf16_hi(b);
+                dp += (double)a * b;
+                dm += fabs((double)a * b);
+            }
+            v += wh * (dp > 0 ? dp : 0);
+            m += fabs(wh) * dm;
+        }
+        ref[w] = (float)(v / sqrt((double)c->ci));
+        mag[w] = m / sqrt((double)c->ci);
+    }
+}
+
+/* The indexer on the tensor cores (k_iscore_tc), the switch on for the duration: the checks of
+ * test_attn_step (o, entries, keys and the selection against the CPU, each sequence alone);
+ * the scores of every selecting row against a double reference over the GPU's own keys within
+ * REL * sum_h |w_h| sum_j |q k| / sqrt(ci), and differing in rounding from the FMA kernel's
+ * somewhere (so the tensor-core kernel is the one that ran); and a row alone: rows at the
+ * start, middle and end of each sequence, each run as a step of one row from the state its
+ * sequence's earlier rows leave (a step of those rows first), give the batch's o row and
+ * scores bit for bit. Controls:
+ * a reference of the bf16 hi terms alone (a kernel without the split's mid and lo terms) fails
+ * the score comparison; and with one row's first indexer head reduced to one element whose
+ * split has a lo term, changing that lo term changes the row's scores while every other row's
+ * scores and o keep their bits. */
+static void test_attn_step_tc(const attn_case *c)
+{
+    int was = dsv4_cuda_tensor_cores();
+    dsv4_cuda_set_tensor_cores(1);
+    test_attn_step(c);
+    char what[200];
+    snprintf(what, sizeof what, "attn_step tensor-core indexer nI %d ci %d topk %d vis %lld", c->nI, c->ci, c->topk,
+             (long long)c->vis_cap);
+    int R = 0, Hd = c->H * c->d, all3[3] = {0, 1, 2}, row0[3];
+    for (int s = 0; s < c->S; s++)
+        row0[s] = R, R += c->n[s];
+    int64_t V = c->vis_cap;
+    step_in in;
+    seq_state init[3], got[3], *ip[3] = {&init[0], &init[1], &init[2]};
+    attn_inputs(c, &in, init);
+    float *work = NULL, *o = attn_gpu(c, &in, all3, c->S, ip, got, &work);
+    dsv4_err err = {0};
+    CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
+    /* the scores against the double reference, and the hi-terms control */
+    float *ref = falloc((size_t)R * V), *rhi = falloc((size_t)R * V), *gs = falloc((size_t)R * V);
+    double *mag = malloc((size_t)R * V * sizeof(double)), *mhi = malloc((size_t)V * sizeof(double));
+    size_t n = 0;
+    int selecting = 0;
+    for (int s = 0; s < c->S; s++)
+        for (int i = 0; i < c->n[s]; i++) {
+            int r = row0[s] + i;
+            int64_t nvis = (c->start[s] + i + 1) / c->ratio;
+            if (nvis <= c->topk)
+                continue;
+            selecting++;
+            iscore_ref(c, &in, r, got[s].b[6], nvis, 0, ref + n, mag + n);
+            iscore_ref(c, &in, r, got[s].b[6], nvis, 1, rhi + n, mhi);
+            memcpy(gs + n, work + (size_t)r * V, (size_t)nvis * 4);
+            n += (size_t)nvis;
+        }
+    CHECK(selecting == R, "%s: %d of %d rows select (the case must make every row select)", what, selecting, R);
+    char sw[220];
+    snprintf(sw, sizeof sw, "%s scores", what);
+    CHECK(agree(sw, gs, ref, mag, n, 0), "%s: differ from the double reference", sw);
+    control("tensor-core indexer: the hi terms alone", gs, rhi, mag, n);
+    /* the switch reaches the indexer: the FMA kernel's scores of the same step differ from these
+     * in rounding somewhere (their sums run in other orders) */
+    {
+        seq_state st[3];
+        float *wf = NULL;
+        dsv4_cuda_set_tensor_cores(0);
+        float *of = attn_gpu(c, &in, all3, c->S, ip, st, &wf);
+        dsv4_cuda_set_tensor_cores(1);
+        int differ = 0;
+        for (int s = 0; s < c->S; s++)
+            for (int i = 0; i < c->n[s]; i++) {
+                int r = row0[s] + i;
+                int64_t nvis = (c->start[s] + i + 1) / c->ratio;
+                differ += memcmp(wf + (size_t)r * V, work + (size_t)r * V, (size_t)nvis * 4) != 0;
+            }
+        CHECK(differ > 0, "%s: the scores are the FMA kernel's bit for bit (the tensor-core kernel did not run)", what);
+        printf("  tensor cores on vs off: %d of %d rows' scores differ in rounding (the tensor-core kernel ran)\n", differ,
+               R);
+        state_free(st, c->S);
+        free(of), free(wf);
+    }
+    /* a row alone == the row in the batch */
+    int same = 1, runs = 0;
+    for (int s = 0; s < c->S; s++) {
+        int at[3] = {0, c->n[s] / 2, c->n[s] - 1};
+        for (int k = 0; k < 3; k++) {
+            int i = at[k], r = row0[s] + i;
+            seq_state pre[1], one[1];
+            seq_state *from = &init[s];
+            if (i > 0) { /* the sequence's earlier rows as a step of their own */
+                attn_case cp = *c;
+                cp.S = 1, cp.start[0] = c->start[s], cp.n[0] = i;
+                step_in ps = rows_of(c, &in, row0[s], i);
+                int z = 0;
+                float *op = attn_gpu(&cp, &ps, &z, 1, &from, pre, NULL);
+                free(op);
+                from = &pre[0];
+            }
+            attn_case c1 = *c;
+            c1.S = 1, c1.start[0] = c->start[s] + i, c1.n[0] = 1;
+            step_in s1 = rows_of(c, &in, r, 1);
+            int z = 0;
+            float *w1 = NULL, *o1 = attn_gpu(&c1, &s1, &z, 1, &from, one, &w1);
+            int64_t nvis = (c->start[s] + i + 1) / c->ratio;
+            same &= !memcmp(o1, o + (size_t)r * Hd, (size_t)Hd * 4);
+            same &= !memcmp(w1, work + (size_t)r * V, (size_t)nvis * 4);
+            runs++;
+            state_free(one, 1);
+            if (i > 0)
+                state_free(pre, 1);
+            free(o1), free(w1);
+        }
+    }
+    CHECK(same, "%s: a row alone differs from the row in a batch of %d", what, R);
+    printf("  %d rows alone == in the batch of %d (o and scores): %s\n", runs, R, same ? "bitwise equal" : "DIFFERENT");
+    /* control: row rc's first head one element x whose split is 1 + 2^-9 + 2^-23 (hi, mid, lo),
+     * against the same with no lo term: rc's scores must change, no other row's bits may */
+    int rc = row0[c->S - 1] + c->n[c->S - 1] / 2;
+    float *qh = in.qi + (size_t)rc * c->nI * c->ci;
+    for (int h = 0; h < c->nI; h++)
+        for (int j = 0; j < c->ci; j++)
+            qh[(size_t)h * c->ci + j] = 0.0f;
+    float *oc[2], *wc[2];
+    for (int v = 0; v < 2; v++) {
+        seq_state st[3];
+        qh[0] = 1.0f + 0x1p-9f + (v ? 0x1p-23f : 0.0f);
+        oc[v] = attn_gpu(c, &in, all3, c->S, ip, st, &wc[v]);
+        state_free(st, c->S);
+    }
+    int64_t nc = (c->start[c->S - 1] + c->n[c->S - 1] / 2 + 1) / c->ratio;
+    int changed = memcmp(wc[0] + (size_t)rc * V, wc[1] + (size_t)rc * V, (size_t)nc * 4) != 0, others = 1;
+    for (int s = 0; s < c->S; s++)
+        for (int i = 0; i < c->n[s]; i++) {
+            int r = row0[s] + i;
+            if (r == rc)
+                continue;
+            int64_t nvis = (c->start[s] + i + 1) / c->ratio;
+            others &= !memcmp(wc[0] + (size_t)r * V, wc[1] + (size_t)r * V, (size_t)nvis * 4);
+            others &= !memcmp(oc[0] + (size_t)r * Hd, oc[1] + (size_t)r * Hd, (size_t)Hd * 4);
+        }
+    CHECK(changed, "control %s: a changed lo term of one q element left its row's scores unchanged", what);
+    CHECK(others, "%s: one row's q changed another row's bits", what);
+    printf("  control %-48s %s; the other rows %s\n", "tensor-core indexer: one lo term changed", changed ? "caught" : "NOT CAUGHT",
+           others ? "bitwise unchanged" : "CHANGED");
+    CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
+    for (int v = 0; v < 2; v++)
+        free(oc[v]), free(wc[v]);
+    state_free(got, c->S);
+    attn_inputs_free(c, &in, init);
+    free(o), free(work), free(ref), free(rhi), free(gs), free(mag), free(mhi);
+    dsv4_cuda_set_tensor_cores(was);
 }
 
 int main(void)
@@ -1928,6 +2141,17 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof ac / sizeof ac[0]; i++)
         test_attn_step(&ac[i]);
+    /* the indexer on the tensor cores whatever DSV4_CUDA_TC says: V4's 64 heads of 128 over 60
+     * rows whose entries end inside a 64-entry chunk; 72 heads of 48 (two groups of head tiles,
+     * the last padded, three k-steps) with ties */
+    const attn_case tc[] = {
+        {.S = 3, .start = {600, 877, 301}, .n = {24, 20, 16}, .H = 4, .d = 64, .rd = 16, .W = 8, .ratio = 4,
+         .csa = 1, .ci = 128, .nI = 64, .topk = 32, .kv_cap = 32, .c_cap = 8, .vis_cap = 240},
+        {.S = 2, .start = {280, 505, 0}, .n = {12, 10, 0}, .H = 2, .d = 64, .rd = 16, .W = 8, .ratio = 4,
+         .csa = 1, .ci = 48, .nI = 72, .topk = 20, .kv_cap = 16, .c_cap = 8, .vis_cap = 136, .ties = 1},
+    };
+    for (size_t i = 0; i < sizeof tc / sizeof tc[0]; i++)
+        test_attn_step_tc(&tc[i]);
     test_graph();
     CHECK(!gpu->check(&err), "a CUDA op failed: %s", err.msg);
     return check_summary("cuda ops");

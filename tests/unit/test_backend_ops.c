@@ -2487,6 +2487,10 @@ static const attn_case attn_cases[] = {
      .ratio = 4, .csa = 1, .ci = 32, .nI = 4, .topk = 5, .kv_cap = 16, .c_cap = 8, .vis_cap = 48, .ties = 1},
     {.name = "attn_step csa m=4 S=2", .S = 2, .start = {200, 37}, .n = {4, 6}, .H = 2, .d = 128, .rd = 64, .W = 16,
      .ratio = 4, .csa = 1, .ci = 64, .nI = 8, .topk = 16, .kv_cap = 32, .c_cap = 12, .vis_cap = 64},
+    /* 20 indexer heads of 48 over rows of 95 to 128 entries: on CUDA's tensor cores two head
+     * tiles (the second padded), three k-steps, entries past a 64-entry chunk */
+    {.name = "attn_step csa m=4 S=2 nI=20 ci=48", .S = 2, .start = {380, 505}, .n = {5, 7}, .H = 2, .d = 64, .rd = 16,
+     .W = 8, .ratio = 4, .csa = 1, .ci = 48, .nI = 20, .topk = 12, .kv_cap = 16, .c_cap = 8, .vis_cap = 136},
     {.name = "attn_step sliding S=2 production", .S = 2, .start = {3, 50}, .n = {6, 12}, .H = 2, .d = 64, .rd = 16, .W = 8,
      .kv_cap = 8, .c_cap = 8, .prod = 1},
     {.name = "attn_step hca m=8 S=3 production", .S = 3, .start = {100, 7, 250}, .n = {9, 10, 4}, .H = 4, .d = 64, .rd = 16,
