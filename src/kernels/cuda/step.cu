@@ -7,6 +7,7 @@
  * attn_step runs five kernels in stream order:
  *   k_emit   the entries the step completes: pooled, RMS-normed, roped (reads the rings);
  *   k_iscore the indexer scores of every visible entry, rows that keep fewer than all (CSA);
+ *            k_iscore_tc (index_tc.cu) instead with the tensor cores on and ci % 16 == 0;
  *   k_itopk  the topk best per row (radix select on order-preserving keys, ties to the
  *            lower index, compacted in ascending entry order by a block scan);
  *   k_attn   attention per (row, head) over the kept entries then the window;
