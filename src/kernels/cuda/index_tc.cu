@@ -78,20 +78,32 @@ __global__ void __launch_bounds__(NB, 4) k_iscore_tc(rows_dev rd_, int ratio, in
     const float *q = qi + (int64_t)r * nI * ci, *wr = wt + (int64_t)r * nI;
     const bool qal = ((uintptr_t)q & 15) == 0;
     const float4 z4 = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    /* item (tile ht, k-step ks, lane l): heads 16 ht + l / 4 and + 8, d = 16 ks + 4 (l % 4) */
-    for (int it = threadIdx.x; it < TS; it += NB) {
-        int l = it & 31, hk = it >> 5, ht = hk / KS, ks = hk - ht * KS;
-        int h0 = ht * 16 + (l >> 2), h1 = h0 + 8, dd = ks * 16 + 4 * (l & 3);
-        float4 x0 = h0 < nI ? ld4(q + (int64_t)h0 * ci + dd, qal) : z4;
-        float4 x1 = h1 < nI ? ld4(q + (int64_t)h1 * ci + dd, qal) : z4;
-        uint32_t p0[3], p1[3], p2[3], p3[3];
-        split3(x0.x, x0.y, p0);
-        split3(x1.x, x1.y, p1);
-        split3(x0.z, x0.w, p2);
-        split3(x1.z, x1.w, p3);
+    /* item (tile ht, k-step ks, lane l): heads 16 ht + l / 4 and + 8, d = 16 ks + 4 (l % 4); a
+     * thread's QU items of a pass loaded together, then split and stored */
+    enum { QU = 4 };
+    for (int i0 = 0; i0 < TS; i0 += QU * NB) {
+        float4 x[QU][2];
 #pragma unroll
-        for (int e = 0; e < 3; e++)
-            qs[e * TS + it] = make_uint4(p0[e], p1[e], p2[e], p3[e]);
+        for (int u = 0; u < QU; u++) {
+            int it = i0 + u * NB + (int)threadIdx.x, l = it & 31, hk = it >> 5, ht = hk / KS, ks = hk - ht * KS;
+            int h0 = ht * 16 + (l >> 2), h1 = h0 + 8, dd = ks * 16 + 4 * (l & 3);
+            x[u][0] = it < TS && h0 < nI ? ld4(q + (int64_t)h0 * ci + dd, qal) : z4;
+            x[u][1] = it < TS && h1 < nI ? ld4(q + (int64_t)h1 * ci + dd, qal) : z4;
+        }
+#pragma unroll
+        for (int u = 0; u < QU; u++) {
+            int it = i0 + u * NB + (int)threadIdx.x;
+            if (it < TS) {
+                uint32_t p0[3], p1[3], p2[3], p3[3];
+                split3(x[u][0].x, x[u][0].y, p0);
+                split3(x[u][1].x, x[u][1].y, p1);
+                split3(x[u][0].z, x[u][0].w, p2);
+                split3(x[u][1].z, x[u][1].w, p3);
+#pragma unroll
+                for (int e = 0; e < 3; e++)
+                    qs[e * TS + it] = make_uint4(p0[e], p1[e], p2[e], p3[e]);
+            }
+        }
     }
     __syncthreads();
     const int64_t n0 = w0 + 8 * wid;
