@@ -10,9 +10,10 @@
  *   B = sum over k-steps in order of hi.mid, mid.hi, hi.lo, lo.hi, mid.mid  (another)
  *   dot = A + B
  * Every product of two bf16 terms is exact in the accumulator's input; the terms left out
- * (mid.lo, lo.mid, lo.lo) are below 2^-23 |q_j k_j| together, and the small terms' sum is kept
- * apart from the large one so its rounding does not add to the chain of the large sum: the dot
- * is exact to about fp32 rounding, as the FMA kernel's. Then per entry, over head tiles in order,
+ * (mid.lo, lo.mid, lo.lo) are below 2^-21 |q_j k_j| together (|mid| < 2^-7 |x|, |lo| < 2^-15
+ * |x|), and the small terms' sum is kept apart from the large one so its rounding does not add
+ * to the chain of the large sum: the dot is exact to about fp32 rounding (a few units of 2^-24
+ * of sum_j |q_j k_j|), as the FMA kernel's. Then per entry, over head tiles in order,
  * a thread adds fmaf(w_g, relu(dot_g), s) then the same for head g + 8 of the tile (w_h =
  * wt[r,h] iw_scale, 0 for a padded head), the eight threads of a column are added by a fixed
  * xor tree (lane offsets 4, 8, 16), and the sum is multiplied by 1 / sqrt(ci).
