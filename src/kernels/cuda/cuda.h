@@ -62,9 +62,9 @@ const char *dsv4_cuda_graph_why(void);
 void dsv4_cuda_set_poison(int on);
 
 /* on: the linear and expert ops run BF16, FP8 and FP4 weights on the tensor cores (mma.cuh), at
- * every row count, and attn_step's indexer scores run there too (index_tc.cu, when ci % 16 == 0);
- * off: on the fp32 FMA kernels (linear.cuh, step.cu). Either way a row's bits do not
- * depend on the batch; the two differ from each other in rounding. Set it before the first op
+ * every row count, and so do attn_step's indexer scores and attention for the shapes they take
+ * (index_tc.cu, attn_tc.cu); off: on the fp32 FMA kernels (linear.cuh, step.cu). Either way a
+ * row's bits do not depend on the batch; the two differ from each other in rounding. Set it before the first op
  * and leave it (a process's rows must all come from one path). DSV4_CUDA_TC=1 in the
  * environment turns it on at the first op; the default is off. */
 void dsv4_cuda_set_tensor_cores(int on);
