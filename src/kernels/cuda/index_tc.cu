@@ -186,7 +186,8 @@ bool dsv4cu::iscore_tc_fits(int nI, int ci, int64_t vis_cap)
         return false;
     if (!g_optin) {
         int dev = 0;
-        if (CK(cudaGetDevice(&dev)) || CK(cudaDeviceGetAttribute(&g_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)))
+        if (CK(cudaGetDevice(&dev)) ||
+            CK(cudaDeviceGetAttribute(&g_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)))
             return false; /* the op has failed (recorded) */
     }
     return tc_qbytes(nI, ci) <= (size_t)g_optin;
