@@ -98,6 +98,7 @@ __global__ void __launch_bounds__(AT_NT, 2) k_attn_tc(rows_dev rd, int ratio, in
         /* scores of keys 8w .. 8w + 7 */
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         const float *kr = skey[8 * w + g];
+#pragma unroll 4 /* a few k-steps' loads in flight, not one */
         for (int k0 = 0; k0 < d; k0 += 16) {
             float4 xa = va ? *(const float4 *)(qa + k0 + 4 * t) : make_float4(0.f, 0.f, 0.f, 0.f);
             float4 xb = vb ? *(const float4 *)(qb + k0 + 4 * t) : make_float4(0.f, 0.f, 0.f, 0.f);
