@@ -11,7 +11,7 @@
  *   softmax per head over the chunk: its own maximum m_c, p = e^(s - m_c), l_c = sum p;
  *   values  O_c[16, d] = P[16, 64] K, warp w the columns 8 (w + 8 j) .. + 7.
  * A chunk's (m_c, l_c, O_c) are then merged into the row's (M, L, O), starting from the sink
- * (M = sink, L = 1, O = 0), in chunk order (at_merge). Few rows: each chunk has its own block
+ * (M = sink, L = 1, O = 0), in chunk order (at_weights, at_mix). Few rows: each chunk has its own block
  * and writes its partial to `part`, and k_attn_join merges them; many rows: the block loops
  * over the chunks and merges as it goes. Both run the same instructions on the same values, so
  * a row's bits do not depend on which was used, on R, or on the other rows.
