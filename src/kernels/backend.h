@@ -211,6 +211,14 @@ typedef struct dsv4_backend {
                    float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h, const float *hw);
     /* h [T, D] = sum_i pre_i X_i with given pre [T, n] (V4.1 collapses with the previous site's pre). */
     void (*hc_collapse)(const float *X, int T, int n, int D, const float *pre, float *h);
+    /* Engram's gate (V4.1 spec §9.4) over T rows of n streams of width D, in place. kv [T,
+     * (n + 1) D] holds each row's n keys, then its value; w [n, D] the streams' query weights.
+     * For row t and stream k, with x = X[t, k], key = kv[t, k], val = kv[t, n]:
+     *   s = (sum_j x_j w_kj key_j) rx rk / sqrt(D), rx = 1 / sqrt(x.x / D + eps), rk the same of key;
+     *   gate = sigmoid(sign(s) sqrt(max(|s|, 1e-6))); x_j += gate val_j; then, when round_bf16,
+     *   x through bf16 (nearest even).
+     * A (row, stream) reads only its own x, key, val and w_k: batch invariant. */
+    void (*engram_gate)(float *X, const float *kv, const float *w, int T, int n, int D, float eps, int round_bf16);
     /* X[k] = post[k] * y + sum_j comb[j][k] * X[j], per row. */
     void (*hc_post)(float *X, const float *y, int T, int n, int D, const float *post, const float *comb);
     /* Attention of one query row over nk keys (K = V, rows of width d at keys[i] pointers):

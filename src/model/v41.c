@@ -127,23 +127,7 @@ static int engram_apply(dsv4_step *f, int ei, prefetch *pf, float *X, dsv4_err *
         memcpy(E, rows, (size_t)R * ew * sizeof(float)); /* [R, cols * hd]: each row's entries side by side */
         dsv4_rnd(m, E, (int64_t)R * ew);
         dsv4_lin(m, &e->wkv, 0, kw, E, R, ew, kv, kw, 0);
-        float eps = (float)c->norm_eps, isd = 1.0f / sqrtf((float)D);
-        for (int r = 0; r < R; r++) {
-            const float *val = kv + r * kw + (int64_t)n * D;
-            for (int k = 0; k < n; k++) {
-                float *x = X + ((int64_t)r * n + k) * D;
-                const float *key = kv + r * kw + (int64_t)k * D, *w = e->qk + (int64_t)k * D;
-                float dot = 0;
-                for (int j = 0; j < D; j++)
-                    dot += x[j] * w[j] * key[j];
-                float rx = 1.0f / sqrtf(dsv4_dot(x, x, D) / D + eps), rk = 1.0f / sqrtf(dsv4_dot(key, key, D) / D + eps);
-                dot = dot * rx * rk * isd;
-                float sg = (float)((dot > 0) - (dot < 0)), gate = 1.0f / (1.0f + expf(-sg * sqrtf(fmaxf(fabsf(dot), 1e-6f))));
-                for (int j = 0; j < D; j++)
-                    x[j] += gate * val[j];
-                dsv4_rnd(m, x, D);
-            }
-        }
+        m->be->engram_gate(X, kv, e->qk, R, n, D, (float)c->norm_eps, m->numerics == DSV4_NUMERICS_REF);
     }
     free(E);
     free(kv);

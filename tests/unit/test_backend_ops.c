@@ -1170,6 +1170,96 @@ typedef struct {
     int T, n, D;
 } hcx_case;
 
+/* ---- engram_gate ------------------------------------------------------------------------------ */
+
+static float *run_engram(const target *t, const float *X, const float *kv, const float *w, int T, int n, int D,
+                         int round_bf16)
+{
+    const dsv4_backend *be = t->be;
+    size_t nx = (size_t)T * n * D;
+    float *dX = bput(be, X, nx * 4), *dkv = bput(be, kv, (size_t)T * (n + 1) * D * 4), *dw = bput(be, w, (size_t)n * D * 4);
+    be->engram_gate(dX, dkv, dw, T, n, D, 1e-6f, round_bf16);
+    float *y = bget(be, dX, nx * 4);
+    bok(be, "engram_gate");
+    be->free(dX), be->free(dkv), be->free(dw);
+    return y;
+}
+
+/* The gate in double: ref [T, n, D] and its bound. The bound carries the sums' rounding into
+ * the gate: s's error (gamma(D + 4) times the sum of |x w key| rx rk / sqrt(D), and as much
+ * again for rx and rk) times the gate's slope at s, times |val|, plus the update's own two
+ * roundings. shift: stream k takes stream (k + shift) % n's weights (0; 1 for the control). */
+static void engram_ref(const float *X, const float *kv, const float *w, int T, int n, int D, int shift, float *ref,
+                       double *tol)
+{
+    for (int t = 0; t < T; t++)
+        for (int k = 0; k < n; k++) {
+            const float *x = X + ((size_t)t * n + k) * D, *key = kv + (size_t)t * (n + 1) * D + (size_t)k * D;
+            const float *val = kv + (size_t)t * (n + 1) * D + (size_t)n * D, *wk = w + (size_t)((k + shift) % n) * D;
+            double d = 0, da = 0, xx = 0, kk = 0;
+            for (int j = 0; j < D; j++) {
+                double p = (double)x[j] * wk[j] * key[j];
+                d += p, da += fabs(p), xx += (double)x[j] * x[j], kk += (double)key[j] * key[j];
+            }
+            double rx = 1 / sqrt(xx / D + 1e-6), rk = 1 / sqrt(kk / D + 1e-6), s = d * rx * rk / sqrt((double)D);
+            double a = fabs(s) > 1e-6 ? fabs(s) : 1e-6, z = (s > 0 ? 1 : s < 0 ? -1 : 0) * sqrt(a);
+            double g = 1 / (1 + exp(-z)), slope = fabs(s) > 1e-6 ? g * (1 - g) * 0.5 / sqrt(a) : 0;
+            double es = 2 * gam(D + 4.0) * (da * rx * rk / sqrt((double)D) + fabs(s)) + 1e-7 * fabs(s);
+            for (int j = 0; j < D; j++) {
+                double v = x[j] + g * val[j];
+                ref[((size_t)t * n + k) * D + j] = (float)v;
+                tol[((size_t)t * n + k) * D + j] =
+                    es * slope * fabs(val[j]) + gam(4.0) * (fabs(x[j]) + fabs(g * val[j])) + 1e-30;
+            }
+        }
+}
+
+/* Engram's gate against the double reference; control: each stream given the next stream's
+ * weights; rows alone == in the batch; the bf16 form is the fp32 form rounded, bit for bit. */
+static void test_engram_gate(const hcx_case *c)
+{
+    int T = c->T, n = c->n, D = c->D;
+    size_t nx = (size_t)T * n * D;
+    float *X = falloc(nx), *kv = falloc((size_t)T * (n + 1) * D), *w = falloc((size_t)n * D);
+    float *ref = falloc(nx), *bad = falloc(nx), *cpu_y = NULL;
+    double *tol = malloc(nx * sizeof(double)), *scr = malloc(nx * sizeof(double));
+    fill(X, nx, -1, 1);
+    fill(kv, (size_t)T * (n + 1) * D, -1, 1);
+    fill(w, (size_t)n * D, -1, 1);
+    engram_ref(X, kv, w, T, n, D, 0, ref, tol);
+    engram_ref(X, kv, w, T, n, D, 1, bad, scr);
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        double s = o < 0 ? 1.0 : OTHER;
+        float *y = run_engram(t, X, kv, w, T, n, D, 0);
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(agree_within(what, y, o < 0 ? ref : cpu_y, tol, nx, s, 0), "%s: differs", what);
+        snprintf(what, sizeof what, "engram_gate on %s: the next stream's weights", t->be->name);
+        control_within(what, y, bad, tol, nx, s);
+        float *yr = run_engram(t, X, kv, w, T, n, D, 1);
+        float *rr = falloc(nx);
+        memcpy(rr, y, nx * 4);
+        dsv4_round_bf16(rr, (int64_t)nx);
+        snprintf(what, sizeof what, "%s on %s, through bf16", c->name, t->be->name);
+        CHECK(!memcmp(yr, rr, nx * 4), "%s: not the fp32 form rounded to bf16", what);
+        printf("  %-52s %s\n", what, !memcmp(yr, rr, nx * 4) ? "the fp32 form rounded, bitwise" : "DIFFERENT");
+        free(yr), free(rr);
+        int same = 1;
+        for (int r = 0; r < T; r++) {
+            float *one = run_engram(t, X + (size_t)r * n * D, kv + (size_t)r * (n + 1) * D, w, 1, n, D, 0);
+            same &= rows_equal(one, y + (size_t)r * n * D, (size_t)n * D);
+            free(one);
+        }
+        report_rows(c->name, t->be->name, same, T);
+        if (o < 0)
+            cpu_y = y;
+        else
+            free(y);
+    }
+    free(X), free(kv), free(w), free(ref), free(bad), free(cpu_y), free(tol), free(scr);
+}
+
 static float *run_collapse(const target *t, const float *X, int T, int n, int D, const float *pre)
 {
     const dsv4_backend *be = t->be;
@@ -1772,7 +1862,7 @@ static void test_table(const target *t)
     CHECK(be->name && be->name[0], "a backend without a name");
     CHECK(all || none, "%s: some of the graph entries are missing", be->name);
     CHECK(be->alloc && be->free && be->upload && be->download && be->copy && be->linear && be->linear_blocks &&
-              be->linear_multi && be->embed && be->rmsnorm && be->rope && be->hc_pre && be->hc_collapse &&
+              be->linear_multi && be->embed && be->rmsnorm && be->rope && be->hc_pre && be->hc_collapse && be->engram_gate &&
               be->hc_post && be->attend && be->attn_step && be->route && be->experts && be->add && be->swiglu,
           "%s: an op of the table is missing", be->name);
     printf("  table of %-42s recording %s, check %s, attn_work %s, production caches %s\n", be->name,
@@ -3033,6 +3123,10 @@ static const hcx_case collapse_cases[] = {
     {.name = "hc_collapse T=5 n=4 D=700", .T = 5, .n = 4, .D = 700},
     {.name = "hc_collapse T=2 n=2 D=33", .T = 2, .n = 2, .D = 33},
 };
+static const hcx_case engram_cases[] = {
+    {.name = "engram_gate T=5 n=4 D=700", .T = 5, .n = 4, .D = 700},
+    {.name = "engram_gate T=3 n=2 D=33", .T = 3, .n = 2, .D = 33},
+};
 
 static const hcx_case post_cases[] = {
     {.name = "hc_post T=3 n=4 D=700", .T = 3, .n = 4, .D = 700},
@@ -3119,6 +3213,8 @@ int main(void)
         test_hc_pre(&hc_cases[i]);
     for (size_t i = 0; i < N_OF(collapse_cases); i++)
         test_hc_collapse(&collapse_cases[i]);
+    for (size_t i = 0; i < N_OF(engram_cases); i++)
+        test_engram_gate(&engram_cases[i]);
     for (size_t i = 0; i < N_OF(post_cases); i++)
         test_hc_post(&post_cases[i]);
     for (size_t i = 0; i < N_OF(attend_cases); i++)

@@ -9,6 +9,7 @@ void dsv4_cpu_free(void *p);
 void dsv4_cpu_copy(void *dst, const void *src, size_t bytes);
 void dsv4_cpu_attn_step(const dsv4_attn_args *a);
 size_t dsv4_cpu_attn_work(const dsv4_attn_args *a);
+void dsv4_cpu_engram_gate(float *X, const float *kv, const float *w, int T, int n, int D, float eps, int round_bf16);
 void dsv4_cpu_route(const float *lg, int R, int E, int K, const float *bias, const int32_t *tid2eid, const int32_t *ids,
                     int norm, float route_scale, int32_t *eid, float *wts);
 void dsv4_cpu_experts(const dsv4_experts_args *a);

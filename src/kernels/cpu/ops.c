@@ -462,6 +462,7 @@ static const dsv4_backend cpu_backend = {
     .rope = cpu_rope,
     .hc_pre = cpu_hc_pre,
     .hc_collapse = cpu_hc_collapse,
+    .engram_gate = dsv4_cpu_engram_gate,
     .hc_post = cpu_hc_post,
     .attend = cpu_attend,
     .swiglu = cpu_swiglu,

@@ -290,6 +290,7 @@ void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, const float
                float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h, const float *hw);
 void cu_hc_post(float *X, const float *y, int T, int n, int D, const float *post, const float *comb);
 void cu_hc_collapse(const float *X, int T, int n, int D, const float *pre, float *h);
+void cu_engram_gate(float *X, const float *kv, const float *w, int T, int n, int D, float eps, int round_bf16);
 void cu_attend(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink, float *out);
 void cu_swiglu(const float *g, const float *u, int64_t n, float limit, float *h);
 void cu_add(const float *a, const float *b, int64_t n, float *y);

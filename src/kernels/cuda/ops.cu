@@ -64,6 +64,7 @@ static dsv4_backend make_table(void)
     t.rope = cu_rope;
     t.hc_pre = cu_hc_pre;
     t.hc_collapse = cu_hc_collapse;
+    t.engram_gate = cu_engram_gate;
     t.hc_post = cu_hc_post;
     t.attend = cu_attend;
     t.attn_step = cu_attn_step;
