@@ -1818,9 +1818,9 @@ static step_in rows_of(const attn_case *c, const step_in *in, int r0, int n)
     return v;
 }
 
-/* x with its low 16 bits cleared: the hi term of the tensor cores' split. Not inlined: GCC 12.2
- * at -O1 and -O2 drops the mask when this is inlined into iscore_ref's loop (the reference then
- * equals the full one). */
+/* x with its low 16 bits cleared: the hi term of the tensor cores' split. Not inlined: inlined
+ * under iscore_ref's `if (hi)` inside its loop, GCC 12.2 at -O1 and -O2 (not with -fno-tree-ter)
+ * drops the mask, and the reference then equals the full one. */
 __attribute__((noinline)) static float bf16_hi(float x)
 {
     uint32_t u;
