@@ -9,7 +9,8 @@
 # with graph replay on and off, and with experts spilled. Last, the op test under compute-sanitizer.
 # `on_device.sh bench`: instead, our rows of the benchmark table (43 layers, lanes, 4k prefill);
 # `on_device.sh peers`: the transformers and PyTorch peers beside ours on the same 2 layers;
-# `on_device.sh ncu`: the hardware counters of each kernel of one decode step.
+# `on_device.sh ncu`: the hardware counters of each kernel of one decode step;
+# `on_device.sh profile`: the op profile of a 4k prefill and of an 8-lane step (tensor cores on).
 # Logs go to $OUT; the exit status is that of the correctness runs.
 set -u
 cd "$(dirname "$0")/../.."
@@ -31,11 +32,20 @@ if [ "$mode" = bench ]; then
     # the benchmark table (docs/bench.md), ours: all 43 layers' shapes with the experts of 8
     # layers shared round-robin (same bytes read per token), a 64- and a 4096-token prefill,
     # batch-1 decode with and without graph replay, 4 and 8 lanes
-    # the same with the tensor cores on (DSV4_CUDA_TC=1)
+    # the same with the tensor cores on (DSV4_CUDA_TC=1), also at 16k and at issue 12's lane counts
     run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --prefill 64,4096 --decode 32 \
         --lanes 1,4,8 --graphs both
-    DSV4_CUDA_TC=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --prefill 64,4096 \
-        --decode 16 --lanes 1,8,16,64 --graphs on
+    DSV4_CUDA_TC=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 \
+        --prefill 64,4096,16384 --decode 8 --lanes 1,4,8,16,32,64 --graphs on
+    exit 0
+fi
+if [ "$mode" = profile ]; then
+    # where a 4k prefill's and an 8-lane step's time goes, op by op (each op waited for), with
+    # the tensor cores on: 4 layers at V4-Flash shapes (2 CSA, 2 HCA)
+    DSV4_CUDA_TC=1 DSV4_CUDA_PROFILE=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 4 --graphs off \
+        --prefill 4096 --decode 4
+    DSV4_CUDA_TC=1 DSV4_CUDA_PROFILE=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 4 --graphs off \
+        --prefill 64 --decode 6 --lanes 8
     exit 0
 fi
 if [ "$mode" = ncu ]; then
