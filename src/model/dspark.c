@@ -97,7 +97,7 @@ int dsv4_spec_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int32_t *ids, fl
     dsv4_err_clear(err);
     if (!S->on)
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, !S->n ? "%s: no DSpark stages (mtp.*) in this checkpoint"
-                                                  : S->asked ? "%s: DSpark drafting runs on the CPU backend"
+                                                  : S->asked ? "%s: DSpark drafting needs the V4.1 forward's host state (or the CPU backend)"
                                                              : "%s: loaded without its draft stages (dsv4_load_opts.draft_stages)", m->dir);
     if (!s || s->m != m)
         return dsv4_fail(err, DSV4_E_ARG, "DSpark draft: the sequence is NULL or belongs to another model");

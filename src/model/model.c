@@ -561,10 +561,65 @@ static int add_item(item_list *l, const dsv4_weight *w, const float *a, int64_t 
     return 1;
 }
 
-int dsv4_place_items(const dsv4_model *m, dsv4_place_item **items, int64_t *n_items, dsv4_err *err)
+/* One layer's arrays and weights, of E routed experts (K a token) numbered from *ne on
+ * (shared: a layer before it holds the same expert; main layers only, li >= 0). */
+static void layer_items(item_list *l, const dsv4_model *m, const dsv4_layer *L, int li, int E, int K, int64_t *ne)
 {
     const dsv4_config *c = &m->cfg;
     int D = c->dim, n = c->hc_mult, nm = (2 + n) * n;
+#define W(w) add_item(l, (w), NULL, 0, DSV4_PLACE_HOT, 0)
+#define F(p, cnt) add_item(l, NULL, (p), (cnt), DSV4_PLACE_HOT, 0)
+    F(L->attn_norm, D);
+    F(L->ffn_norm, D);
+    F(L->hc_attn_fn, (int64_t)nm * n * D);
+    F(L->hc_attn_base, nm);
+    F(L->hc_attn_scale, 3);
+    F(L->hc_ffn_fn, (int64_t)nm * n * D);
+    F(L->hc_ffn_base, nm);
+    F(L->hc_ffn_scale, 3);
+    F(L->q_norm, c->q_lora);
+    F(L->kv_norm, c->head_dim);
+    F(L->sink, c->n_heads);
+    W(&L->wq_a);
+    W(&L->wq_b);
+    W(&L->wkv);
+    W(&L->wo_a);
+    W(&L->wo_b);
+    W(&L->gate);
+    W(&L->comp.wkv);
+    W(&L->comp.wgate);
+    F(L->comp.norm, L->comp.dim);
+    F(L->comp.ape, (int64_t)L->comp.ratio * (1 + L->comp.overlap) * L->comp.dim);
+    W(&L->icomp.wkv);
+    W(&L->icomp.wgate);
+    F(L->icomp.norm, L->icomp.dim);
+    F(L->icomp.ape, (int64_t)L->icomp.ratio * (1 + L->icomp.overlap) * L->icomp.dim);
+    F(L->gate_bias, E);
+    F((const float *)L->tid2eid, (int64_t)c->vocab * K); /* int32 words, moved as they are */
+    W(&L->iwq_b);
+    W(&L->iweights);
+    W(&L->iwk);
+    F(L->ik_norm, c->index_dim);
+    for (int e = 0; e < E && L->w1; e++) {
+        int sh = li >= 0 && expert_shared(m, li, e);
+        int k = add_item(l, &L->w1[e], NULL, 0, *ne, sh);
+        k += add_item(l, &L->w2[e], NULL, 0, *ne, sh);
+        k += add_item(l, &L->w3[e], NULL, 0, *ne, sh);
+        *ne += k > 0;
+    }
+    if (c->n_shared > 0) {
+        W(&L->sw1);
+        W(&L->sw2);
+        W(&L->sw3);
+    }
+#undef W
+#undef F
+}
+
+int dsv4_place_items(const dsv4_model *m, dsv4_place_item **items, int64_t *n_items, dsv4_err *err)
+{
+    const dsv4_config *c = &m->cfg;
+    int D = c->dim, n = c->hc_mult;
     item_list l = {0};
 #define W(w) add_item(&l, (w), NULL, 0, DSV4_PLACE_HOT, 0)
 #define F(p, cnt) add_item(&l, NULL, (p), (cnt), DSV4_PLACE_HOT, 0)
@@ -577,51 +632,20 @@ int dsv4_place_items(const dsv4_model *m, dsv4_place_item **items, int64_t *n_it
     F(m->inv_freq_main, c->rope_dim / 2);
     F(m->inv_freq_compress, c->rope_dim / 2);
     int64_t ne = 0; /* experts numbered in layer order */
-    for (int li = 0; li < c->n_layers && m->layers; li++) {
-        const dsv4_layer *L = &m->layers[li];
-        F(L->attn_norm, D);
-        F(L->ffn_norm, D);
-        F(L->hc_attn_fn, (int64_t)nm * n * D);
-        F(L->hc_attn_base, nm);
-        F(L->hc_attn_scale, 3);
-        F(L->hc_ffn_fn, (int64_t)nm * n * D);
-        F(L->hc_ffn_base, nm);
-        F(L->hc_ffn_scale, 3);
-        F(L->q_norm, c->q_lora);
-        F(L->kv_norm, c->head_dim);
-        F(L->sink, c->n_heads);
-        W(&L->wq_a);
-        W(&L->wq_b);
-        W(&L->wkv);
-        W(&L->wo_a);
-        W(&L->wo_b);
-        W(&L->gate);
-        W(&L->comp.wkv);
-        W(&L->comp.wgate);
-        F(L->comp.norm, L->comp.dim);
-        F(L->comp.ape, (int64_t)L->comp.ratio * (1 + L->comp.overlap) * L->comp.dim);
-        W(&L->icomp.wkv);
-        W(&L->icomp.wgate);
-        F(L->icomp.norm, L->icomp.dim);
-        F(L->icomp.ape, (int64_t)L->icomp.ratio * (1 + L->icomp.overlap) * L->icomp.dim);
-        F(L->gate_bias, c->n_experts);
-        F((const float *)L->tid2eid, (int64_t)c->vocab * c->n_active); /* int32 words, moved as they are */
-        W(&L->iwq_b);
-        W(&L->iweights);
-        W(&L->iwk);
-        F(L->ik_norm, c->index_dim);
-        for (int e = 0; e < c->n_experts && L->w1; e++) {
-            int sh = expert_shared(m, li, e);
-            int k = add_item(&l, &L->w1[e], NULL, 0, ne, sh);
-            k += add_item(&l, &L->w2[e], NULL, 0, ne, sh);
-            k += add_item(&l, &L->w3[e], NULL, 0, ne, sh);
-            ne += k > 0;
-        }
-        if (c->n_shared > 0) {
-            W(&L->sw1);
-            W(&L->sw2);
-            W(&L->sw3);
-        }
+    for (int li = 0; li < c->n_layers && m->layers; li++)
+        layer_items(&l, m, &m->layers[li], li, c->n_experts, c->n_active, &ne);
+    /* V4.1's DSpark stages, when the model is loaded to draft (spec_enable): their ops run over
+     * host buffers, as V4.1's stateful steps do, with the weights on the device */
+    if (m->spec.asked && m->spec.n > 0 && c->family == DSV4_FAMILY_V41) {
+        const dsv4_spec *S = &m->spec;
+        for (int st = 0; st < S->n; st++)
+            layer_items(&l, m, &S->st[st], -1, c->spec_experts, c->spec_active, &ne);
+        W(&S->main_proj);
+        W(&S->mk_embed);
+        W(&S->mk_head);
+        F(S->main_norm, D);
+        F(S->norm, D);
+        F(S->conf, D + c->spec_markov_rank);
     }
 #undef W
 #undef F
@@ -793,6 +817,7 @@ static int model_place(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     if (!be->place)
         return 0;
     m->be = be;
+    m->spec.asked = m->mtp.asked = o->draft_stages; /* the stages are placed only to draft */
     /* the V4.1 forward's stateful steps run on the host */
     m->mem = m->cfg.family == DSV4_FAMILY_V41 ? dsv4_backend_cpu() : be;
     if (dsv4_place_items(m, &m->placed, &m->n_placed, err) ||
@@ -801,13 +826,16 @@ static int model_place(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     return 0;
 }
 
-/* The draft stages (DSpark, MTP) run when asked for and on the CPU backend (the CUDA loader does
- * not place them): otherwise the sequences keep no stage windows and a draft is refused. */
+/* The draft stages run when asked for: on the CPU backend, and V4.1's DSpark stages on a device
+ * too (placed with the model; their activations and windows live in host memory, as the V4.1
+ * forward's stateful steps do). V4's MTP stage keeps its window in the model's memory, which
+ * the stage's host code cannot read on a device, so it drafts on the CPU backend only.
+ * Otherwise the sequences keep no stage windows and a draft is refused. */
 static void spec_enable(dsv4_model *m, const dsv4_load_opts *o)
 {
-    int on = o->draft_stages && m->be == dsv4_backend_cpu();
-    m->spec.on = m->spec.n > 0 && on;
-    m->mtp.on = m->mtp.n > 0 && on;
+    int cpu = m->be == dsv4_backend_cpu();
+    m->spec.on = m->spec.n > 0 && o->draft_stages && (cpu || m->mem == dsv4_backend_cpu());
+    m->mtp.on = m->mtp.n > 0 && o->draft_stages && cpu;
     m->spec.asked = m->mtp.asked = o->draft_stages;
 }
 

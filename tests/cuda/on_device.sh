@@ -91,6 +91,7 @@ ok batch $B/tests/test_batch
 ok lanes $B/tests/test_lanes
 ok mini $B/tests/test_mini
 ok draft $B/tests/test_draft
+ok dspark bash tests/cuda/dspark_cuda.sh $B
 # the tensor-core path (DSV4_CUDA_TC=1): the op test and the end-to-end contracts again
 ok ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ops
 ok v4-tc env DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $B/tests/test_v4_fixtures
@@ -106,7 +107,7 @@ ok spill-v41 env DSV4_CUDA_BUDGET=2.2M $B/tests/test_v41_fixtures $F/v41/v41-tin
 ok refuse bash -c "DSV4_CUDA_BUDGET=1M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a 2>&1 | grep 'the hot path does not fit'"
 unset DSV4_TEST_DEVICE
 [ -s "$T/failed" ] && rc=1
-for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc spill-v4a spill-v4b spill-v4v spill-v41 refuse; do
+for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft dspark ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc spill-v4a spill-v4b spill-v4v spill-v41 refuse; do
     echo "== $n"
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done

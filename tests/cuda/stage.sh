@@ -20,7 +20,7 @@ ldd "$B/dsv4" | awk '$3 ~ /^\// {print $3}' | grep -v -E '/(libc|libm|libstdc\+\
 cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$D/lib/" 2>/dev/null ||
     cp -L "$(find / -name 'libcudart.so.13' 2>/dev/null | head -1)" "$D/lib/"
 mkdir -p "$D/tests/tools"
-cp tests/cuda/on_device.sh tests/cuda/peer_torch.py "$D/tests/cuda/"
+cp tests/cuda/on_device.sh tests/cuda/dspark_cuda.sh tests/cuda/peer_torch.py "$D/tests/cuda/"
 cp tests/tools/exl3_gen.py "$D/tests/tools/"
 [ -f bench/peer_transformers.py ] && cp bench/peer_transformers.py "$D/bench/"
 ln -sfn ../../../tests/fixtures "$D/tests/fixtures"
