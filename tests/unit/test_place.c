@@ -22,6 +22,59 @@ static void plan(const dsv4_model *m, size_t avail, dsv4_place_plan *p)
     free(items);
 }
 
+/* Whether w is one of the n items' weights. */
+static int listed(const dsv4_place_item *it, int64_t n, const dsv4_weight *w)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (it[i].w == w)
+            return 1;
+    return 0;
+}
+
+/* V4.1 loaded to draft lists its DSpark stages' weights too (a device then holds them), every
+ * listed weight a bound one of a known form, and the stages' routed experts counted at their
+ * own number; loaded not to draft, none of the stages. */
+static void v41_stages(void)
+{
+    dsv4_err err;
+    for (int draft = 1; draft >= 0; draft--) {
+        dsv4_load_opts o = {.draft_stages = draft};
+        dsv4_model *m = dsv4_model_load(CHECK_FIXTURES "/v41/v41-tiny-a", &o, &err);
+        CHECK(m != NULL, "v41 load: %s", err.msg);
+        if (!m)
+            return;
+        const dsv4_config *c = &m->cfg;
+        const dsv4_spec *S = &m->spec;
+        dsv4_place_item *it = NULL;
+        int64_t n = 0, bad = 0, ne = 0;
+        CHECK(!dsv4_place_items(m, &it, &n, &err) && n > 0, "v41: listing the arrays to place: %s", err.msg);
+        for (int64_t i = 0; i < n; i++) {
+            const dsv4_weight *w = it[i].w;
+            if (w && (!w->data || !w->name || w->form < 0 || w->form >= DSV4_WF_COUNT || w->n <= 0 || w->k <= 0))
+                bad++;
+            if (it[i].expert >= 0 && it[i].expert + 1 > ne)
+                ne = it[i].expert + 1;
+        }
+        int64_t want = 0;
+        for (int li = 0; li < c->n_layers; li++)
+            for (int e = 0; e < c->n_experts && m->layers[li].w1; e++)
+                want += m->layers[li].w1[e].data != NULL;
+        for (int st = 0; draft && st < S->n; st++)
+            for (int e = 0; e < c->spec_experts && S->st[st].w1; e++)
+                want += S->st[st].w1[e].data != NULL;
+        CHECK(S->n > 0, "v41-tiny-a has DSpark stages");
+        CHECK(bad == 0, "v41 (draft %d): %lld listed weights are not bound weights of a known form", draft, (long long)bad);
+        CHECK(ne == want, "v41 (draft %d): %lld routed experts listed, want %lld", draft, (long long)ne, (long long)want);
+        int stages = S->n > 0 && listed(it, n, &S->main_proj) && listed(it, n, &S->mk_head) &&
+                     listed(it, n, &S->st[S->n - 1].wq_a) && listed(it, n, &S->st[0].wo_b);
+        CHECK(stages == draft, "v41 (draft %d): the stages' weights %s listed", draft, stages ? "are" : "are not");
+        printf("  v41 loaded %sto draft: %lld items, %lld routed experts, the stages %slisted\n", draft ? "" : "not ",
+               (long long)n, (long long)ne, stages ? "" : "not ");
+        free(it);
+        dsv4_model_free(m);
+    }
+}
+
 int main(void)
 {
     char dir[2048], txt[512];
@@ -103,5 +156,6 @@ int main(void)
     }
     dsv4_model_free(full);
     dsv4_model_free(half);
+    v41_stages();
     return check_summary("place");
 }
