@@ -221,7 +221,8 @@ typedef struct dsv4_backend {
     void (*engram_gate)(float *X, const float *kv, const float *w, int T, int n, int D, float eps, int round_bf16);
     /* X[k] = post[k] * y + sum_j comb[j][k] * X[j], per row. */
     void (*hc_post)(float *X, const float *y, int T, int n, int D, const float *post, const float *comb);
-    /* Attention of one query row over nk keys (K = V, rows of width d at keys[i] pointers):
+    /* Attention of one query row over nk keys (K = V, rows of width d at keys[i] pointers, a
+     * host array; the rows all in host memory or all in the backend's own):
      * for each of H heads: softmax over (q_h . k_i * scale, sink[h]) and out_h = sum p_i k_i. */
     void (*attend)(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink, float *out);
     /* The V4 attention layer's stateful part, above. */

@@ -647,6 +647,21 @@ int dsv4_place_items(const dsv4_model *m, dsv4_place_item **items, int64_t *n_it
         F(S->norm, D);
         F(S->conf, D + c->spec_markov_rank);
     }
+    /* V4's MTP stages, when loaded to draft: they run on the model's backend like a layer */
+    if (m->mtp.asked && m->mtp.n > 0 && c->family == DSV4_FAMILY_V4) {
+        const dsv4_mtp *M = &m->mtp;
+        for (int st = 0; st < M->n; st++) {
+            layer_items(&l, m, &M->st[st], -1, c->n_experts, c->n_active, &ne);
+            W(&M->e_proj[st]);
+            W(&M->h_proj[st]);
+            F(M->enorm[st], D);
+            F(M->hnorm[st], D);
+            F(M->norm[st], D);
+            F(M->hc_head_fn[st], (int64_t)n * n * D);
+            F(M->hc_head_base[st], n);
+            F(M->hc_head_scale[st], 1);
+        }
+    }
 #undef W
 #undef F
     if (l.oom) {
@@ -826,16 +841,16 @@ static int model_place(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     return 0;
 }
 
-/* The draft stages run when asked for: on the CPU backend, and V4.1's DSpark stages on a device
- * too (placed with the model; their activations and windows live in host memory, as the V4.1
- * forward's stateful steps do). V4's MTP stage keeps its window in the model's memory, which
- * the stage's host code cannot read on a device, so it drafts on the CPU backend only.
- * Otherwise the sequences keep no stage windows and a draft is refused. */
+/* The draft stages run when asked for: V4's MTP stage on the model's backend (its window and
+ * streams live in the model's memory, moved by the memory backend's copies), V4.1's DSpark
+ * stages on the CPU backend and on a device too (placed with the model; their activations and
+ * windows live in host memory, as the V4.1 forward's stateful steps do). Otherwise the
+ * sequences keep no stage windows and a draft is refused. */
 static void spec_enable(dsv4_model *m, const dsv4_load_opts *o)
 {
     int cpu = m->be == dsv4_backend_cpu();
     m->spec.on = m->spec.n > 0 && o->draft_stages && (cpu || m->mem == dsv4_backend_cpu());
-    m->mtp.on = m->mtp.n > 0 && o->draft_stages && cpu;
+    m->mtp.on = m->mtp.n > 0 && o->draft_stages;
     m->spec.asked = m->mtp.asked = o->draft_stages;
 }
 

@@ -10,14 +10,21 @@
  * stage: step j at position L - 1 + j reads the target's streams at L - 1 (j = 0) or its own
  * previous output streams, and the anchor or its previous draft; its window is the sequence's
  * rows before L - 1 and the chain's own rows, which are not kept. Each step's head (its mix,
- * its norm, the shared head) gives a draft, the argmax, ties to the lower id. */
+ * its norm, the shared head) gives a draft, the argmax, ties to the lower id.
+ *
+ * Every buffer the ops see is in the model's memory (m->mem: the step arena, the sequence's
+ * window and streams), moved with m->mem's copies, so the stage runs on any backend; the host
+ * holds only row bookkeeping and the downloaded logits it takes the argmax of. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "core/core.h"
 #include "model/model.h"
 
-/* x [R, hc, D] = e_proj(enorm(embed(tok))) + h_proj(hnorm(hs_k)) for every stream k of hs [R, hc, D]. */
+static float *take(dsv4_model *m, size_t n, dsv4_err *err) { return dsv4_take(m, n * sizeof(float), err); }
+
+/* x [R, hc, D] = e_proj(enorm(embed(tok))) + h_proj(hnorm(hs_k)) for every stream k of hs [R, hc, D];
+ * tok [R] in m->mem. */
 static int stage_input(dsv4_model *m, int st, const int32_t *tok, const float *hs, int R, float *x, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
@@ -25,7 +32,8 @@ static int stage_input(dsv4_model *m, int st, const int32_t *tok, const float *h
     const dsv4_backend *be = m->be;
     int n = c->hc_mult, D = c->dim;
     float eps = (float)c->norm_eps;
-    float *e = dsv4_fbuf((size_t)R * D, err), *ep = dsv4_fbuf((size_t)R * D, err), *hn = dsv4_fbuf((size_t)R * n * D, err);
+    size_t mk = m->arena.off;
+    float *e = take(m, (size_t)R * D, err), *ep = take(m, (size_t)R * D, err), *hn = take(m, (size_t)R * n * D, err);
     int rc = err && err->code;
     if (!rc) {
         be->embed(&m->embed, tok, R, 1, e);
@@ -37,13 +45,11 @@ static int stage_input(dsv4_model *m, int st, const int32_t *tok, const float *h
             for (int k = 0; k < n; k++)
                 be->add(x + ((int64_t)r * n + k) * D, ep + (int64_t)r * D, D, x + ((int64_t)r * n + k) * D);
     }
-    free(e);
-    free(ep);
-    free(hn);
+    dsv4_release(m, mk);
     return rc;
 }
 
-/* The window row of the stage's attention input a [R, D] at positions pos. */
+/* The window row of the stage's attention input a [R, D] at positions pos [R] (m->mem). */
 static void window_row(const dsv4_model *m, const dsv4_layer *L, const float *a, int R, const int64_t *pos, float *kv)
 {
     const dsv4_config *c = &m->cfg;
@@ -58,13 +64,18 @@ int dsv4_mtp_window(dsv4_step *f, const float *X, dsv4_err *err)
     dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
     const dsv4_layer *L = &m->mtp.st[0];
+    const dsv4_backend *mem = m->mem;
     int n = c->hc_mult, D = c->dim, d = c->head_dim, R = f->R, nr = 0;
     int64_t w = (int64_t)n * D;
+    size_t fb = sizeof(float);
     for (int r = 0; r < R; r++)
         nr += f->pos[r] > 0;
     int na = nr ? nr : 1; /* buffers of at least one row */
-    float *hs = dsv4_fbuf((size_t)na * w, err), *x = dsv4_fbuf((size_t)na * w, err), *a = dsv4_fbuf((size_t)na * D, err);
-    float *kv = dsv4_fbuf((size_t)na * d, err), *mix = dsv4_fbuf((size_t)na * (2 * n + n * n), err);
+    size_t mk = m->arena.off;
+    float *hs = take(m, (size_t)na * w, err), *x = take(m, (size_t)na * w, err), *a = take(m, (size_t)na * D, err);
+    float *kv = take(m, (size_t)na * d, err), *mix = take(m, (size_t)na * (2 * n + n * n), err);
+    int32_t *dtok = dsv4_take(m, na * sizeof(int32_t), err);
+    int64_t *dpos = dsv4_take(m, na * sizeof(int64_t), err);
     int32_t *tok = malloc(na * sizeof *tok);
     int64_t *pos = malloc(na * sizeof *pos);
     int *row = malloc(na * sizeof *row);
@@ -73,43 +84,43 @@ int dsv4_mtp_window(dsv4_step *f, const float *X, dsv4_err *err)
         rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory for the MTP window");
     if (!rc) {
         /* in position order, each row reads its predecessor's streams, then leaves its own: a
-         * chunk longer than the ring still reads each predecessor before it is overwritten */
+         * chunk longer than the ring still reads each predecessor before it is overwritten
+         * (the copies run in order) */
         for (int r = 0, k = 0; r < R; r++) {
             dsv4_seq *s = f->b->seqs[f->row_seq[r]];
             if (f->pos[r] > 0) {
-                memcpy(hs + k * w, s->mhs + ((f->pos[r] - 1) % s->kv_cap) * w, w * sizeof(float));
+                mem->copy(hs + k * w, s->mhs + ((f->pos[r] - 1) % s->kv_cap) * w, w * fb);
                 tok[k] = f->ids[r];
                 pos[k] = f->pos[r] - 1;
                 row[k++] = r;
             }
-            memcpy(s->mhs + (f->pos[r] % s->kv_cap) * w, X + r * w, w * sizeof(float));
+            mem->copy(s->mhs + (f->pos[r] % s->kv_cap) * w, X + r * w, w * fb);
         }
-        rc = nr ? stage_input(m, 0, tok, hs, nr, x, err) : 0;
+        mem->upload(dtok, tok, na * sizeof *tok);
+        mem->upload(dpos, pos, na * sizeof *pos);
+        rc = nr ? stage_input(m, 0, dtok, hs, nr, x, err) : 0;
     }
     if (!rc && nr) {
         m->be->hc_pre(x, nr, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, (float)c->hc_eps,
                       (float)c->norm_eps, mix, mix + (size_t)nr * n, mix + (size_t)nr * 2 * n, a, L->attn_norm);
-        window_row(m, L, a, nr, pos, kv);
+        window_row(m, L, a, nr, dpos, kv);
         for (int k = 0; k < nr; k++) {
             dsv4_seq *s = f->b->seqs[f->row_seq[row[k]]];
-            memcpy(s->mkv + (pos[k] % s->kv_cap) * d, kv + (int64_t)k * d, d * sizeof(float));
+            mem->copy(s->mkv + (pos[k] % s->kv_cap) * d, kv + (int64_t)k * d, d * fb);
         }
     }
-    free(hs);
-    free(x);
-    free(a);
-    free(kv);
-    free(mix);
+    dsv4_release(m, mk);
     free(tok);
     free(pos);
     free(row);
     return rc;
 }
 
-/* One chain step's attention: a [D] at position p, the sequence's window rows before L - 1 and
- * the chain's rows ck [p - (L - 1) + 1, d] (this step's written at its end). */
-static int chain_attention(dsv4_model *m, dsv4_seq *s, int64_t L0, int64_t p, const float *a, float *ck, float *y,
-                           dsv4_err *err)
+/* One chain step's attention: a [D] at position p (dp: p in m->mem), the sequence's window
+ * rows before L - 1 and the chain's rows ck [p - (L - 1) + 1, d] (this step's written at its
+ * end). */
+static int chain_attention(dsv4_model *m, dsv4_seq *s, int64_t L0, int64_t p, const int64_t *dp, const float *a,
+                           float *ck, float *y, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
     const dsv4_layer *L = &m->mtp.st[0];
@@ -117,8 +128,9 @@ static int chain_attention(dsv4_model *m, dsv4_seq *s, int64_t L0, int64_t p, co
     int H = c->n_heads, d = c->head_dim, rd = c->rope_dim, W = c->window;
     int64_t Hd = (int64_t)H * d;
     float eps = (float)c->norm_eps;
-    float *qr = dsv4_fbuf(c->q_lora, err), *q = dsv4_fbuf(Hd, err), *o = dsv4_fbuf(Hd, err);
-    float *t = dsv4_fbuf((size_t)c->o_groups * c->o_lora, err);
+    size_t mk = m->arena.off;
+    float *qr = take(m, c->q_lora, err), *q = take(m, Hd, err), *o = take(m, Hd, err);
+    float *t = take(m, (size_t)c->o_groups * c->o_lora, err);
     const float **keys = malloc((size_t)W * sizeof *keys);
     int rc = err && err->code;
     if (!rc && !keys)
@@ -128,21 +140,18 @@ static int chain_attention(dsv4_model *m, dsv4_seq *s, int64_t L0, int64_t p, co
         be->rmsnorm(qr, 1, c->q_lora, L->q_norm, eps, qr);
         be->linear(&L->wq_b, 0, Hd, qr, 1, c->q_lora, q, Hd);
         be->rmsnorm(q, H, d, NULL, eps, q);
-        be->rope(q, 1, Hd, H, d, rd, m->inv_freq_main, &p, 0);
-        window_row(m, L, a, 1, &p, ck + (p - (L0 - 1)) * d);
+        be->rope(q, 1, Hd, H, d, rd, m->inv_freq_main, dp, 0);
+        window_row(m, L, a, 1, dp, ck + (p - (L0 - 1)) * d);
         int nk = 0;
         for (int64_t j = p - W + 1 < 0 ? 0 : p - W + 1; j <= p; j++)
             keys[nk++] = j < L0 - 1 ? s->mkv + (j % s->kv_cap) * d : ck + (j - (L0 - 1)) * d;
         be->attend(q, H, d, keys, nk, 1.0f / sqrtf((float)d), L->sink, o);
-        be->rope(o, 1, Hd, H, d, rd, m->inv_freq_main, &p, 1);
+        be->rope(o, 1, Hd, H, d, rd, m->inv_freq_main, dp, 1);
         be->linear_blocks(&L->wo_a, c->o_groups, o, 1, t);
         be->linear(&L->wo_b, 0, c->dim, t, 1, (int64_t)c->o_groups * c->o_lora, y, c->dim);
     }
     free(keys);
-    free(qr);
-    free(q);
-    free(o);
-    free(t);
+    dsv4_release(m, mk);
     return rc;
 }
 
@@ -155,8 +164,8 @@ int dsv4_mtp_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int k, int32_t *o
     dsv4_err_clear(err);
     if (!M->on)
         return -dsv4_fail(err, DSV4_E_UNSUPPORTED, !M->n ? "%s: no MTP stage (mtp.0) in this checkpoint"
-                                                   : M->asked ? "%s: MTP drafting runs on the CPU backend"
-                                                              : "%s: loaded without its draft stages (dsv4_load_opts.draft_stages)", m->dir);
+                                                         : "%s: loaded without its draft stages (dsv4_load_opts.draft_stages)",
+                          m->dir);
     if (!s || s->m != m || anchor < 0 || anchor >= c->vocab || k < 0)
         return -dsv4_fail(err, DSV4_E_ARG, "MTP draft: a NULL or foreign sequence, anchor %d outside the vocabulary, or %d tokens",
                           anchor, k);
@@ -164,50 +173,55 @@ int dsv4_mtp_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int k, int32_t *o
     if (L0 == 0 || k == 0) /* the stage reads the streams of the token before the anchor */
         return 0;
     const dsv4_layer *L = &M->st[0];
-    const dsv4_backend *be = m->be;
+    const dsv4_backend *be = m->be, *mem = m->mem;
     int n = c->hc_mult, D = c->dim, V = c->vocab;
     int64_t w = (int64_t)n * D;
     float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
-    float *x = dsv4_fbuf(w, err), *hs = dsv4_fbuf(w, err), *a = dsv4_fbuf(D, err), *y = dsv4_fbuf(D, err);
-    float *mix = dsv4_fbuf(2 * n + n * n, err), *lg = dsv4_fbuf(V, err), *ck = dsv4_fbuf((size_t)k * c->head_dim, err);
+    /* between steps the arena is free: the chain's buffers are taken from it and given back */
+    size_t mk = m->arena.off;
+    float *x = take(m, w, err), *hs = take(m, w, err), *a = take(m, D, err), *y = take(m, D, err);
+    float *mix = take(m, 2 * n + n * n, err), *lg = take(m, V, err), *ck = take(m, (size_t)k * c->head_dim, err);
+    int32_t *dtok = dsv4_take(m, sizeof(int32_t), err);
+    int64_t *dp = dsv4_take(m, sizeof(int64_t), err);
+    float *lh = dsv4_fbuf(V, err);
     int rc = err && err->code, made = 0;
     if (rc)
         goto out;
-    memcpy(hs, s->mhs + ((L0 - 1) % s->kv_cap) * w, w * sizeof(float));
+    mem->copy(hs, s->mhs + ((L0 - 1) % s->kv_cap) * w, w * sizeof(float));
     for (int j = 0; j < k && !rc; j++) {
         int32_t tok = j ? out[j - 1] : anchor;
         int64_t p = L0 - 1 + j;
         float *pre = mix, *post = mix + n, *comb = mix + 2 * n;
-        if ((rc = stage_input(m, 0, &tok, hs, 1, x, err)))
+        mem->upload(dtok, &tok, sizeof tok);
+        mem->upload(dp, &p, sizeof p);
+        if ((rc = stage_input(m, 0, dtok, hs, 1, x, err)))
             break;
         be->hc_pre(x, 1, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre, post, comb, a,
                    L->attn_norm);
-        if ((rc = chain_attention(m, s, L0, p, a, ck, y, err)))
+        if ((rc = chain_attention(m, s, L0, p, dp, a, ck, y, err)))
             break;
         be->hc_post(x, y, 1, n, D, post, comb);
         be->hc_pre(x, 1, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre, post, comb, a,
                    L->ffn_norm);
-        if ((rc = dsv4_moe_of(m, L, &tok, 1, a, y, err)))
+        if ((rc = dsv4_moe_of(m, L, dtok, 1, a, y, err)))
             break;
         be->hc_post(x, y, 1, n, D, post, comb);
-        memcpy(hs, x, w * sizeof(float)); /* the next step reads these streams */
+        mem->copy(hs, x, w * sizeof(float)); /* the next step reads these streams */
         be->hc_pre(x, 1, n, D, M->hc_head_fn[0], M->hc_head_base[0], M->hc_head_scale[0], 0, hce, eps, pre, NULL, NULL, a,
                    M->norm[0]);
         be->linear(&m->head, 0, V, a, 1, D, lg, V);
+        if (be->check && (rc = be->check(err)))
+            break;
+        mem->download(lh, lg, (size_t)V * sizeof(float));
         int best = 0;
         for (int v = 1; v < V; v++)
-            if (lg[v] > lg[best])
+            if (lh[v] > lh[best])
                 best = v;
         out[j] = best;
         made = j + 1;
     }
 out:
-    free(x);
-    free(hs);
-    free(a);
-    free(y);
-    free(mix);
-    free(lg);
-    free(ck);
+    dsv4_release(m, mk);
+    free(lh);
     return rc ? -rc : made;
 }

@@ -91,7 +91,8 @@ ok batch $B/tests/test_batch
 ok lanes $B/tests/test_lanes
 ok mini $B/tests/test_mini
 ok draft $B/tests/test_draft
-ok dspark bash tests/cuda/dspark_cuda.sh $B
+ok mtp $B/tests/test_mtp
+ok drafts bash tests/cuda/draft_cuda.sh $B
 # the tensor-core path (DSV4_CUDA_TC=1): the op test and the end-to-end contracts again
 ok ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ops
 ok v4-tc env DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $B/tests/test_v4_fixtures
@@ -100,6 +101,7 @@ ok batch-tc env DSV4_CUDA_TC=1 $B/tests/test_batch
 ok lanes-tc env DSV4_CUDA_TC=1 $B/tests/test_lanes
 ok mini-tc env DSV4_CUDA_TC=1 $B/tests/test_mini
 ok draft-tc env DSV4_CUDA_TC=1 $B/tests/test_draft
+ok mtp-tc env DSV4_CUDA_TC=1 $B/tests/test_mtp
 ok spill-v4a env DSV4_CUDA_BUDGET=2.45M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
 ok spill-v4b env DSV4_CUDA_BUDGET=1.85M $B/tests/test_v4_fixtures $F/v4/v4-tiny-b
 ok spill-v4v env DSV4_CUDA_BUDGET=9.004M $B/tests/test_v4_fixtures $F/v4/v4-tiny-v

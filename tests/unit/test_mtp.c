@@ -132,9 +132,11 @@ int main(void)
     dsv4_err err = {0};
     CHECK(mkdtemp(dir) != NULL, "mkdtemp");
     CHECK(!dsv4_synthetic_write("tiny", 3, dir, &err), "synth: %s", err.msg);
-    dsv4_load_opts lo = {.draft_stages = 1};
+    dsv4_load_opts lo = {.draft_stages = 1, .device = getenv("DSV4_TEST_DEVICE")};
     dsv4_model *m = dsv4_model_load(dir, &lo, &err);
     CHECK(m && dsv4_mtp_on(m), "load: %s", err.msg);
+    if (m && *dsv4_model_placement(m))
+        printf("  placement: %s\n", dsv4_model_placement(m));
     if (m && dsv4_mtp_on(m)) {
         static const int32_t prompt[] = {0, 5, 7, 9, 11, 5, 7, 9};
         for (int mode = 0; mode < 2; mode++) {
@@ -172,7 +174,7 @@ int main(void)
     }
     dsv4_model_free(m);
     { /* loaded without its draft stages: bound, but no window kept and a draft refused saying why */
-        dsv4_load_opts off = {.draft_stages = 0};
+        dsv4_load_opts off = {.draft_stages = 0, .device = getenv("DSV4_TEST_DEVICE")};
         dsv4_model *q = dsv4_model_load(dir, &off, &err);
         dsv4_seq *s = q ? dsv4_seq_new(q, &err) : NULL;
         int32_t x[2];
@@ -182,7 +184,7 @@ int main(void)
         dsv4_model_free(q);
     }
     { /* a prompt longer than the rings (window + max_rollback) in one forward == by chunks */
-        dsv4_load_opts small = {.draft_stages = 1, .max_rollback = 4};
+        dsv4_load_opts small = {.draft_stages = 1, .max_rollback = 4, .device = getenv("DSV4_TEST_DEVICE")};
         dsv4_model *q = dsv4_model_load(dir, &small, &err);
         CHECK(q != NULL, "load: %s", err.msg);
         int32_t ids[60], da[4], db[4];
