@@ -22,7 +22,7 @@ cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$D/lib/" 2>/de
 mkdir -p "$D/tests/tools"
 cp tests/cuda/on_device.sh tests/cuda/draft_cuda.sh tests/cuda/peer_torch.py "$D/tests/cuda/"
 cp tests/tools/exl3_gen.py "$D/tests/tools/"
-[ -f bench/peer_transformers.py ] && cp bench/peer_transformers.py "$D/bench/"
+cp bench/peer_transformers.py bench/draft_bench.sh "$D/bench/"
 ln -sfn ../../../tests/fixtures "$D/tests/fixtures"
 ln -sfn ../../models "$D/models"
 # the binaries carry every kernel (about 3.5 MB each) and compress about 25x: the run unpacks them
