@@ -70,11 +70,15 @@ __device__ __forceinline__ void tc_decode(const typename tcf<F>::CT &c, int u, u
     } else {
         /* the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as bf16 bits, their low and high bytes
          * looked up for the four nibbles at once (each nibble's magnitude selects a byte), then
-         * interleaved into pairs; each nibble's sign bit becomes its half's */
-        uint32_t h = c >> (16 * u), sel = h & 0x7777u;
+         * interleaved into pairs; each nibble's sign bit (bits 3, 7, 11, 15) becomes its half's
+         * (bits 15, 31) by one multiply: sg * (2^12 + 2^24) puts nibble 0's sign at 15 and nibble
+         * 1's at 31, sg * (2^4 + 2^16) nibble 2's at 15 and 3's at 31; the other products land
+         * on distinct bits between them (one carry, 27 + 27 into 28, or 19 + 19 into 20), which
+         * the mask clears */
+        uint32_t h = c >> (16 * u), sel = h & 0x7777u, sg = h & 0x8888u;
         uint32_t lo = __byte_perm(0xC0800000u, 0xC0804000u, sel), hi = __byte_perm(0x3F3F3F00u, 0x40404040u, sel);
-        p01 = __byte_perm(lo, hi, 0x5140) | ((h << 12) & 0x8000u) | ((h << 24) & 0x80000000u);
-        p23 = __byte_perm(lo, hi, 0x7362) | ((h << 4) & 0x8000u) | ((h << 16) & 0x80000000u);
+        p01 = __byte_perm(lo, hi, 0x5140) | ((sg * 0x01001000u) & 0x80008000u);
+        p23 = __byte_perm(lo, hi, 0x7362) | ((sg * 0x00010010u) & 0x80008000u);
     }
 }
 
@@ -88,6 +92,8 @@ __device__ __forceinline__ const uint8_t *tc_row(const wdev &w, int64_t r)
 /* A block: TC_TW warps, warp wid owning the 16-row group blk * TC_TW + wid, over up to 8 NT
  * tokens a pass (NT = 1, 2 for few tokens, TC_TN / 8 for many). TC_SMAX bounds tcs. */
 enum { TC_TW = 8, TC_TN = 64, TC_SMAX = 64 };
+/* Runs of a scaled form whose chains a tile issues interleaved (tc_rows). */
+enum { TC_IL = 2 };
 
 /* k-steps a k-tile (a whole number of runs): few-token passes take longer tiles, so that a warp
  * keeps about 2 KB of weights in flight while it computes the tile before. Few-token passes
@@ -211,6 +217,10 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
            XV = (XN + TC_TW * 32 - 1) / (TC_TW * 32), XB = tc_xbufs<NT>(), PF = tc_prefetch<NT>() };
     static_assert(KS % G == 0 && (XN % (TC_TW * 32) == 0 || XV == 1), "a k-tile is whole runs, staged evenly");
     const bool scaled = F != DSV4_WF_BF16;
+    /* few-token passes of a scaled form interleave runs (below); the 64-token pass's n-tiles are
+     * independent chains already */
+    constexpr int IL = scaled && NT <= 2 ? TC_IL : 1;
+    static_assert(RT % IL == 0, "a tile is whole groups of interleaved runs");
     __shared__ uint2 xs[XB][3][NT][KS][32];
     __shared__ float4 xr[PF ? XV : 1][TC_TW * 32];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -286,6 +296,20 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                 }
         };
         int slice = s_beg, next = tc_slice(nrun, S, s_beg + 1);
+        /* slice `slice` ends: to its slab, or into the total */
+        auto slice_end = [&]() {
+            if (PF && part)
+                emit(slice);
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    tot[j][q] = slice ? tot[j][q] + acc[j][q] : acc[j][q];
+                    acc[j][q] = 0.0f;
+                }
+            slice++;
+            next = tc_slice(nrun, S, slice + 1);
+        };
         const int c_first = c_beg / RT * RT;
         TL cur;
         if (PF)
@@ -323,7 +347,53 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
             TL nx;
             if (more)
                 load(nx, c0 + RT);
-            if (live)
+            /* A scaled form's runs are independent chains until each is added to the total, so
+             * a tile inside the block's runs and inside one slice issues them TC_IL at a time,
+             * interleaved (MMA latency hidden behind the other chains); each run's own sequence
+             * of operations, and the order the runs reach the total, are the loop's below. */
+            const bool whole = IL > 1 && live && c0 >= c_beg && c0 + RT <= c_end;
+            while (whole && c0 == next) /* a slice ends where the tile starts */
+                slice_end();
+            if (whole && next >= c0 + RT) {
+#pragma unroll
+                for (int v0 = 0; v0 < RT; v0 += IL) {
+                    uint32_t a[IL][G][4];
+                    float p[IL][NT][4];
+#pragma unroll
+                    for (int h = 0; h < IL; h++) {
+#pragma unroll
+                        for (int u = 0; u < G; u++) {
+                            tc_decode<F>(cur.qa[v0 + h], u, a[h][u][0], a[h][u][2]);
+                            tc_decode<F>(cur.qb[v0 + h], u, a[h][u][1], a[h][u][3]);
+                        }
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+#pragma unroll
+                            for (int q = 0; q < 4; q++)
+                                p[h][j][q] = 0.0f;
+                    }
+#pragma unroll
+                    for (int u = 0; u < G; u++)
+#pragma unroll
+                        for (int e = 0; e < 3; e++)
+#pragma unroll
+                            for (int j = 0; j < NT; j++)
+#pragma unroll
+                                for (int h = 0; h < IL; h++) {
+                                    uint2 b = xs[buf][e][j][(v0 + h) * G + u][lane];
+                                    mma_bf16(p[h][j], a[h][u], b.x, b.y, p[h][j]);
+                                }
+#pragma unroll
+                    for (int h = 0; h < IL; h++)
+#pragma unroll
+                        for (int j = 0; j < NT; j++) {
+                            acc[j][0] = fmaf(p[h][j][0], cur.sa[v0 + h], acc[j][0]);
+                            acc[j][1] = fmaf(p[h][j][1], cur.sa[v0 + h], acc[j][1]);
+                            acc[j][2] = fmaf(p[h][j][2], cur.sb[v0 + h], acc[j][2]);
+                            acc[j][3] = fmaf(p[h][j][3], cur.sb[v0 + h], acc[j][3]);
+                        }
+                }
+            } else if (live)
 #pragma unroll
                 for (int v = 0; v < RT; v++) {
                     int c = c0 + v;
@@ -331,19 +401,8 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                         break;
                     if (c < c_beg)
                         continue;
-                    while (c == next) { /* slice `slice` ends: to its slab, or into the total */
-                        if (PF && part)
-                            emit(slice);
-#pragma unroll
-                        for (int j = 0; j < NT; j++)
-#pragma unroll
-                            for (int q = 0; q < 4; q++) {
-                                tot[j][q] = slice ? tot[j][q] + acc[j][q] : acc[j][q];
-                                acc[j][q] = 0.0f;
-                            }
-                        slice++;
-                        next = tc_slice(nrun, S, slice + 1);
-                    }
+                    while (c == next)
+                        slice_end();
                     const float s0 = scaled ? cur.sa[v] : 1.0f, s1 = scaled ? cur.sb[v] : 1.0f;
                     uint32_t a[G][4];
 #pragma unroll
