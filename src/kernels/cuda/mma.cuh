@@ -128,13 +128,20 @@ __device__ __forceinline__ void cp_wait(void) { asm volatile("cp.async.wait_all;
 /* Where run slice s of S begins: slices are contiguous, in order, fixed by the run count and S. */
 __device__ __forceinline__ int tc_slice(int nrun, int S, int s) { return (int)((int64_t)nrun * s / S); }
 
-/* Block scale i of a scaled weight (e8m0 bytes or fp32), without branches: e8m0 b is 2^(b - 127)
- * (b = 0 the subnormal 2^-127, 255 NaN). */
-__device__ __forceinline__ float tc_scale(const wdev &w, int64_t i)
+/* Block scale i of a scaled weight as stored: the e8m0 byte, or the fp32 scale's bits. A tile's
+ * scales are loaded with its weights and converted only when the tile is computed, so the load
+ * has the previous tile's time to arrive. */
+__device__ __forceinline__ uint32_t tc_scale_raw(const wdev &w, int64_t i)
+{
+    return w.e8m0 ? (uint32_t)__ldg((const uint8_t *)w.s + i) : __float_as_uint(__ldg((const float *)w.s + i));
+}
+/* The scale a raw value stands for, without branches: e8m0 b is 2^(b - 127) (b = 0 the subnormal
+ * 2^-127, 255 NaN). */
+__device__ __forceinline__ float tc_scale_of(const wdev &w, uint32_t b)
 {
     if (!w.e8m0)
-        return __ldg((const float *)w.s + i);
-    uint32_t b = __ldg((const uint8_t *)w.s + i), v = b ? b << 23 : 0x00400000u;
+        return __uint_as_float(b);
+    uint32_t v = b ? b << 23 : 0x00400000u;
     return __uint_as_float(b == 255 ? 0x7fc00000u : v);
 }
 
@@ -180,7 +187,7 @@ template <int F, int NT>
 struct tc_tile {
     enum { G = tcf<F>::G, KS = tc_ks<F, NT>(), RT = KS / G };
     typename tcf<F>::CT qa[RT], qb[RT];
-    float sa[RT], sb[RT];
+    uint32_t sa[RT], sb[RT]; /* raw (tc_scale_raw) */
 };
 
 /* y[t, i] = sum_k W[r0 + i, k] x[t, k] for rows i < nr and tokens t < T of a row map M
@@ -262,6 +269,20 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                 bool in = xv && c * 16 * G + xoff < k;
                 cp16(&xr[PF ? v : 0][threadIdx.x], in ? (const void *)(xv + c * 16 * G) : (const void *)w.q, in);
             }
+            if (live && c >= c_beg && c + RT <= c_end && (c + RT) * 4 <= nch) {
+                /* a tile of whole runs inside the block's runs and inside k: every load, without
+                 * the per-run checks below */
+#pragma unroll
+                for (int v = 0; v < RT; v++) {
+                    L.qa[v] = __ldg(ca + (c + v) * 4);
+                    L.qb[v] = __ldg(cb + (c + v) * 4);
+                    if (scaled) {
+                        L.sa[v] = tc_scale_raw(w, sa + ((c + v) >> w.kss));
+                        L.sb[v] = tc_scale_raw(w, sb + ((c + v) >> w.kss));
+                    }
+                }
+                return;
+            }
 #pragma unroll
             for (int v = 0; v < RT; v++) {
                 /* a thread's accumulators hold whole runs (its tokens), so every thread takes the
@@ -272,8 +293,8 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                 L.qb[v] = in ? __ldg(cb + cc * 4) : CT{};
                 if (scaled) {
                     int bi = cc >> w.kss;
-                    L.sa[v] = run ? tc_scale(w, sa + bi) : 0.0f;
-                    L.sb[v] = run ? tc_scale(w, sb + bi) : 0.0f;
+                    L.sa[v] = run ? tc_scale_raw(w, sa + bi) : 0u;
+                    L.sb[v] = run ? tc_scale_raw(w, sb + bi) : 0u;
                 }
             }
         };
@@ -384,14 +405,16 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                                     mma_bf16(p[h][j], a[h][u], b.x, b.y, p[h][j]);
                                 }
 #pragma unroll
-                    for (int h = 0; h < IL; h++)
+                    for (int h = 0; h < IL; h++) {
+                        const float s0 = tc_scale_of(w, cur.sa[v0 + h]), s1 = tc_scale_of(w, cur.sb[v0 + h]);
 #pragma unroll
                         for (int j = 0; j < NT; j++) {
-                            acc[j][0] = fmaf(p[h][j][0], cur.sa[v0 + h], acc[j][0]);
-                            acc[j][1] = fmaf(p[h][j][1], cur.sa[v0 + h], acc[j][1]);
-                            acc[j][2] = fmaf(p[h][j][2], cur.sb[v0 + h], acc[j][2]);
-                            acc[j][3] = fmaf(p[h][j][3], cur.sb[v0 + h], acc[j][3]);
+                            acc[j][0] = fmaf(p[h][j][0], s0, acc[j][0]);
+                            acc[j][1] = fmaf(p[h][j][1], s0, acc[j][1]);
+                            acc[j][2] = fmaf(p[h][j][2], s1, acc[j][2]);
+                            acc[j][3] = fmaf(p[h][j][3], s1, acc[j][3]);
                         }
+                    }
                 }
             } else if (live)
 #pragma unroll
@@ -403,7 +426,7 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                         continue;
                     while (c == next)
                         slice_end();
-                    const float s0 = scaled ? cur.sa[v] : 1.0f, s1 = scaled ? cur.sb[v] : 1.0f;
+                    const float s0 = scaled ? tc_scale_of(w, cur.sa[v]) : 1.0f, s1 = scaled ? tc_scale_of(w, cur.sb[v]) : 1.0f;
                     uint32_t a[G][4];
 #pragma unroll
                     for (int u = 0; u < G; u++) {
