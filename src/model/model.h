@@ -97,7 +97,7 @@ typedef struct dsv4_mtp {
     float **hc_head_fn, **hc_head_base, **hc_head_scale; /* [n]: [hc, hc D], [hc], [1] */
 } dsv4_mtp;
 
-/* The step arena (v4.c): a step's buffers in backend memory, at fixed offsets, so a step of
+/* The step arena (forward.c): a step's buffers in backend memory, at fixed offsets, so a step of
  * a shape seen before finds its buffers where a recording of it expects them. A step that
  * outgrows it takes its own buffers (extra) and grows it for the next (gen counts moves). */
 #define DSV4_ARENA_EXTRA 256
@@ -109,7 +109,7 @@ typedef struct dsv4_arena {
     int n_extra;
     uint64_t gen;
 } dsv4_arena;
-/* Recorded steps by shape (v4.c), least recently used out. */
+/* Recorded V4 steps by shape (forward.c), least recently used out. */
 #define DSV4_GRAPH_SLOTS 8
 typedef struct dsv4_graphs {
     void *g[DSV4_GRAPH_SLOTS];
@@ -221,11 +221,13 @@ void dsv4_rnd(const dsv4_model *m, float *x, int64_t n);          /* REF: round 
 
 static inline float *dsv4_fbuf(size_t n, dsv4_err *err) { return dsv4_xmalloc(n * sizeof(float), err); }
 
-/* The routed + shared expert FFN of layer li over R rows (v4.c); ids for hash routing; ids,
+/* The routed + shared expert FFN of layer li over R rows (forward.c); ids for hash routing; ids,
  * x, y in m->mem. */
 int dsv4_moe(dsv4_model *m, int li, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err);
 /* A step buffer of `bytes` from the arena (m->mem memory); NULL after setting err. */
 void *dsv4_take(dsv4_model *m, size_t bytes, dsv4_err *err);
+/* dsv4_take of n floats. */
+float *dsv4_ftake(dsv4_model *m, size_t n, dsv4_err *err);
 void dsv4_arena_free(dsv4_model *m);
 /* Gives back the step buffers taken since `mark` (an earlier m->arena.off). */
 void dsv4_release(dsv4_model *m, size_t mark);
@@ -235,6 +237,10 @@ void dsv4_graphs_free(dsv4_model *m);
 int dsv4_engram_open(dsv4_model *m, int mode, dsv4_err *err);
 void dsv4_engram_close(dsv4_model *m);
 
+/* The V4 layers (v4.c) over X [R, n, D] in, out (backend memory); h, y [R, D], pre, post
+ * [R, n] and comb [R, n, n] scratch. They read only backend buffers, so a step of them can be
+ * recorded and replayed. */
+int dsv4_v4_layers(dsv4_step *f, float *X, float *h, float *y, float *pre, float *post, float *comb, dsv4_err *err);
 /* The V4.1 layers (v41.c): X [R, n, D] in, out; h [R, D] the final collapse. With DSpark
  * stages on, also writes every row's entry in each stage's window (dspark.c). */
 int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err);
@@ -265,7 +271,7 @@ int dsv4_spec_window(dsv4_step *f, const float *mh, dsv4_err *err);
 /* V4 MTP (mtp.c): the window rows the step's tokens complete (row p - 1 for a row at p),
  * from X [R, hc, D] the step's final streams, which are kept for the next step. */
 int dsv4_mtp_window(dsv4_step *f, const float *X, dsv4_err *err);
-/* Routed + shared experts of any layer (v4.c): dsv4_moe with the layer given. */
+/* Routed + shared experts of any layer (forward.c): dsv4_moe with the layer given. */
 int dsv4_moe_of(dsv4_model *m, const dsv4_layer *L, const int32_t *ids, int R, const float *x, float *y, dsv4_err *err);
 
 
