@@ -21,8 +21,6 @@
 #include "core/core.h"
 #include "model/model.h"
 
-static float *take(dsv4_model *m, size_t n, dsv4_err *err) { return dsv4_take(m, n * sizeof(float), err); }
-
 /* x [R, hc, D] = e_proj(enorm(embed(tok))) + h_proj(hnorm(hs_k)) for every stream k of hs [R, hc, D];
  * tok [R] in m->mem. */
 static int stage_input(dsv4_model *m, int st, const int32_t *tok, const float *hs, int R, float *x, dsv4_err *err)
@@ -33,7 +31,8 @@ static int stage_input(dsv4_model *m, int st, const int32_t *tok, const float *h
     int n = c->hc_mult, D = c->dim;
     float eps = (float)c->norm_eps;
     size_t mk = m->arena.off;
-    float *e = take(m, (size_t)R * D, err), *ep = take(m, (size_t)R * D, err), *hn = take(m, (size_t)R * n * D, err);
+    float *e = dsv4_ftake(m, (size_t)R * D, err), *ep = dsv4_ftake(m, (size_t)R * D, err);
+    float *hn = dsv4_ftake(m, (size_t)R * n * D, err);
     int rc = err && err->code;
     if (!rc) {
         be->embed(&m->embed, tok, R, 1, e);
@@ -72,8 +71,9 @@ int dsv4_mtp_window(dsv4_step *f, const float *X, dsv4_err *err)
         nr += f->pos[r] > 0;
     int na = nr ? nr : 1; /* buffers of at least one row */
     size_t mk = m->arena.off;
-    float *hs = take(m, (size_t)na * w, err), *x = take(m, (size_t)na * w, err), *a = take(m, (size_t)na * D, err);
-    float *kv = take(m, (size_t)na * d, err), *mix = take(m, (size_t)na * (2 * n + n * n), err);
+    float *hs = dsv4_ftake(m, (size_t)na * w, err), *x = dsv4_ftake(m, (size_t)na * w, err);
+    float *a = dsv4_ftake(m, (size_t)na * D, err), *kv = dsv4_ftake(m, (size_t)na * d, err);
+    float *mix = dsv4_ftake(m, (size_t)na * (2 * n + n * n), err);
     int32_t *dtok = dsv4_take(m, na * sizeof(int32_t), err);
     int64_t *dpos = dsv4_take(m, na * sizeof(int64_t), err);
     int32_t *tok = malloc(na * sizeof *tok);
@@ -129,8 +129,8 @@ static int chain_attention(dsv4_model *m, dsv4_seq *s, int64_t L0, int64_t p, co
     int64_t Hd = (int64_t)H * d;
     float eps = (float)c->norm_eps;
     size_t mk = m->arena.off;
-    float *qr = take(m, c->q_lora, err), *q = take(m, Hd, err), *o = take(m, Hd, err);
-    float *t = take(m, (size_t)c->o_groups * c->o_lora, err);
+    float *qr = dsv4_ftake(m, c->q_lora, err), *q = dsv4_ftake(m, Hd, err), *o = dsv4_ftake(m, Hd, err);
+    float *t = dsv4_ftake(m, (size_t)c->o_groups * c->o_lora, err);
     const float **keys = malloc((size_t)W * sizeof *keys);
     int rc = err && err->code;
     if (!rc && !keys)
@@ -179,8 +179,9 @@ int dsv4_mtp_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int k, int32_t *o
     float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
     /* between steps the arena is free: the chain's buffers are taken from it and given back */
     size_t mk = m->arena.off;
-    float *x = take(m, w, err), *hs = take(m, w, err), *a = take(m, D, err), *y = take(m, D, err);
-    float *mix = take(m, 2 * n + n * n, err), *lg = take(m, V, err), *ck = take(m, (size_t)k * c->head_dim, err);
+    float *x = dsv4_ftake(m, w, err), *hs = dsv4_ftake(m, w, err), *a = dsv4_ftake(m, D, err), *y = dsv4_ftake(m, D, err);
+    float *mix = dsv4_ftake(m, 2 * n + n * n, err), *lg = dsv4_ftake(m, V, err);
+    float *ck = dsv4_ftake(m, (size_t)k * c->head_dim, err);
     int32_t *dtok = dsv4_take(m, sizeof(int32_t), err);
     int64_t *dp = dsv4_take(m, sizeof(int64_t), err);
     float *lh = dsv4_fbuf(V, err);
