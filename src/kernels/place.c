@@ -9,10 +9,23 @@ size_t dsv4_place_item_bytes(const dsv4_place_item *it)
     return it->w ? it->w->bytes : (size_t)it->n * sizeof(float);
 }
 
-void dsv4_place_plan_make(const dsv4_place_item *items, int64_t n, size_t avail, dsv4_place_plan *p)
+static void plan_devices(const dsv4_place_item *items, int64_t n, dsv4_place_plan *p);
+
+void dsv4_place_plan_make(const dsv4_place_item *items, int64_t n, size_t avail, size_t host_avail, dsv4_place_plan *p)
 {
     memset(p, 0, sizeof *p);
     p->avail = avail;
+    p->host_avail = host_avail;
+    plan_devices(items, n, p);
+    if (p->fits)
+        p->pinned = p->experts - p->experts_dev + (p->embed_dev ? 0 : p->embed);
+    p->fits_host = p->fits && p->pinned <= host_avail;
+}
+
+/* The device side of the plan: the sums, then what the device holds. */
+static void plan_devices(const dsv4_place_item *items, int64_t n, dsv4_place_plan *p)
+{
+    size_t avail = p->avail;
     for (int64_t i = 0; i < n; i++) {
         const dsv4_place_item *it = &items[i];
         size_t b = dsv4_place_item_bytes(it);
@@ -69,10 +82,16 @@ static const char *human(size_t b, char *buf)
 
 void dsv4_place_plan_text(const dsv4_place_plan *p, char *buf, size_t n)
 {
-    char a[24], b[24], c[24], d[24], e[24], f[24];
+    char a[24], b[24], c[24], c2[24], d[24], e[24], f[24];
     if (!p->fits)
         snprintf(buf, n, "hot path %s + routed experts %s, %s available for weights: the hot path does not fit",
                  human(p->hot, a), human(p->experts, b), human(p->avail, c));
+    else if (!p->fits_host)
+        snprintf(buf, n, "hot path %s + routed experts %s + embedding %s, %s available for weights: %lld of %lld experts "
+                 "(%s) on the GPU would leave %s to pinned host memory, %s available there: the spilled weights do not "
+                 "fit the host", human(p->hot, a), human(p->experts, b), human(p->embed, f), human(p->avail, c),
+                 (long long)p->n_experts_dev, (long long)p->n_experts, human(p->experts_dev, d), human(p->pinned, e),
+                 human(p->host_avail, c2));
     else
         snprintf(buf, n, "hot path %s + routed experts %s + embedding %s, %s available for weights: hot path and %lld of "
                  "%lld experts (%s) on the GPU, %lld (%s) in pinned host memory, embedding %s", human(p->hot, a),

@@ -30,14 +30,18 @@ size_t dsv4_place_item_bytes(const dsv4_place_item *it);
 /* The plan: the hot path must fit `avail` device bytes; routed experts follow in their order
  * while they fit, the rest are read from pinned host memory; the embedding table goes to the
  * device only when every expert did (a step reads one row of it per token, the least traffic per
- * byte of anything, so it is the first to spill). Bytes as stored. */
+ * byte of anything, so it is the first to spill). What spills is copied into pinned host memory,
+ * which must fit `host_avail` bytes ((size_t)-1: no bound): the admission check, made before
+ * anything is allocated. Bytes as stored. */
 typedef struct dsv4_place_plan {
-    size_t avail, hot, experts, experts_dev, embed;
+    size_t avail, host_avail, hot, experts, experts_dev, embed;
+    size_t pinned;                      /* bytes the plan puts in pinned host memory */
     int64_t n_experts, n_experts_dev;   /* an expert is its w1, w2, w3 */
-    int fits;                           /* the hot path fits */
+    int fits;                           /* the hot path fits the device */
+    int fits_host;                      /* and what spills fits the host */
     int embed_dev;                      /* the embedding table on the device (else pinned) */
 } dsv4_place_plan;
-void dsv4_place_plan_make(const dsv4_place_item *items, int64_t n, size_t avail, dsv4_place_plan *p);
+void dsv4_place_plan_make(const dsv4_place_item *items, int64_t n, size_t avail, size_t host_avail, dsv4_place_plan *p);
 /* The plan in words (the loader's report, `dsv4 info`). */
 void dsv4_place_plan_text(const dsv4_place_plan *p, char *buf, size_t n);
 /* Whether the plan puts the item on the device (else pinned host memory). */

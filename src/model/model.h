@@ -144,7 +144,7 @@ struct dsv4_model {
     double engram_gather_s, engram_stall_s; /* time reading rows; time the forward waited for them */
     size_t weight_bytes;
     char *dir;
-    char placement[320];     /* a device backend's memory plan in words ("" on the CPU) */
+    char placement[512];     /* a device backend's memory plan in words ("" on the CPU) */
     int experts_host;        /* the plan left routed experts in pinned host memory */
     dsv4_place_item *placed; /* [n_placed] what the device backend holds (NULL on the CPU) */
     int64_t n_placed;

@@ -1,7 +1,8 @@
 /* A device backend's memory plan (kernels/place.h over the model's list of what the device ops
  * read, model/model.c), computed on the CPU over a fixture's weights: the two classes
  * add up to the weights the GPU ops read, experts go to the device in layer order while they
- * fit, the embedding table after them, and a hot path larger than the budget is refused. Each
+ * fit, the embedding table after them, a hot path larger than the budget is refused, and so is
+ * a spill larger than the host memory it would be pinned in. Each
  * check can fail: the expected numbers are computed here from the layers' own byte counts, not
  * from the plan. */
 #include <stdio.h>
@@ -11,16 +12,17 @@
 #include "dsv4.h"
 #include "model/model.h"
 
-/* The plan for m's arrays against avail device bytes. */
-static void plan(const dsv4_model *m, size_t avail, dsv4_place_plan *p)
+/* The plan for m's arrays against avail device bytes and host bytes for what spills. */
+static void plan_host(const dsv4_model *m, size_t avail, size_t host, dsv4_place_plan *p)
 {
     dsv4_place_item *items = NULL;
     int64_t n = 0;
     dsv4_err err;
     CHECK(!dsv4_place_items(m, &items, &n, &err) && n > 0, "listing the arrays to place: %s", err.msg);
-    dsv4_place_plan_make(items, n, avail, p);
+    dsv4_place_plan_make(items, n, avail, host, p);
     free(items);
 }
+static void plan(const dsv4_model *m, size_t avail, dsv4_place_plan *p) { plan_host(m, avail, (size_t)-1, p); }
 
 /* Whether w is one of the n items' weights. */
 static int listed(const dsv4_place_item *it, int64_t n, const dsv4_weight *w)
@@ -133,6 +135,19 @@ int main(void)
     plan(m, hot, &p);
     CHECK(p.fits && p.n_experts_dev == 0, "room for the hot path alone spills every expert: %lld on the device",
           (long long)p.n_experts_dev);
+    /* What spills is pinned on the host: the spilled experts and the embedding must fit its
+     * bound, checked before anything moves; exactly enough passes, one byte less is refused. */
+    size_t spill = experts - 2 * one + m->embed.bytes;
+    plan_host(m, hot + 2 * one + one / 2, spill, &p);
+    CHECK(p.fits && p.fits_host && p.pinned == spill, "spilling %zu bytes into exactly that much host memory: fits %d, "
+          "pinned %zu", spill, p.fits_host, p.pinned);
+    plan_host(m, hot + 2 * one + one / 2, spill - 1, &p);
+    dsv4_place_plan_text(&p, txt, sizeof txt);
+    printf("  hot + 2.5 experts, host one byte short: %s\n", txt);
+    CHECK(p.fits && !p.fits_host && strstr(txt, "do not fit the host"), "a spill one byte over the host bound is refused: "
+          "%s", txt);
+    plan_host(m, (size_t)-1, 0, &p);
+    CHECK(p.fits_host && p.pinned == 0, "nothing spilled needs no host memory: %d, %zu", p.fits_host, p.pinned);
     plan(m, hot - 1, &p);
     dsv4_place_plan_text(&p, txt, sizeof txt);
     printf("  hot - 1 byte: %s\n", txt);

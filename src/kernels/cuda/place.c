@@ -26,9 +26,41 @@ static double parse_bytes(const char *s)
  * prefill chunk's activations), the CUDA context's own growth. */
 #define CUDA_RESERVE ((size_t)1 << 30)
 
+/* Host memory kept free at load beside the pinned weights: the process's own buffers, caches
+ * that live in host memory (V4.1's), the mapped checkpoint's working pages. */
+#define HOST_RESERVE ((size_t)2 << 30)
+
+/* The host memory the pinned copies may take: MemAvailable (/proc/meminfo) less HOST_RESERVE,
+ * (size_t)-1 where it cannot be read; DSV4_HOST_BUDGET (bytes, K/M/G/T) when smaller. */
+static int host_avail(size_t *out, dsv4_err *err)
+{
+    size_t a = (size_t)-1;
+    FILE *f = fopen("/proc/meminfo", "r");
+    char line[128];
+    unsigned long long kb;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) {
+            size_t b = (size_t)kb * 1024;
+            a = b > HOST_RESERVE ? b - HOST_RESERVE : 0;
+            break;
+        }
+    if (f)
+        fclose(f);
+    const char *hs = getenv("DSV4_HOST_BUDGET");
+    if (hs && *hs) {
+        double b = parse_bytes(hs);
+        if (b < 0)
+            return dsv4_fail(err, DSV4_E_ARG, "DSV4_HOST_BUDGET='%s': expected bytes, optionally with K, M, G or T", hs);
+        if (b < (double)a)
+            a = (size_t)b;
+    }
+    *out = a;
+    return 0;
+}
+
 /* Available for weights: free device memory less CUDA_RESERVE, or DSV4_CUDA_BUDGET (bytes,
  * K/M/G/T suffixes) when that is smaller; it lets the spill path be exercised on a GPU where
- * everything fits. */
+ * everything fits. What spills must fit host_avail, checked before anything moves. */
 int dsv4_cuda_place(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
                     dsv4_err *err)
 {
@@ -44,14 +76,19 @@ int dsv4_cuda_place(const dsv4_place_item *items, int64_t n, char *report, size_
         if (b < (double)avail)
             avail = (size_t)b;
     }
+    size_t host = 0;
+    if (host_avail(&host, err))
+        return err->code;
     dsv4_place_plan p;
-    dsv4_place_plan_make(items, n, avail, &p);
-    char txt[256];
+    dsv4_place_plan_make(items, n, avail, host, &p);
+    char txt[384];
     dsv4_place_plan_text(&p, txt, sizeof txt);
     snprintf(report, report_n, "%s (device %.1f of %.1f GiB free%s)", txt, fr / 1073741824.0, tot / 1073741824.0,
              bs && *bs ? ", DSV4_CUDA_BUDGET set" : "");
     if (!p.fits)
         return dsv4_fail(err, DSV4_E_NOMEM, "does not fit the GPU: %s", report);
+    if (!p.fits_host)
+        return dsv4_fail(err, DSV4_E_NOMEM, "does not fit the GPU and the host: %s", report);
     *experts_host = p.n_experts_dev < p.n_experts;
     /* what the plan leaves off the device is read from pinned host memory by the same kernels */
     for (int64_t i = 0; i < n; i++) {
