@@ -30,8 +30,24 @@ static double parse_bytes(const char *s)
  * that live in host memory (V4.1's), the mapped checkpoint's working pages. */
 #define HOST_RESERVE ((size_t)2 << 30)
 
+/* *v lowered to the bytes environment variable `name` gives (K/M/G/T suffixes) when that is
+ * smaller; *set says whether it was given. */
+static int env_bound(const char *name, size_t *v, int *set, dsv4_err *err)
+{
+    const char *s = getenv(name);
+    *set = s && *s;
+    if (!*set)
+        return 0;
+    double b = parse_bytes(s);
+    if (b < 0)
+        return dsv4_fail(err, DSV4_E_ARG, "%s='%s': expected bytes, optionally with K, M, G or T", name, s);
+    if (b < (double)*v)
+        *v = (size_t)b;
+    return 0;
+}
+
 /* The host memory the pinned copies may take: MemAvailable (/proc/meminfo) less HOST_RESERVE,
- * (size_t)-1 where it cannot be read; DSV4_HOST_BUDGET (bytes, K/M/G/T) when smaller. */
+ * (size_t)-1 where it cannot be read; DSV4_HOST_BUDGET when smaller. */
 static int host_avail(size_t *out, dsv4_err *err)
 {
     size_t a = (size_t)-1;
@@ -46,21 +62,16 @@ static int host_avail(size_t *out, dsv4_err *err)
         }
     if (f)
         fclose(f);
-    const char *hs = getenv("DSV4_HOST_BUDGET");
-    if (hs && *hs) {
-        double b = parse_bytes(hs);
-        if (b < 0)
-            return dsv4_fail(err, DSV4_E_ARG, "DSV4_HOST_BUDGET='%s': expected bytes, optionally with K, M, G or T", hs);
-        if (b < (double)a)
-            a = (size_t)b;
-    }
+    int set;
+    if (env_bound("DSV4_HOST_BUDGET", &a, &set, err))
+        return err->code;
     *out = a;
     return 0;
 }
 
-/* Available for weights: free device memory less CUDA_RESERVE, or DSV4_CUDA_BUDGET (bytes,
- * K/M/G/T suffixes) when that is smaller; it lets the spill path be exercised on a GPU where
- * everything fits. What spills must fit host_avail, checked before anything moves. */
+/* Available for weights: free device memory less CUDA_RESERVE, or DSV4_CUDA_BUDGET when that is
+ * smaller; it lets the spill path be exercised on a GPU where everything fits. What spills must
+ * fit host_avail, checked before anything moves. */
 int dsv4_cuda_place(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
                     dsv4_err *err)
 {
@@ -68,14 +79,9 @@ int dsv4_cuda_place(const dsv4_place_item *items, int64_t n, char *report, size_
     if (dsv4_cuda_mem(&fr, &tot, err))
         return err->code;
     size_t avail = fr > CUDA_RESERVE ? fr - CUDA_RESERVE : 0;
-    const char *bs = getenv("DSV4_CUDA_BUDGET");
-    if (bs && *bs) {
-        double b = parse_bytes(bs);
-        if (b < 0)
-            return dsv4_fail(err, DSV4_E_ARG, "DSV4_CUDA_BUDGET='%s': expected bytes, optionally with K, M, G or T", bs);
-        if (b < (double)avail)
-            avail = (size_t)b;
-    }
+    int budget;
+    if (env_bound("DSV4_CUDA_BUDGET", &avail, &budget, err))
+        return err->code;
     size_t host = 0;
     if (host_avail(&host, err))
         return err->code;
@@ -84,7 +90,7 @@ int dsv4_cuda_place(const dsv4_place_item *items, int64_t n, char *report, size_
     char txt[384];
     dsv4_place_plan_text(&p, txt, sizeof txt);
     snprintf(report, report_n, "%s (device %.1f of %.1f GiB free%s)", txt, fr / 1073741824.0, tot / 1073741824.0,
-             bs && *bs ? ", DSV4_CUDA_BUDGET set" : "");
+             budget ? ", DSV4_CUDA_BUDGET set" : "");
     if (!p.fits)
         return dsv4_fail(err, DSV4_E_NOMEM, "does not fit the GPU: %s", report);
     if (!p.fits_host)
