@@ -1413,24 +1413,32 @@ typedef struct {
     int H, d, nk, pool;
 } attend_case;
 
-/* keys: rows kidx of the pool, in host memory on every backend: the CUDA backend gathers the
- * key rows on the host (the one op whose inputs it does not take in its own memory); q, sink
- * and out are in the backend's memory. */
-static float *run_attend(const target *t, const float *q, int H, int d, const float *pool, const int *kidx,
-                         int nk, float scale, const float *sink)
+/* keys: rows kidx of the pool, in host memory, or (own) in a copy of the pool [np, d] in the
+ * backend's memory: the op takes either (the CUDA backend gathers host rows on the host and
+ * reads its own rows through a pointer table); q, sink and out are in the backend's memory. */
+static float *run_attend_in(const target *t, const float *q, int H, int d, const float *pool, int np, const int *kidx,
+                            int nk, float scale, const float *sink, int own)
 {
     const dsv4_backend *be = t->be;
     float *dq = bput(be, q, (size_t)H * d * 4), *ds = bput(be, sink, H * 4);
+    float *dpool = own ? bput(be, pool, (size_t)np * d * 4) : NULL;
     const float **keys = malloc((nk + 1) * sizeof *keys);
     for (int i = 0; i < nk; i++)
-        keys[i] = pool + (size_t)kidx[i] * d;
+        keys[i] = (own ? dpool : pool) + (size_t)kidx[i] * d;
     float *dout = bpoison(be, (size_t)H * d);
     be->attend(dq, H, d, keys, nk, scale, ds, dout);
     float *o = bget(be, dout, (size_t)H * d * 4);
     bok(be, "attend");
     be->free(dq), be->free(ds), be->free(dout);
+    if (dpool)
+        be->free(dpool);
     free(keys);
     return o;
+}
+static float *run_attend(const target *t, const float *q, int H, int d, const float *pool, const int *kidx, int nk,
+                         float scale, const float *sink)
+{
+    return run_attend_in(t, q, H, d, pool, 0, kidx, nk, scale, sink, 0);
 }
 
 /* Per head, in double: s_i = (q . k_i) scale, p = softmax over (s_1.., sink), out = sum p_i k_i.
@@ -1476,7 +1484,7 @@ static void attend_ref(const float *q, int H, int d, const float *const *rows, i
 }
 
 /* Control: one key one place off. Heads: each head alone (H = 1) equals the same head in the
- * full call, bit for bit. */
+ * full call, bit for bit; key rows in the backend's memory equal host rows, bit for bit. */
 static void test_attend(const attend_case *c)
 {
     int H = c->H, d = c->d, nk = c->nk;
@@ -1522,6 +1530,11 @@ static void test_attend(const attend_case *c)
             free(one);
         }
         report_rows(c->name, t->be->name, same, H);
+        /* the same key rows in the backend's own memory give the same bits */
+        float *own = run_attend_in(t, q, H, d, pool, c->pool, kidx, nk, scale, sink, 1);
+        CHECK(rows_equal(own, g, (size_t)H * d), "%s on %s: key rows in the backend's memory differ from host rows",
+              c->name, t->be->name);
+        free(own);
         if (o < 0)
             cpu_o = g;
         else
