@@ -9,19 +9,6 @@ size_t dsv4_place_item_bytes(const dsv4_place_item *it)
     return it->w ? it->w->bytes : (size_t)it->n * sizeof(float);
 }
 
-static void plan_devices(const dsv4_place_item *items, int64_t n, dsv4_place_plan *p);
-
-void dsv4_place_plan_make(const dsv4_place_item *items, int64_t n, size_t avail, size_t host_avail, dsv4_place_plan *p)
-{
-    memset(p, 0, sizeof *p);
-    p->avail = avail;
-    p->host_avail = host_avail;
-    plan_devices(items, n, p);
-    if (p->fits)
-        p->pinned = p->experts - p->experts_dev + (p->embed_dev ? 0 : p->embed);
-    p->fits_host = p->fits && p->pinned <= host_avail;
-}
-
 /* The device side of the plan: the sums, then what the device holds. */
 static void plan_devices(const dsv4_place_item *items, int64_t n, dsv4_place_plan *p)
 {
@@ -61,6 +48,17 @@ static void plan_devices(const dsv4_place_item *items, int64_t n, dsv4_place_pla
         p->n_experts_dev++;
     }
     p->embed_dev = p->embed <= room;
+}
+
+void dsv4_place_plan_make(const dsv4_place_item *items, int64_t n, size_t avail, size_t host_avail, dsv4_place_plan *p)
+{
+    memset(p, 0, sizeof *p);
+    p->avail = avail;
+    p->host_avail = host_avail;
+    plan_devices(items, n, p);
+    if (p->fits)
+        p->pinned = p->experts - p->experts_dev + (p->embed_dev ? 0 : p->embed);
+    p->fits_host = p->fits && p->pinned <= host_avail;
 }
 
 int dsv4_place_on_device(const dsv4_place_plan *p, const dsv4_place_item *it)
