@@ -110,10 +110,10 @@ typedef struct dsv4_attn_args {
  * A row reads only entries and keys complete at its position, written by this step or before,
  * so its result does not depend on the step it is in. st, est and ist may be the same arrays
  * (a layer that owns its entries and keys); sel, nsel, cand, ncand are the step's slots shared
- * across layers, [R, topk], [R], [R, cand_k], [R]. Every buffer is host memory on every
- * backend: V4.1 keeps its activations and sequence state there (the model's m->mem is the CPU). */
+ * across layers, [R, topk], [R], [R, cand_k], [R]. Every buffer is in the backend's memory (the
+ * constant arrays sink, inv_freq, comp's, ik_norm may be arrays the backend holds, as for attn_step). */
 typedef struct dsv4_attn41_args {
-    dsv4_rows rows;          /* pos and seq are read (host memory) */
+    dsv4_rows rows;
     const dsv4_lbufs *st;    /* [S] this layer's buffers: window ring, and when own_ent its rings, entries, keys */
     const dsv4_lbufs *est;   /* [S] the KV source layer's: the entries attended */
     const dsv4_lbufs *ist;   /* [S] the index keys' owner: the keys scored (index sources) */
@@ -138,7 +138,7 @@ typedef struct dsv4_attn41_args {
     int64_t *sel, *cand;     /* [R, topk], [R, cand_k] */
     int *nsel, *ncand;       /* [R] */
     float *o;                /* [R, H d] */
-    float *work;             /* DSV4_ATTN41_WORK floats of scratch, in the op's memory */
+    float *work;             /* attn41_work's floats of scratch (NULL there: DSV4_ATTN41_WORK) */
 } dsv4_attn41_args;
 /* Production index keys are unpacked this many at a time. */
 #define DSV4_ATTN41_TILE 1024
@@ -177,6 +177,9 @@ typedef struct dsv4_backend {
     void (*upload)(void *dst, const void *host, size_t bytes);
     void (*download)(void *host, const void *src, size_t bytes);
     void (*copy)(void *dst, const void *src, size_t bytes);
+    /* rows copies of `width` bytes from src (row pitch spitch bytes) to dst (pitch dpitch), both
+     * in the backend's memory (a strided gather or scatter of rows in one call). */
+    void (*copy2d)(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
     /* y[t, i] = sum_k W[r0 + i, k] * x[t, k] for i < r1 - r0: rows [r0, r1) of W.
      * x: [T, W.k] with row stride ldx; y: [T, r1 - r0] with row stride ldy. */
     void (*linear)(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
@@ -238,6 +241,8 @@ typedef struct dsv4_backend {
     void (*experts)(const dsv4_experts_args *a);
     /* y = a + b, [n] values (y may alias either). */
     void (*add)(const float *a, const float *b, int64_t n, float *y);
+    /* y = x * s, [n] values, each one rounded product (y may alias x). */
+    void (*scale)(const float *x, int64_t n, float s, float *y);
     /* h = silu(min(g, limit)) * clamp(u, -limit, limit) (limit <= 0: no clamp); [n] values. */
     void (*swiglu)(const float *g, const float *u, int64_t n, float limit, float *h);
     /* Recording a step to replay it (NULL where the backend has none, as on the CPU):
@@ -257,6 +262,9 @@ typedef struct dsv4_backend {
      * DSV4_ATTN_WORK(R, vis_cap, topk)); given less (at least DSV4_ATTN_WORK), it computes the
      * same bits another way. */
     size_t (*attn_work)(const dsv4_attn_args *a);
+    /* Floats of scratch attn_step41 takes in `work` for these arguments (NULL:
+     * DSV4_ATTN41_WORK, a bound that does not grow with the rows). */
+    size_t (*attn41_work)(const dsv4_attn41_args *a);
     /* 1 when attn_step reads and writes production caches (kv_prod); a model with production
      * caches refuses a backend without them. */
     int kv_production;

@@ -833,23 +833,19 @@ static int model_place(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
         return 0;
     m->be = be;
     m->spec.asked = m->mtp.asked = o->draft_stages; /* the stages are placed only to draft */
-    /* the V4.1 forward's stateful steps run on the host */
-    m->mem = m->cfg.family == DSV4_FAMILY_V41 ? dsv4_backend_cpu() : be;
+    m->mem = be;
     if (dsv4_place_items(m, &m->placed, &m->n_placed, err) ||
         be->place(m->placed, m->n_placed, m->placement, sizeof m->placement, &m->experts_host, err))
         return dsv4_err_prefix(err, "%s: putting the weights on the %s device", m->dir, be->name);
     return 0;
 }
 
-/* The draft stages run when asked for: V4's MTP stage on the model's backend (its window and
- * streams live in the model's memory, moved by the memory backend's copies), V4.1's DSpark
- * stages on the CPU backend and on a device too (placed with the model; their activations and
- * windows live in host memory, as the V4.1 forward's stateful steps do). Otherwise the
+/* The draft stages run when asked for, on the model's backend: V4's MTP stage and V4.1's
+ * DSpark stages keep their windows in the model's memory, moved by its copies. Otherwise the
  * sequences keep no stage windows and a draft is refused. */
 static void spec_enable(dsv4_model *m, const dsv4_load_opts *o)
 {
-    int cpu = m->be == dsv4_backend_cpu();
-    m->spec.on = m->spec.n > 0 && o->draft_stages && (cpu || m->mem == dsv4_backend_cpu());
+    m->spec.on = m->spec.n > 0 && o->draft_stages;
     m->mtp.on = m->mtp.n > 0 && o->draft_stages;
     m->spec.asked = m->mtp.asked = o->draft_stages;
 }

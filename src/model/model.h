@@ -121,8 +121,7 @@ struct dsv4_model {
     dsv4_config cfg;
     dsv4_st *st;
     const dsv4_backend *be;
-    /* Where activations and sequence state live: be's memory, or the CPU's for the V4.1
-     * forward, whose stateful steps run on the host. One forward at a time per model. */
+    /* Where activations and sequence state live: be's memory. One forward at a time per model. */
     const dsv4_backend *mem;
     dsv4_arena arena;
     dsv4_graphs graphs;
@@ -255,7 +254,7 @@ void dsv4_v41_qkv(const dsv4_model *m, const dsv4_layer *L, const float *a, int 
 void dsv4_v41_window_row(const dsv4_model *m, const dsv4_layer *L, const float *a, int R, const int64_t *pos, float *kv,
                          int packed);
 /* The attention's output: o [R, H d] (in place: rounded, inverse rope) through wo_a's groups and wo_b into y [R, D]. */
-int dsv4_v41_attn_out(const dsv4_model *m, const dsv4_layer *L, float *o, int R, const int64_t *pos, float *y,
+int dsv4_v41_attn_out(dsv4_model *m, const dsv4_layer *L, float *o, int R, const int64_t *pos, float *y,
                       dsv4_err *err);
 /* One block with mHC (spec §5) over X [R, n, D]: pin [R, n] the collapse the attention site
  * reads (the previous site's pre); on return pin holds this block's FFN-site pre for the next.

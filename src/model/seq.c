@@ -156,7 +156,7 @@ int dsv4_seq_reserve(dsv4_seq *s, int64_t n_tokens, dsv4_err *err)
 
 /* Walks every buffer of the state in a fixed order; used by save, restore, copy and bytes.
  * Sizes are in bytes. */
-typedef void (*visit_fn)(void *ctx, void *buf, size_t bytes);
+typedef void (*visit_fn)(void *ctx, void *buf, size_t bytes, int host);
 
 static void visit(dsv4_seq *s, visit_fn f, void *ctx)
 {
@@ -165,35 +165,36 @@ static void visit(dsv4_seq *s, visit_fn f, void *ctx)
     for (int i = 0; i < c->n_layers; i++) {
         const dsv4_layer *L = &m->layers[i];
         dsv4_lbufs *ls = &s->L[i];
-        f(ctx, m->kv_prod ? (void *)ls->pkv : (void *)ls->kv, (size_t)s->kv_cap * win_row(m));
+        f(ctx, m->kv_prod ? (void *)ls->pkv : (void *)ls->kv, (size_t)s->kv_cap * win_row(m), 0);
         size_t n = (size_t)dsv4_c_cap(m, L) * L->cw * sizeof(float), ne = L->own_ent ? (size_t)(s->len / L->ratio) : 0;
         if (L->cw) {
-            f(ctx, ls->c, n);
-            f(ctx, ls->z, n);
+            f(ctx, ls->c, n, 0);
+            f(ctx, ls->z, n, 0);
         }
         if (L->own_ent)
-            f(ctx, m->kv_prod ? (void *)ls->pent : (void *)ls->ent, ne * ent_row(m));
+            f(ctx, m->kv_prod ? (void *)ls->pent : (void *)ls->ent, ne * ent_row(m), 0);
         if (L->icw) {
             size_t ni = (size_t)dsv4_c_cap(m, L) * L->icw * sizeof(float);
-            f(ctx, ls->ic, ni);
-            f(ctx, ls->iz, ni);
+            f(ctx, ls->ic, ni, 0);
+            f(ctx, ls->iz, ni, 0);
         }
         if (L->own_ikey)
-            f(ctx, m->kv_prod ? (void *)ls->pikey : (void *)ls->ikey, ne * ikey_row(m));
+            f(ctx, m->kv_prod ? (void *)ls->pikey : (void *)ls->ikey, ne * ikey_row(m), 0);
     }
     if (s->etok)
-        f(ctx, s->etok, (size_t)s->e_cap * sizeof(int32_t));
+        f(ctx, s->etok, (size_t)s->e_cap * sizeof(int32_t), 1);
     for (int i = 0; s->skv && i < s->m->spec.n; i++)
-        f(ctx, s->skv[i], (size_t)s->kv_cap * c->head_dim * sizeof(float));
+        f(ctx, s->skv[i], (size_t)s->kv_cap * c->head_dim * sizeof(float), 0);
     if (s->mkv) {
-        f(ctx, s->mkv, (size_t)s->kv_cap * c->head_dim * sizeof(float));
-        f(ctx, s->mhs, (size_t)s->kv_cap * c->hc_mult * c->dim * sizeof(float));
+        f(ctx, s->mkv, (size_t)s->kv_cap * c->head_dim * sizeof(float), 0);
+        f(ctx, s->mhs, (size_t)s->kv_cap * c->hc_mult * c->dim * sizeof(float), 0);
     }
 }
 
-static void count_fn(void *ctx, void *buf, size_t n)
+static void count_fn(void *ctx, void *buf, size_t n, int host)
 {
     (void)buf;
+    (void)host;
     *(size_t *)ctx += n;
 }
 
@@ -245,18 +246,22 @@ int64_t dsv4_kv_fit(const dsv4_model *m, int lanes, size_t budget)
 
 typedef struct { uint8_t *p; const uint8_t *q; const dsv4_backend *mem; } cursor;
 /* Empty buffers (no entries yet) may be NULL: the copies must not see them. Buffers are in
- * m->mem (the Engram history too: V4.1's state is host memory). */
-static void put_fn(void *ctx, void *buf, size_t n)
+ * m->mem, except the Engram history, which the host keeps (host). */
+static void put_fn(void *ctx, void *buf, size_t n, int host)
 {
     cursor *c = ctx;
-    if (n)
+    if (n && host)
+        memcpy(c->p, buf, n);
+    else if (n)
         c->mem->download(c->p, buf, n);
     c->p += n;
 }
-static void get_fn(void *ctx, void *buf, size_t n)
+static void get_fn(void *ctx, void *buf, size_t n, int host)
 {
     cursor *c = ctx;
-    if (n)
+    if (n && host)
+        memcpy(buf, c->q, n);
+    else if (n)
         c->mem->upload(buf, c->q, n);
     c->q += n;
 }

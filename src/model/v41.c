@@ -115,22 +115,23 @@ static void engram_hashes(dsv4_step *f, v41_shared *sh)
  * (x_k * q_k * k_k) . key_k / sqrt(D)) added (spec §9.4). X: [R, n, D] in place. */
 static int engram_apply(dsv4_step *f, int ei, prefetch *pf, float *X, dsv4_err *err)
 {
-    const dsv4_model *m = f->m;
+    dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
     const dsv4_engram *e = &m->engram[ei];
     int R = f->R, n = c->hc_mult, D = c->dim, hd = c->engram_head_dim, cols = e->cols;
     int64_t ew = (int64_t)cols * hd, kw = (int64_t)(n + 1) * D;
+    size_t mk = m->arena.off;
     const float *rows = rows_of(pf, ei, err);
-    float *E = rows ? dsv4_fbuf((size_t)R * ew, err) : NULL, *kv = rows ? dsv4_fbuf((size_t)R * kw, err) : NULL;
+    float *E = rows ? dsv4_ftake(m, (size_t)R * ew, err) : NULL, *kv = rows ? dsv4_ftake(m, (size_t)R * kw, err) : NULL;
     int rc = !rows || (err && err->code);
     if (!rc) {
-        memcpy(E, rows, (size_t)R * ew * sizeof(float)); /* [R, cols * hd]: each row's entries side by side */
+        /* [R, cols * hd]: each row's entries side by side, from the host's fetch */
+        m->mem->upload(E, rows, (size_t)R * ew * sizeof(float));
         dsv4_rnd(m, E, (int64_t)R * ew);
         dsv4_lin(m, &e->wkv, 0, kw, E, R, ew, kv, kw, 0);
         m->be->engram_gate(X, kv, e->qk, R, n, D, (float)c->norm_eps, m->numerics == DSV4_NUMERICS_REF);
     }
-    free(E);
-    free(kv);
+    dsv4_release(m, mk);
     return rc;
 }
 
@@ -169,13 +170,14 @@ void dsv4_v41_qkv(const dsv4_model *m, const dsv4_layer *L, const float *a, int 
     dsv4_v41_window_row(m, L, a, R, pos, kv, m->kv_prod);
 }
 
-int dsv4_v41_attn_out(const dsv4_model *m, const dsv4_layer *L, float *o, int R, const int64_t *pos, float *y,
+int dsv4_v41_attn_out(dsv4_model *m, const dsv4_layer *L, float *o, int R, const int64_t *pos, float *y,
                       dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
     int H = c->n_heads, d = c->head_dim, G = c->o_groups, rk = c->o_lora;
     int64_t Hd = (int64_t)H * d, gw = Hd / G;
-    float *t = dsv4_fbuf((size_t)R * G * rk, err);
+    size_t mk = m->arena.off;
+    float *t = dsv4_ftake(m, (size_t)R * G * rk, err);
     if (!t)
         return err->code;
     dsv4_rnd(m, o, (int64_t)R * Hd);
@@ -185,7 +187,7 @@ int dsv4_v41_attn_out(const dsv4_model *m, const dsv4_layer *L, float *o, int R,
         dsv4_lin(m, &L->wo_a, (int64_t)g * rk, (int64_t)(g + 1) * rk, o + g * gw, R, Hd, t + (int64_t)g * rk,
                  (int64_t)G * rk, DSV4_LIN_NOQ);
     dsv4_lin(m, &L->wo_b, 0, c->dim, t, R, (int64_t)G * rk, y, c->dim, 0);
-    free(t);
+    dsv4_release(m, mk);
     return 0;
 }
 
@@ -214,23 +216,25 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
                           .topk = c->index_topk, .cand_bs = c->candidate_block_size, .cand_k = c->candidate_topk_blocks,
                           .ref = ref, .kv_prod = m->kv_prod, .sel = sh->topk, .cand = sh->cand, .nsel = sh->ntopk,
                           .ncand = sh->ncand};
-    float *qr = dsv4_fbuf((size_t)R * c->q_lora, err), *q = dsv4_fbuf((size_t)R * Hd, err), *kv = dsv4_fbuf((size_t)R * d, err);
-    float *o = dsv4_fbuf((size_t)R * Hd, err);
+    size_t mk = m->arena.off;
+    float *qr = dsv4_ftake(m, (size_t)R * c->q_lora, err), *q = dsv4_ftake(m, (size_t)R * Hd, err);
+    float *kv = dsv4_ftake(m, (size_t)R * d, err), *o = dsv4_ftake(m, (size_t)R * Hd, err);
     float *cc = NULL, *zz = NULL, *qi = NULL, *wt = NULL;
-    float *work = dsv4_fbuf(DSV4_ATTN41_WORK(A.vis_cap, A.topk, A.window, d, ci), err);
     if (L->own_ent) {
-        cc = dsv4_fbuf((size_t)R * d, err);
-        zz = dsv4_fbuf((size_t)R * d, err);
+        cc = dsv4_ftake(m, (size_t)R * d, err);
+        zz = dsv4_ftake(m, (size_t)R * d, err);
     }
     if (L->index_source) {
-        qi = dsv4_fbuf((size_t)R * nI * ci, err);
-        wt = dsv4_fbuf((size_t)R * nI, err);
+        qi = dsv4_ftake(m, (size_t)R * nI * ci, err);
+        wt = dsv4_ftake(m, (size_t)R * nI, err);
     }
+    A.q = q, A.kv = kv, A.cc = cc, A.zz = zz, A.qi = qi, A.wt = wt, A.o = o;
+    A.work = dsv4_ftake(m, be->attn41_work ? be->attn41_work(&A) : DSV4_ATTN41_WORK(A.vis_cap, A.topk, A.window, d, ci), err);
     int rc = err && err->code;
     if (rc)
         goto out;
 
-    dsv4_v41_qkv(m, L, a, R, f->pos, qr, q, kv);
+    dsv4_v41_qkv(m, L, a, R, f->dpos, qr, q, kv);
     if (L->own_ent && L->ratio > 1) { /* the reference promotes these to fp32: no rounding */
         dsv4_lin(m, &L->comp.wkv, 0, d, a, R, c->dim, cc, d, DSV4_LIN_F32OUT | DSV4_LIN_NOQ);
         dsv4_lin(m, &L->comp.wgate, 0, d, a, R, c->dim, zz, d, DSV4_LIN_F32OUT | DSV4_LIN_NOQ);
@@ -242,29 +246,18 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
     if (L->index_source) {
         int64_t qw = (int64_t)nI * ci;
         dsv4_lin(m, &L->iwq_b, 0, qw, qr, R, c->q_lora, qi, qw, 0);
-        be->rope(qi, R, qw, nI, ci, rd, m->inv_freq_compress, f->pos, 0);
+        be->rope(qi, R, qw, nI, ci, rd, m->inv_freq_compress, f->dpos, 0);
         dsv4_rnd(m, qi, (int64_t)R * qw);
         if (ref)
             dsv4_fp4_roundtrip(qi, (int64_t)R * qw, 32, 0);
         dsv4_lin(m, &L->iweights, 0, nI, a, R, c->dim, wt, nI, 0);
-        float s = 1.0f / sqrtf((float)ci) / sqrtf((float)nI);
-        for (int64_t i = 0; i < (int64_t)R * nI; i++)
-            wt[i] *= s;
+        be->scale(wt, (int64_t)R * nI, 1.0f / sqrtf((float)ci) / sqrtf((float)nI), wt);
         dsv4_rnd(m, wt, (int64_t)R * nI);
     }
-    A.q = q, A.kv = kv, A.cc = cc, A.zz = zz, A.qi = qi, A.wt = wt, A.o = o, A.work = work;
     be->attn_step41(&A);
-    rc = dsv4_v41_attn_out(m, L, o, R, f->pos, y, err);
+    rc = dsv4_v41_attn_out(m, L, o, R, f->dpos, y, err);
 out:
-    free(work);
-    free(qr);
-    free(q);
-    free(kv);
-    free(o);
-    free(cc);
-    free(zz);
-    free(qi);
-    free(wt);
+    dsv4_release(m, mk);
     return rc;
 }
 
@@ -283,9 +276,10 @@ int dsv4_v41_block(dsv4_model *m, const dsv4_layer *L, const int32_t *ids, int R
     const dsv4_backend *be = m->be;
     int n = c->hc_mult, D = c->dim;
     float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
-    float *pre_a = dsv4_fbuf((size_t)R * n, err), *pre_f = dsv4_fbuf((size_t)R * n, err);
-    float *post = dsv4_fbuf((size_t)R * n, err), *comb = dsv4_fbuf((size_t)R * n * n, err);
-    float *h = dsv4_fbuf((size_t)R * D, err), *a = dsv4_fbuf((size_t)R * D, err), *y = dsv4_fbuf((size_t)R * D, err);
+    size_t mk = m->arena.off;
+    float *pre_a = dsv4_ftake(m, (size_t)R * n, err), *pre_f = dsv4_ftake(m, (size_t)R * n, err);
+    float *post = dsv4_ftake(m, (size_t)R * n, err), *comb = dsv4_ftake(m, (size_t)R * n * n, err);
+    float *h = dsv4_ftake(m, (size_t)R * D, err), *a = dsv4_ftake(m, (size_t)R * D, err), *y = dsv4_ftake(m, (size_t)R * D, err);
     int rc = err && err->code;
     if (rc)
         goto out;
@@ -307,15 +301,9 @@ int dsv4_v41_block(dsv4_model *m, const dsv4_layer *L, const int32_t *ids, int R
         goto out;
     be->hc_post(X, y, R, n, D, post, comb);
     dsv4_rnd(m, X, (int64_t)R * n * D);
-    memcpy(pin, pre_f, (size_t)R * n * sizeof(float));
+    m->mem->copy(pin, pre_f, (size_t)R * n * sizeof(float));
 out:
-    free(pre_a);
-    free(pre_f);
-    free(post);
-    free(comb);
-    free(h);
-    free(a);
-    free(y);
+    dsv4_release(m, mk);
     return rc;
 }
 
@@ -323,30 +311,39 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
 {
     dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
-    const dsv4_backend *be = f->be;
-    int R = f->R, n = c->hc_mult, D = c->dim, K = c->index_topk > 0 ? c->index_topk : 1;
+    const dsv4_backend *be = f->be, *mem = m->mem;
+    int R = f->R, n = c->hc_mult, D = c->dim, nt = c->n_spec_target, K = c->index_topk > 0 ? c->index_topk : 1;
     int CB = c->candidate_topk_blocks > 0 ? c->candidate_topk_blocks : 1;
     int cols = c->n_engram ? m->engram[0].cols : 0;
-    v41_shared sh = {0};
-    sh.topk = calloc((size_t)R * K, sizeof(int64_t));
-    sh.ntopk = calloc(R, sizeof(int));
-    sh.cand = calloc((size_t)R * CB, sizeof(int64_t));
-    sh.ncand = calloc(R, sizeof(int));
+    size_t mk = m->arena.off;
+    /* the step's shared slots; pin: the collapse weights the next site uses; mh: the DSpark
+     * stages' features; avg: the weights (1/n each) that average the streams */
+    v41_shared sh = {.topk = dsv4_take(m, (size_t)R * K * sizeof(int64_t), err),
+                     .ntopk = dsv4_take(m, (size_t)R * sizeof(int), err),
+                     .cand = dsv4_take(m, (size_t)R * CB * sizeof(int64_t), err),
+                     .ncand = dsv4_take(m, (size_t)R * sizeof(int), err)};
+    float *pin = dsv4_ftake(m, (size_t)R * n, err);
+    float *mh = m->spec.on ? dsv4_ftake(m, (size_t)R * nt * D, err) : NULL;
+    float *avg = m->spec.on ? dsv4_ftake(m, (size_t)R * n, err) : NULL, *feat = m->spec.on ? dsv4_ftake(m, (size_t)R * D, err) : NULL;
+    float *hpin = malloc((size_t)R * n * sizeof(float));
     sh.ehash = calloc((size_t)R * (c->n_engram ? c->n_engram * cols : 1), sizeof(int64_t));
-    /* pin: the collapse weights the next site uses; mh: the DSpark stages' features */
-    float *pin = dsv4_fbuf((size_t)R * n, err);
-    float *mh = m->spec.on ? dsv4_fbuf((size_t)R * c->n_spec_target * D, err) : NULL;
     prefetch pf = {.m = m, .R = R, .ehash = sh.ehash, .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
     pthread_t th;
     int threaded = 0;
-    int rc = (err && err->code) || !sh.topk || !sh.ntopk || !sh.cand || !sh.ncand || !sh.ehash;
-    if (rc) {
+    int rc = err && err->code;
+    if (!rc && (!hpin || !sh.ehash))
         rc = dsv4_fail(err, DSV4_E_NOMEM, "out of memory for a V4.1 step of %d rows", R);
+    if (rc)
         goto out;
-    }
     for (int r = 0; r < R; r++) /* one-hot start: the first site reads stream 0 */
         for (int i = 0; i < n; i++)
-            pin[r * n + i] = i == 0;
+            hpin[r * n + i] = i == 0;
+    mem->upload(pin, hpin, (size_t)R * n * sizeof(float));
+    if (avg) { /* 1/n: exact for the power-of-two stream counts, so the weighted sum is the mean */
+        for (int64_t i = 0; i < (int64_t)R * n; i++)
+            hpin[i] = 1.0f / n;
+        mem->upload(avg, hpin, (size_t)R * n * sizeof(float));
+    }
     if (c->n_engram) {
         engram_hashes(f, &sh);
         if (!(pf.rows = dsv4_fbuf((size_t)c->n_engram * R * cols * c->engram_head_dim, err))) {
@@ -364,23 +361,19 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
         const dsv4_layer *L = &m->layers[li];
         if (L->engram >= 0 && (rc = engram_apply(f, L->engram, &pf, X, err)))
             break;
-        for (int k = 0; mh && k < c->n_spec_target; k++)
-            if (c->spec_target[k] == li) /* the drafter's features: this block's input, averaged over the streams */
-                for (int r = 0; r < R; r++) {
-                    float *o = mh + ((int64_t)r * c->n_spec_target + k) * D;
-                    for (int j = 0; j < D; j++) {
-                        float acc = 0;
-                        for (int i = 0; i < n; i++)
-                            acc += X[((int64_t)r * n + i) * D + j];
-                        o[j] = acc / n;
-                    }
-                    dsv4_rnd(m, o, D);
-                }
+        for (int k = 0; mh && k < nt; k++)
+            if (c->spec_target[k] == li) { /* the drafter's features: this block's input, averaged over the streams */
+                be->hc_collapse(X, R, n, D, avg, feat);
+                mem->copy2d(mh + (int64_t)k * D, (size_t)nt * D * sizeof(float), feat, (size_t)D * sizeof(float),
+                            (size_t)D * sizeof(float), (size_t)R);
+            }
         layer_ctx lc = {f, li, &sh};
-        rc = dsv4_v41_block(m, L, f->ids, R, X, pin, layer_attention, &lc, err);
+        rc = dsv4_v41_block(m, L, f->dids, R, X, pin, layer_attention, &lc, err);
     }
-    if (!rc && mh)
+    if (!rc && mh) {
+        dsv4_rnd(m, mh, (int64_t)R * nt * D);
         rc = dsv4_spec_window(f, mh, err);
+    }
     if (!rc) { /* the head reads the collapse with the last FFN site's pre */
         be->hc_collapse(X, R, n, D, pin, h);
         dsv4_rnd(m, h, (int64_t)R * D);
@@ -394,12 +387,8 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
         m->engram_tokens += (uint64_t)R;
 out:
     free(pf.rows);
-    free(sh.topk);
-    free(sh.ntopk);
-    free(sh.cand);
-    free(sh.ncand);
     free(sh.ehash);
-    free(pin);
-    free(mh);
+    free(hpin);
+    dsv4_release(m, mk);
     return rc;
 }

@@ -244,12 +244,28 @@ static void test_memory(const target *t)
     be->download(back, b, n);
     int moved = !memcmp(back, h, n);
     bok(be, "memory");
+    /* copy2d: 50 rows of 30 bytes from a + 5 at pitch 97 to a zeroed buffer at pitch 113 */
+    uint8_t *c2 = be->alloc(n), *want = calloc(1, n), *got = malloc(n);
+    CHECK(c2 != NULL, "%s: alloc failed", be->name);
+    for (size_t r = 0; r < 50; r++)
+        memcpy(want + r * 113, h + 5 + r * 97, 30);
+    int strided = 0;
+    if (c2) {
+        be->copy2d(c2, 113, a + 5, 97, 30, 50);
+        be->download(got, c2, n);
+        strided = !memcmp(got, want, n);
+        be->free(c2);
+    }
+    bok(be, "memory");
     CHECK(zeroed, "%s: alloc did not give zeroed memory", be->name);
     CHECK(moved, "%s: upload, copy, download changed bytes", be->name);
+    CHECK(strided, "%s: copy2d moved other bytes than its rows", be->name);
+    free(want), free(got);
     memset(z, 0xa5, n);
     int caught = memcmp(z, h, n) != 0; /* control: the poison itself fails the comparison */
     CHECK(caught, "%s: control: the poisoned host buffer matched the bytes", be->name);
-    printf("  memory on %-42s zeroed %s, bytes moved %s\n", be->name, zeroed ? "yes" : "NO", moved ? "exactly" : "CHANGED");
+    printf("  memory on %-42s zeroed %s, bytes moved %s, strided rows %s\n", be->name, zeroed ? "yes" : "NO",
+           moved ? "exactly" : "CHANGED", strided ? "exactly" : "WRONG");
     be->free(a);
     be->free(b);
     free(h), free(back), free(z);
@@ -819,9 +835,12 @@ static void test_rope(const rope_case *c)
     free(x), free(freq), free(ref), free(bad), free(cpu_y), free(pos), free(pb), free(tol), free(scr);
 }
 
-/* ---- add, swiglu ------------------------------------------------------------------------------- */
+/* ---- add, swiglu, scale ------------------------------------------------------------------------------- */
 
-/* Elementwise ops: n values, in backend buffers; alias: y is a's buffer. */
+static const char *const elem_names[] = {"add", "swiglu", "scale"};
+
+/* Elementwise ops: n values, in backend buffers; alias: y is a's buffer; limit: swiglu's, or
+ * scale's factor. */
 static float *run_elem(const target *t, int op, const float *a, const float *b, int64_t n, float limit, int alias)
 {
     const dsv4_backend *be = t->be;
@@ -829,10 +848,12 @@ static float *run_elem(const target *t, int op, const float *a, const float *b, 
     float *dy = alias ? da : bpoison(be, n);
     if (op == 0)
         be->add(da, db, n, dy);
-    else
+    else if (op == 1)
         be->swiglu(da, db, n, limit, dy);
+    else
+        be->scale(da, n, limit, dy);
     float *y = bget(be, dy, n * sizeof(float));
-    bok(be, op ? "swiglu" : "add");
+    bok(be, elem_names[op]);
     if (!alias)
         be->free(dy);
     be->free(da), be->free(db);
@@ -841,13 +862,14 @@ static float *run_elem(const target *t, int op, const float *a, const float *b, 
 
 typedef struct {
     const char *name;
-    int op; /* 0 add, 1 swiglu */
+    int op; /* 0 add, 1 swiglu, 2 scale (by limit) */
     int64_t n;
     float limit;
     int alias;
 } elem_case;
 
-/* add: y = a + b, one rounding: the fp32 sum exactly, tolerance 0. swiglu: h = silu(min(g, L))
+/* add: y = a + b, one rounding: the fp32 sum exactly, tolerance 0; scale: y = a s the same way.
+ * swiglu: h = silu(min(g, L))
  * clamp(u, -L, L) in double; bound: expf within 2 ulp (4 u in e^-a, at most 4 u in 1 + e^-a),
  * the sum, the division, the product and the reference's rounding: |h| 8 u. Controls: add one
  * element off; swiglu the limit skipped (or, without a limit, one element off). "Rows": the two
@@ -862,6 +884,9 @@ static void test_elem(const elem_case *c)
     for (int64_t i = 0; i < n; i++) {
         if (c->op == 0) {
             ref[i] = (float)((double)a[i] + b[i]);
+            tol[i] = 0;
+        } else if (c->op == 2) {
+            ref[i] = (float)((double)a[i] * c->limit);
             tol[i] = 0;
         } else {
             double g = a[i], u = b[i];
@@ -896,7 +921,7 @@ static void test_elem(const elem_case *c)
             memcpy(bb, cpu_y, n * sizeof(float));
             bb[n / 2] = cpu_y[n / 2 + 1];
         }
-        snprintf(what, sizeof what, "%s on %s: %s", c->op ? "swiglu" : "add", t->be->name,
+        snprintf(what, sizeof what, "%s on %s: %s", elem_names[c->op], t->be->name,
                  c->op == 1 && c->limit > 0 ? "limit skipped" : "one element off");
         control_within(what, y, bb, tol, n, s);
         if (bb != bad)
@@ -1876,7 +1901,8 @@ static void test_table(const target *t)
     CHECK(all || none, "%s: some of the graph entries are missing", be->name);
     CHECK(be->alloc && be->free && be->upload && be->download && be->copy && be->linear && be->linear_blocks &&
               be->linear_multi && be->embed && be->rmsnorm && be->rope && be->hc_pre && be->hc_collapse && be->engram_gate &&
-              be->hc_post && be->attend && be->attn_step && be->route && be->experts && be->add && be->swiglu,
+              be->hc_post && be->attend && be->attn_step && be->attn_step41 && be->route && be->experts && be->add &&
+              be->swiglu && be->scale && be->copy2d,
           "%s: an op of the table is missing", be->name);
     printf("  table of %-42s recording %s, check %s, attn_work %s, production caches %s\n", be->name,
            all ? "yes" : "none", be->check ? "yes" : "none", be->attn_work ? "yes" : "DSV4_ATTN_WORK",
@@ -3158,6 +3184,8 @@ static const elem_case elem_cases[] = {
     {.name = "swiglu n=10001 limit 1", .op = 1, .n = 10001, .limit = 1.0f},
     {.name = "swiglu n=4096 no limit", .op = 1, .n = 4096},
     {.name = "swiglu n=999 limit 2 in place", .op = 1, .n = 999, .limit = 2.0f, .alias = 1},
+    {.name = "scale n=10001 by 1/sqrt(128)", .op = 2, .n = 10001, .limit = 0.08838835f},
+    {.name = "scale n=4096 in place", .op = 2, .n = 4096, .limit = -3.1f, .alias = 1},
 };
 
 static const route_case route_cases[] = {

@@ -14,11 +14,9 @@ void dsv4_cpu_route(const float *lg, int R, int E, int K, const float *bias, con
                     int norm, float route_scale, int32_t *eid, float *wts);
 void dsv4_cpu_experts(const dsv4_experts_args *a);
 void dsv4_cpu_add(const float *a, const float *b, int64_t n, float *y);
+void dsv4_cpu_scale(const float *x, int64_t n, float s, float *y);
+void dsv4_cpu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
 void dsv4_cpu_attn_step41(const dsv4_attn41_args *a);
-/* attn_step41 with its per-row ops (linear, rmsnorm, rope, attend) taken from be, over host
- * buffers: the CPU table passes itself; the CUDA table passes itself, so that V4.1 runs its
- * row loop on the host and those ops on the GPU (host buffers copied per call). */
-void dsv4_cpu_attn_step41_on(const dsv4_backend *be, const dsv4_attn41_args *a);
 
 /* Seconds the CPU has spent scoring indexer keys (V4's attn_step, V4.1's attn_step41) since
  * the process started, for the benchmark's indexer share of a step. One forward at a time

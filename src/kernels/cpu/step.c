@@ -434,3 +434,15 @@ void dsv4_cpu_add(const float *a, const float *b, int64_t n, float *y)
     for (int64_t i = 0; i < n; i++)
         y[i] = a[i] + b[i];
 }
+
+void dsv4_cpu_scale(const float *x, int64_t n, float s, float *y)
+{
+    for (int64_t i = 0; i < n; i++)
+        y[i] = x[i] * s;
+}
+
+void dsv4_cpu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows)
+{
+    for (size_t r = 0; r < rows; r++)
+        memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+}

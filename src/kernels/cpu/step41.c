@@ -1,7 +1,6 @@
 /* CPU backend, V4.1's stateful attention (attn_step41, kernels/backend.h): CSA2's entry
  * emission, the two-level index selection and the attention, row by row in position order.
- * The per-row ops (linear, rmsnorm, rope, attend) go through a given table: the CPU's, or the
- * CUDA table's over these host buffers (the GPU has no V4.1 step of its own yet). */
+ * The per-row ops (linear, rmsnorm, rope, attend) are the CPU table's. */
 #include <math.h>
 #include <string.h>
 #include "core/core.h"
@@ -125,8 +124,9 @@ static void emit_group(const dsv4_backend *be, const dsv4_attn41_args *a, const 
     }
 }
 
-void dsv4_cpu_attn_step41_on(const dsv4_backend *be, const dsv4_attn41_args *a)
+void dsv4_cpu_attn_step41(const dsv4_attn41_args *a)
 {
+    const dsv4_backend *be = dsv4_backend_cpu();
     const dsv4_rows *rw = &a->rows;
     int R = rw->R, H = a->H, d = a->d, W = a->window, K = a->topk, nI = a->nI, ci = a->ci;
     int64_t Hd = (int64_t)H * d, vis = a->ratio ? a->vis_cap : 0;
@@ -200,4 +200,3 @@ void dsv4_cpu_attn_step41_on(const dsv4_backend *be, const dsv4_attn41_args *a)
     }
 }
 
-void dsv4_cpu_attn_step41(const dsv4_attn41_args *a) { dsv4_cpu_attn_step41_on(dsv4_backend_cpu(), a); }

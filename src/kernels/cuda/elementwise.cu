@@ -1,4 +1,4 @@
-/* CUDA elementwise ops of two inputs: swiglu (with its clamps) and add. */
+/* CUDA elementwise ops: swiglu (with its clamps), add and scale. */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -55,3 +55,26 @@ __global__ void k_add(const float *a, const float *b, int64_t n, float *y)
 }
 
 void dsv4cu::cu_add(const float *a, const float *b, int64_t n, float *y) { two_inputs(k_add, "add", a, b, n, y); }
+
+__global__ void k_scale(const float *x, int64_t n, float sc, float *y)
+{
+    PDL_WAIT();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = x[i] * sc;
+}
+
+void dsv4cu::cu_scale(const float *x, int64_t n, float s, float *y)
+{
+    if (n <= 0)
+        return;
+    size_t by = (size_t)n * sizeof(float);
+    op_begin_at("scale");
+    const float *dx = (const float *)in_buf(x, by);
+    float *dy = (float *)out_buf(y, by, y != x);
+    bool ran = dx && dy;
+    if (ran)
+        launch_k(k_scale, (unsigned)cdiv(n, 256), 256, 0, stream, dx, n, s, dy);
+    finish(ran, "scale", y, dy, by);
+    op_end();
+}

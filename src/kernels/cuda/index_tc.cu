@@ -2,7 +2,8 @@
  * which attn_step runs in place of k_iscore when the switch is on and the shapes fit.
  *
  * The math. For a row r with nvis = (p + 1) / ratio > topk, every visible entry w < nvis gets
- *   score[r][w] = (sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w])) * (1 / sqrt(ci))
+ *   score[r][w] = (sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w])) * post
+ * (V4: post = 1 / sqrt(ci); V4.1, whose weights carry every factor: iw_scale = post = 1)
  * as k_iscore computes it, with the dots on m16n8k16 bf16 MMAs: M = heads (16 a tile; nI padded
  * with zero rows), N = entries (8 a tile), K = ci (16 a k-step). q and the keys are fp32, so
  * each is split exactly into three bf16 terms (split3, mma.cuh: x = hi + mid + lo) and a dot is
@@ -16,7 +17,7 @@
  * of sum_j |q_j k_j|), as the FMA kernel's. Then per entry, over head tiles in order,
  * a thread adds fmaf(w_g, relu(dot_g), s) then the same for head g + 8 of the tile (w_h =
  * wt[r,h] iw_scale, 0 for a padded head), the eight threads of a column are added by a fixed
- * xor tree (lane offsets 4, 8, 16), and the sum is multiplied by 1 / sqrt(ci).
+ * xor tree (lane offsets 4, 8, 16), and the sum is multiplied by post.
  *
  * Batch invariance. A block (row r, entries [64 y, 64 (y + 1))) reads only row r's q and head
  * weights, the keys of r's sequence and the shapes (nI, ci); the k-steps, the terms, the head
@@ -66,7 +67,8 @@ __device__ __forceinline__ float relu(float a) { return a > 0.0f ? a : 0.0f; }
  * for the padded heads; then warp wid takes entries w0 + 8 wid .. + 7 (its B fragments split as
  * loaded, the next k-step's keys loaded ahead) over IT_HG head tiles at a time. */
 __global__ void __launch_bounds__(NB, 4) k_iscore_tc(rows_dev rd_, int ratio, int topk, int64_t vis_cap, int nI, int ci,
-                                                  float iw_scale, const float *qi, const float *wt, float *scores)
+                                                  float iw_scale, float post, const float *qi, const float *wt,
+                                                  float *scores)
 {
     PDL_WAIT();
     extern __shared__ uint4 qs[];
@@ -161,14 +163,13 @@ __global__ void __launch_bounds__(NB, 4) k_iscore_tc(rows_dev rd_, int ratio, in
         s0 += __shfl_xor_sync(0xffffffffu, s0, o);
         s1 += __shfl_xor_sync(0xffffffffu, s1, o);
     }
-    const float isq = 1.0f / sqrtf((float)ci);
     const int64_t e0 = n0 + 2 * t;
     if (g == 0) {
         float *out = scores + (int64_t)r * vis_cap;
         if (e0 < nvis)
-            out[e0] = s0 * isq;
+            out[e0] = s0 * post;
         if (e0 + 1 < nvis)
-            out[e0 + 1] = s1 * isq;
+            out[e0 + 1] = s1 * post;
     }
 }
 
@@ -194,7 +195,7 @@ bool dsv4cu::iscore_tc_fits(int nI, int ci, int64_t vis_cap)
 }
 
 bool dsv4cu::iscore_tc(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale,
-                       const float *qi, const float *wt, float *scores)
+                       float post, const float *qi, const float *wt, float *scores)
 {
     size_t smem = tc_qbytes(nI, ci);
     if (smem > 48 * 1024 && (int)smem > g_smem_set) {
@@ -203,6 +204,6 @@ bool dsv4cu::iscore_tc(const rows_dev &rd, int ratio, int topk, int64_t vis_cap,
         g_smem_set = (int)smem;
     }
     launch_k(k_iscore_tc, dim3((unsigned)rd.R, (unsigned)cdiv(vis_cap, IT_EPB)), NB, smem, stream, rd, ratio, topk,
-             vis_cap, nI, ci, iw_scale, qi, wt, scores);
+             vis_cap, nI, ci, iw_scale, post, qi, wt, scores);
     return launched("attn_step indexer scores (tensor cores)");
 }

@@ -276,6 +276,7 @@ void cu_free(void *p);
 void cu_upload(void *dst, const void *host, size_t bytes);
 void cu_download(void *host, const void *src, size_t bytes);
 void cu_copy(void *dst, const void *src, size_t bytes);
+void cu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows);
 int cu_graph_begin(void);
 void *cu_graph_end(void);
 void cu_graph_run(void *g);
@@ -294,12 +295,16 @@ void cu_engram_gate(float *X, const float *kv, const float *w, int T, int n, int
 void cu_attend(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink, float *out);
 void cu_swiglu(const float *g, const float *u, int64_t n, float limit, float *h);
 void cu_add(const float *a, const float *b, int64_t n, float *y);
+void cu_scale(const float *x, int64_t n, float s, float *y);
 void cu_embed(const dsv4_weight *w, const int32_t *ids, int T, int n, float *X);
 void cu_experts(const dsv4_experts_args *a);
 
 /* The step ops in step.cu. */
 void attn_step(const dsv4_attn_args *a);
 size_t attn_work(const dsv4_attn_args *a);
+/* V4.1's (step41.cu). */
+void attn_step41(const dsv4_attn41_args *a);
+size_t attn41_work(const dsv4_attn41_args *a);
 void route(const float *lg, int R, int E, int K, const float *bias, const int32_t *tid2eid, const int32_t *ids, int norm,
            float route_scale, int32_t *eid, float *wts);
 

@@ -6,14 +6,13 @@
  * sums meet in a fixed shuffle tree. A batch of rows therefore equals the rows one at a time,
  * bit for bit. The order differs from the CPU's, so GPU and CPU agree to rounding only.
  *
- * Buffers: the ops run over device buffers without copies or waits (the V4 forward's step
- * arena and sequence state); the ops other than attn_step and experts also take host buffers,
- * copied in and out per call (V4.1's stateful steps, tests). attn_step41 is the CPU's row loop
- * over host buffers, calling this table's ops.
+ * Buffers: the ops run over device buffers without copies or waits (the forward's step arena
+ * and sequence state); the ops other than attn_step, attn_step41 and experts also take host
+ * buffers, copied in and out per call (tests).
  *
  * Files: runtime.cu (device, residency, scratch, buffers, memory, graphs), linear.cu,
  * experts.cu, norm.cu (rmsnorm, rope), hc.cu, attend.cu, elementwise.cu, embed.cu, step.cu
- * (the stateful attention step and routing), exl3.cu. */
+ * (V4's stateful attention step and routing), step41.cu (V4.1's), exl3.cu. */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -22,21 +21,14 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/cuda/internal.h"
-extern "C" {
-#include "kernels/cpu/cpu.h"
-}
 
 using namespace dsv4cu;
 
 static void cu_attn_step(const dsv4_attn_args *a) { dsv4cu::attn_step(a); }
 static size_t cu_attn_work(const dsv4_attn_args *a) { return dsv4cu::attn_work(a); }
 
-static const dsv4_backend *cuda_table(void);
-
-/* V4.1's step has no kernels yet: its row loop runs on the host over the V4.1 forward's host
- * buffers, and the per-row ops it calls (linear, rmsnorm, rope, attend) are this table's,
- * each copying its host buffers in and out. */
-static void cu_attn_step41(const dsv4_attn41_args *a) { dsv4_cpu_attn_step41_on(cuda_table(), a); }
+static void cu_attn_step41(const dsv4_attn41_args *a) { dsv4cu::attn_step41(a); }
+static size_t cu_attn41_work(const dsv4_attn41_args *a) { return dsv4cu::attn41_work(a); }
 
 static void cu_route(const float *lg, int R, int E, int K, const float *bias, const int32_t *tid2eid, const int32_t *ids,
                      int norm, float route_scale, int32_t *eid, float *wts)
@@ -56,6 +48,7 @@ static dsv4_backend make_table(void)
     t.upload = cu_upload;
     t.download = cu_download;
     t.copy = cu_copy;
+    t.copy2d = cu_copy2d;
     t.linear = cu_linear;
     t.linear_blocks = cu_linear_blocks;
     t.linear_multi = cu_linear_multi;
@@ -70,9 +63,11 @@ static dsv4_backend make_table(void)
     t.attn_step = cu_attn_step;
     t.attn_work = cu_attn_work;
     t.attn_step41 = cu_attn_step41;
+    t.attn41_work = cu_attn41_work;
     t.route = cu_route;
     t.experts = cu_experts;
     t.add = cu_add;
+    t.scale = cu_scale;
     t.swiglu = cu_swiglu;
     t.graph_begin = cu_graph_begin;
     t.graph_end = cu_graph_end;
@@ -88,7 +83,5 @@ static dsv4_backend make_table(void)
 }
 
 static const dsv4_backend cuda_backend = make_table();
-
-static const dsv4_backend *cuda_table(void) { return &cuda_backend; }
 
 extern "C" const dsv4_backend *dsv4_backend_cuda(void) { return &cuda_backend; }

@@ -651,6 +651,15 @@ void dsv4cu::cu_copy(void *dst, const void *src, size_t bytes)
     pthread_mutex_unlock(&dsv4cu::lock);
 }
 
+void dsv4cu::cu_copy2d(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t rows)
+{
+    if (!width || !rows)
+        return;
+    pthread_mutex_lock(&dsv4cu::lock);
+    CK(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, rows, cudaMemcpyDefault, stream));
+    pthread_mutex_unlock(&dsv4cu::lock);
+}
+
 /* ---- graphs: the op stream captured between graph_begin and graph_end ------------------- */
 
 int dsv4cu::cu_graph_begin(void)

@@ -52,37 +52,16 @@ __global__ void __launch_bounds__(NB) k_emit(rows_dev rd_, pool_dev pc, pool_dev
     dsv4_lbufs b = rd_.st[s];
     const float *cs = which ? ic : cc, *zs = which ? iz : zz;
     const float *cr = which ? b.ic : b.c, *zr = which ? b.iz : b.z;
-    int dim = cp.dim, cw = (1 + cp.overlap) * dim, off = cp.overlap ? dim : 0;
+    int dim = cp.dim, cw = (1 + cp.overlap) * dim;
     float *out = (which ? b.ikey : b.ent) + w * dim;
-    int prev = cp.overlap && w > 0;
-    int nslot = prev ? 2 * mr : mr;
     int64_t start = rd_.start[s], first = rd_.first[s];
-    for (int ch = threadIdx.x; ch < dim; ch += NB) {
-        float mx = -INFINITY;
-        for (int i = 0; i < nslot; i++) {
-            bool lo = prev && i < mr;
-            int j = prev && i >= mr ? i - mr : i;
-            int64_t tok = (lo ? w - 1 : w) * mr + j;
-            int col = lo ? ch : off + ch;
-            const float *zrow = tok >= start ? zs + (first + (tok - start)) * cw : zr + (tok % c_cap) * cw;
-            float lg = zrow[col] + (cp.ape ? cp.ape[(int64_t)j * cw + col] : 0.0f);
-            mx = fmaxf(mx, lg);
-        }
-        float den = 0.0f, acc = 0.0f;
-        for (int i = 0; i < nslot; i++) {
-            bool lo = prev && i < mr;
-            int j = prev && i >= mr ? i - mr : i;
-            int64_t tok = (lo ? w - 1 : w) * mr + j;
-            int col = lo ? ch : off + ch;
-            int64_t ro = tok >= start ? (first + (tok - start)) * cw : (tok % c_cap) * cw;
-            const float *zrow = (tok >= start ? zs : zr) + ro, *crow = (tok >= start ? cs : cr) + ro;
-            float lg = zrow[col] + (cp.ape ? cp.ape[(int64_t)j * cw + col] : 0.0f);
-            float e = expf(lg - mx);
-            den += e;
-            acc += e * crow[col];
-        }
-        ev[ch] = acc / den;
-    }
+    auto row = [&](int64_t tok, const float *&c, const float *&z) {
+        int64_t ro = tok >= start ? (first + (tok - start)) * cw : (tok % c_cap) * cw;
+        c = (tok >= start ? cs : cr) + ro;
+        z = (tok >= start ? zs : zr) + ro;
+    };
+    for (int ch = threadIdx.x; ch < dim; ch += NB)
+        ev[ch] = pool_channel(mr, dim, cp.overlap, cp.ape, w, ch, row);
     rms_block(ev, dim, cp.norm, eps, red, ev);
     __syncthreads();
     float fp = (float)(w * mr);
@@ -104,10 +83,11 @@ __global__ void __launch_bounds__(NB) k_emit(rows_dev rd_, pool_dev pc, pool_dev
 enum { SC_EPB = 64 };           /* entries a scoring block takes (a warp per entry at a time) */
 
 /* Block (row r, entries [y SC_EPB, (y + 1) SC_EPB)), rows with nvis > topk only:
- * score[w] = sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w]) * (1 / sqrt(ci)), heads in
- * order, each dot by the warp's lanes (stride 32) and its xor tree. */
+ * score[w] = sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w]) * post, heads in order, each dot
+ * by the warp's lanes (stride 32) and its xor tree. */
 __global__ void __launch_bounds__(NB) k_iscore(rows_dev rd_, int ratio, int topk, int64_t vis_cap, int nI, int ci,
-                                               float iw_scale, const float *qi, const float *wt, float *scores)
+                                               float iw_scale, float post, const float *qi, const float *wt,
+                                               float *scores)
 {
     PDL_WAIT();
     int r = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -117,7 +97,6 @@ __global__ void __launch_bounds__(NB) k_iscore(rows_dev rd_, int ratio, int topk
         return;
     const float *ikey = rd_.st[rd_.seq[r]].ikey;
     const float *q = qi + (int64_t)r * nI * ci, *wr = wt + (int64_t)r * nI;
-    float isq = 1.0f / sqrtf((float)ci);
     int64_t w1 = w0 + SC_EPB < nvis ? w0 + SC_EPB : nvis;
     for (int64_t w = w0 + wid; w < w1; w += NW) {
         const float *k = ikey + w * ci;
@@ -131,104 +110,21 @@ __global__ void __launch_bounds__(NB) k_iscore(rows_dev rd_, int ratio, int topk
             s += wr[h] * iw_scale * (a > 0.0f ? a : 0.0f);
         }
         if (lane == 0)
-            scores[(int64_t)r * vis_cap + w] = s * isq;
+            scores[(int64_t)r * vis_cap + w] = s * post;
     }
 }
 
-/* A float's order as an unsigned key (higher score, higher key); -0 is +0, as the CPU's
- * comparisons see them. */
-__device__ __forceinline__ unsigned okey(float f)
-{
-    if (f == 0.0f)
-        f = 0.0f;
-    unsigned u = __float_as_uint(f);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-enum { TK_NT = 1024, TK_NW = TK_NT / 32 };
-
-/* Block per row with nvis > topk: the topk best of the row's scores, ties to the lower entry,
- * into sel[r] in ascending entry order. Four 8-bit radix passes find the key T of the topk-th
- * best and how many entries equal to T are taken (need: the lowest-indexed ones); then one
- * ordered pass keeps every key > T and the first `need` keys == T, each at its place given by
- * a block scan of (greater, equal) counts. Atomic counts are exact, so the result is
- * deterministic. */
+/* Block per row with nvis > topk: the topk best of the row's scores into sel[r]
+ * (topk_block). */
 __global__ void __launch_bounds__(TK_NT) k_itopk(rows_dev rd_, int ratio, int topk, int64_t vis_cap,
                                                  const float *scores, int *sel)
 {
     PDL_WAIT();
-    __shared__ unsigned hist[256];
-    __shared__ unsigned s_prefix, s_need;
-    __shared__ unsigned long long wsum[TK_NW];
-    int r = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int r = blockIdx.x;
     int64_t nvis = (rd_.pos[r] + 1) / ratio;
     if (nvis <= topk || nvis > vis_cap)
         return;
-    const float *sc = scores + (int64_t)r * vis_cap;
-    int *out = sel + (int64_t)r * topk;
-    int n = (int)nvis;
-    unsigned prefix = 0, mask = 0, need = (unsigned)topk;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (int i = threadIdx.x; i < 256; i += TK_NT)
-            hist[i] = 0;
-        __syncthreads();
-        for (int i = threadIdx.x; i < n; i += TK_NT) {
-            unsigned k = okey(sc[i]);
-            if ((k & mask) == prefix)
-                atomicAdd(&hist[(k >> shift) & 255u], 1u);
-        }
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            unsigned cum = 0;
-            int bin = 255;
-            for (; bin > 0; bin--) {
-                if (cum + hist[bin] >= need)
-                    break;
-                cum += hist[bin];
-            }
-            s_prefix = prefix | ((unsigned)bin << shift);
-            s_need = need - cum;
-        }
-        __syncthreads();
-        prefix = s_prefix;
-        need = s_need;
-        mask |= 255u << shift;
-        __syncthreads(); /* everyone has read s_prefix before thread 0 writes it again */
-    }
-    const unsigned T = prefix;
-    unsigned long long carry = 0; /* (greater << 32) | equal, over the chunks before */
-    for (int c0 = 0; c0 < n; c0 += TK_NT) {
-        int i = c0 + threadIdx.x;
-        unsigned k = i < n ? okey(sc[i]) : 0u;
-        int gt = i < n && k > T, eq = i < n && k == T;
-        unsigned long long v = ((unsigned long long)gt << 32) | (unsigned)eq, x = v;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
-            if (lane >= o)
-                x += y;
-        }
-        if (lane == 31)
-            wsum[wid] = x;
-        __syncthreads();
-        if (wid == 0) {
-            unsigned long long t = wsum[lane];
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                unsigned long long y = __shfl_up_sync(0xffffffffu, t, o);
-                if (lane >= o)
-                    t += y;
-            }
-            wsum[lane] = t;
-        }
-        __syncthreads();
-        unsigned long long excl = carry + (wid ? wsum[wid - 1] : 0ull) + x - v;
-        unsigned gtb = (unsigned)(excl >> 32), eqb = (unsigned)(excl & 0xffffffffu);
-        if (gt || (eq && eqb < need))
-            out[gtb + (eqb < need ? eqb : need)] = i;
-        carry += wsum[TK_NW - 1];
-        __syncthreads(); /* wsum is rewritten by the next chunk */
-    }
+    topk_block(scores + (int64_t)r * vis_cap, (int)nvis, topk, sel + (int64_t)r * topk);
 }
 
 /* ---- 3. attention over the kept entries and the window --------------------------------- */
@@ -259,34 +155,6 @@ __global__ void __launch_bounds__(ATT_NW * 32) k_attn(rows_dev rd_, int ratio, i
     }
     auto key = [&](int i) -> const float * { return ar.key(i, d, kv_cap, kv); };
     attend_head<ATT_NW>(q + ((int64_t)r * H + h) * d, key, ar.nk, d, scale, sink[h], pr, sh, part, orow);
-}
-
-/* ---- 4. ring stores -------------------------------------------------------------------- */
-
-/* Thread per (row, column) of stream y (0 kv, 1 c, 2 z, 3 ic, 4 iz): a row at position p of
- * sequence s goes to slot p % cap when p + cap >= the sequence's end in this step (its last
- * cap rows only, so no two rows share a slot). */
-__global__ void k_ring(rows_dev rd_, int ratio, int csa, int d, int cw, int iw, int kv_cap, int c_cap, const float *kv,
-                       const float *cc, const float *zz, const float *ic, const float *iz)
-{
-    PDL_WAIT();
-    int kind = blockIdx.y;
-    if ((kind > 0 && !ratio) || (kind > 2 && !csa))
-        return;
-    int width = kind == 0 ? d : kind < 3 ? cw : iw, cap = kind ? c_cap : kv_cap;
-    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= (int64_t)rd_.R * width)
-        return;
-    int r = (int)(idx / width), c = (int)(idx % width);
-    int s = rd_.seq[r];
-    int64_t end = rd_.start[s] + ((s + 1 < rd_.S ? rd_.first[s + 1] : rd_.R) - rd_.first[s]);
-    int64_t p = rd_.pos[r];
-    if (p + cap < end)
-        return;
-    const float *src = kind == 0 ? kv : kind == 1 ? cc : kind == 2 ? zz : kind == 3 ? ic : iz;
-    dsv4_lbufs b = rd_.st[s];
-    float *ring = kind == 0 ? b.kv : kind == 1 ? b.c : kind == 2 ? b.z : kind == 3 ? b.ic : b.iz;
-    ring[(p % cap) * width + c] = src[(int64_t)r * width + c];
 }
 
 /* ---- routing ---------------------------------------------------------------------------- */
@@ -366,6 +234,44 @@ int g_smem_optin;               /* the device's largest dynamic shared memory a 
 int g_attn_smem_set;            /* what k_attn was allowed so far */
 
 } // namespace
+
+/* ---- 4. ring stores -------------------------------------------------------------------- */
+
+/* Thread per (row, column) of stream y (0 kv, 1 c, 2 z, 3 ic, 4 iz): a row at position p of
+ * sequence s goes to slot p % cap when p + cap >= the sequence's end in this step (its last
+ * cap rows only, so no two rows share a slot). */
+__global__ void dsv4cu::k_ring(rows_dev rd_, int ratio, int csa, int d, int cw, int iw, int kv_cap, int c_cap, const float *kv,
+                       const float *cc, const float *zz, const float *ic, const float *iz)
+{
+    PDL_WAIT();
+    int kind = blockIdx.y;
+    if ((kind > 0 && !ratio) || (kind > 2 && !csa))
+        return;
+    int width = kind == 0 ? d : kind < 3 ? cw : iw, cap = kind ? c_cap : kv_cap;
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)rd_.R * width)
+        return;
+    int r = (int)(idx / width), c = (int)(idx % width);
+    int s = rd_.seq[r];
+    int64_t end = rd_.start[s] + ((s + 1 < rd_.S ? rd_.first[s + 1] : rd_.R) - rd_.first[s]);
+    int64_t p = rd_.pos[r];
+    if (p + cap < end)
+        return;
+    const float *src = kind == 0 ? kv : kind == 1 ? cc : kind == 2 ? zz : kind == 3 ? ic : iz;
+    dsv4_lbufs b = rd_.st[s];
+    float *ring = kind == 0 ? b.kv : kind == 1 ? b.c : kind == 2 ? b.z : kind == 3 ? b.ic : b.iz;
+    ring[(p % cap) * width + c] = src[(int64_t)r * width + c];
+}
+
+bool dsv4cu::iscore_launch(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale,
+                           float post, const float *qi, const float *wt, float *scores)
+{
+    if (iscore_tc_fits(nI, ci, vis_cap))
+        return iscore_tc(rd, ratio, topk, vis_cap, nI, ci, iw_scale, post, qi, wt, scores);
+    launch_k(k_iscore, dim3((unsigned)rd.R, (unsigned)cdiv(vis_cap, SC_EPB)), NB, 0, stream, rd, ratio, topk, vis_cap, nI,
+             ci, iw_scale, post, qi, wt, scores);
+    return launched("attn_step indexer scores");
+}
 
 /* ---- host side --------------------------------------------------------------------------- */
 
@@ -488,13 +394,8 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
         run = launched("attn_step entries");
     }
     if (run && csa && vis > a->topk) {
-        if (iscore_tc_fits(a->nI, a->ci, vis))
-            run = iscore_tc(rdv, ratio, a->topk, vis, a->nI, a->ci, a->iw_scale, a->qi, a->wt, scores);
-        else {
-            launch_k(k_iscore, dim3((unsigned)R, (unsigned)cdiv(vis, SC_EPB)), NB, 0, stream, 
-                rdv, ratio, a->topk, vis, a->nI, a->ci, a->iw_scale, a->qi, a->wt, scores);
-            run = launched("attn_step indexer scores");
-        }
+        run = iscore_launch(rdv, ratio, a->topk, vis, a->nI, a->ci, a->iw_scale, 1.0f / sqrtf((float)a->ci), a->qi,
+                            a->wt, scores);
         if (run) {
             launch_k(k_itopk, (unsigned)R, TK_NT, 0, stream, rdv, ratio, a->topk, vis, scores, sel);
             run = launched("attn_step indexer top-k");

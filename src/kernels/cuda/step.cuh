@@ -57,6 +57,129 @@ struct attn_row {
     }
 };
 
+/* Channel ch of entry w of a compressor (ratio mr, width dim, overlap 0/1, ape or NULL) pooled
+ * as dsv4_pool_group defines it: the softmax over the group's slots of z (+ ape) weighting c,
+ * slots in the CPU's order (window w-1's first half, then window w's second half with overlap;
+ * window w's only without). row(tok, c, z) points c and z at token tok's compressor inputs
+ * ((1 + overlap) dim floats each: the step's row or the ring's). */
+template <class Row>
+__device__ __forceinline__ float pool_channel(int mr, int dim, int overlap, const float *ape, int64_t w, int ch, Row row)
+{
+    int cw = (1 + overlap) * dim, off = overlap ? dim : 0;
+    bool prev = overlap && w > 0;
+    int nslot = prev ? 2 * mr : mr;
+    float mx = -INFINITY;
+    for (int i = 0; i < nslot; i++) {
+        bool lo = prev && i < mr;
+        int j = prev && i >= mr ? i - mr : i;
+        int col = lo ? ch : off + ch;
+        const float *c, *z;
+        row((lo ? w - 1 : w) * mr + j, c, z);
+        mx = fmaxf(mx, z[col] + (ape ? ape[(int64_t)j * cw + col] : 0.0f));
+    }
+    float den = 0.0f, acc = 0.0f;
+    for (int i = 0; i < nslot; i++) {
+        bool lo = prev && i < mr;
+        int j = prev && i >= mr ? i - mr : i;
+        int col = lo ? ch : off + ch;
+        const float *c, *z;
+        row((lo ? w - 1 : w) * mr + j, c, z);
+        float e = expf(z[col] + (ape ? ape[(int64_t)j * cw + col] : 0.0f) - mx);
+        den += e;
+        acc += e * c[col];
+    }
+    return acc / den;
+}
+
+/* A float's order as an unsigned key (higher score, higher key); -0 is +0, as the CPU's
+ * comparisons see them. */
+__device__ __forceinline__ unsigned okey(float f)
+{
+    if (f == 0.0f)
+        f = 0.0f;
+    unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+enum { TK_NT = 1024, TK_NW = TK_NT / 32 };
+
+/* By a block of TK_NT threads, every one calling: the `want` best of sc[0..n) (0 < want < n),
+ * ties to the lower index, into out[0..want) in ascending index order. Four 8-bit radix passes
+ * find the key T of the want-th best and how many entries equal to T are taken (need: the lowest-indexed
+ * ones); then one ordered pass keeps every key > T and the first `need` keys == T, each at its
+ * place given by a block scan of (greater, equal) counts. Atomic counts are exact, so the
+ * result is deterministic. */
+template <class Out>
+__device__ void topk_block(const float *sc, int n, int want, Out *out)
+{
+    __shared__ unsigned hist[256];
+    __shared__ unsigned s_prefix, s_need;
+    __shared__ unsigned long long wsum[TK_NW];
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    unsigned prefix = 0, mask = 0, need = (unsigned)want;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += TK_NT)
+            hist[i] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < n; i += TK_NT) {
+            unsigned k = okey(sc[i]);
+            if ((k & mask) == prefix)
+                atomicAdd(&hist[(k >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            unsigned cum = 0;
+            int bin = 255;
+            for (; bin > 0; bin--) {
+                if (cum + hist[bin] >= need)
+                    break;
+                cum += hist[bin];
+            }
+            s_prefix = prefix | ((unsigned)bin << shift);
+            s_need = need - cum;
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        need = s_need;
+        mask |= 255u << shift;
+        __syncthreads(); /* everyone has read s_prefix before thread 0 writes it again */
+    }
+    const unsigned T = prefix;
+    unsigned long long carry = 0; /* (greater << 32) | equal, over the chunks before */
+    for (int c0 = 0; c0 < n; c0 += TK_NT) {
+        int i = c0 + threadIdx.x;
+        unsigned k = i < n ? okey(sc[i]) : 0u;
+        int gt = i < n && k > T, eq = i < n && k == T;
+        unsigned long long v = ((unsigned long long)gt << 32) | (unsigned)eq, x = v;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            unsigned long long y = __shfl_up_sync(0xffffffffu, x, o);
+            if (lane >= o)
+                x += y;
+        }
+        if (lane == 31)
+            wsum[wid] = x;
+        __syncthreads();
+        if (wid == 0) {
+            unsigned long long t = wsum[lane];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                unsigned long long y = __shfl_up_sync(0xffffffffu, t, o);
+                if (lane >= o)
+                    t += y;
+            }
+            wsum[lane] = t;
+        }
+        __syncthreads();
+        unsigned long long excl = carry + (wid ? wsum[wid - 1] : 0ull) + x - v;
+        unsigned gtb = (unsigned)(excl >> 32), eqb = (unsigned)(excl & 0xffffffffu);
+        if (gt || (eq && eqb < need))
+            out[gtb + (eqb < need ? eqb : need)] = i;
+        carry += wsum[TK_NW - 1];
+        __syncthreads(); /* wsum is rewritten by the next chunk */
+    }
+}
+
 /* attn_step's attention on tensor cores (attn_tc.cu): whether a head width suits it; the floats
  * of partials the per-chunk form wants for R rows (0: that form is not used); the launch, per
  * chunk when part holds part_n >= attn_tc_part floats, else a block a row and head group.
@@ -73,8 +196,21 @@ bool attn_tc_launch(const rows_dev &rd, int ratio, int csa, int topk, int64_t vi
  * launch on the op stream: scores[r * vis_cap + w] for the rows and entries k_iscore writes.
  * false: the launch failed (recorded). */
 bool iscore_tc_fits(int nI, int ci, int64_t vis_cap);
-bool iscore_tc(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale, const float *qi,
-               const float *wt, float *scores);
+bool iscore_tc(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale, float post,
+               const float *qi, const float *wt, float *scores);
+
+/* The indexer's scores of the rows that keep fewer than all their entries (nvis > topk):
+ * scores[r * vis_cap + w] = sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w]) * post, the keys
+ * those of rd.st's buffers; on the tensor cores when iscore_tc_fits, else k_iscore (step.cu).
+ * false: the launch failed (recorded). */
+bool iscore_launch(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale, float post,
+                   const float *qi, const float *wt, float *scores);
+
+/* The rings take the step's rows (step.cu): thread per (row, column) of stream y (0 kv, 1 c,
+ * 2 z, 3 ic, 4 iz; c and z only with ratio, ic and iz only with csa), the last cap rows of each
+ * sequence at slot p % cap. */
+__global__ void k_ring(rows_dev rd_, int ratio, int csa, int d, int cw, int iw, int kv_cap, int c_cap, const float *kv,
+                       const float *cc, const float *zz, const float *ic, const float *iz);
 
 } // namespace dsv4cu
 

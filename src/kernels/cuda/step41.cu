@@ -1,0 +1,428 @@
+/* CUDA backend, V4.1's stateful attention (attn_step41, kernels/backend.h) over device buffers.
+ *
+ * The CPU walks the step's rows in position order. Here each phase runs over all the rows, in
+ * stream order, and a row reads only what that walk would have written before it: every
+ * entry a row may see is complete once the emission phase is done, and the window and
+ * compressor rows of this step are read from the step's inputs (the rings only hold earlier
+ * steps' rows until the last phase). The phases:
+ *   k41_lat    KV sources: the entry each row's group completes, unrotated: pooled from the
+ *              compressor inputs and RMS-normed (m > 1), or the row's cc as it is (m = 1);
+ *              zeros for a row that completes none;
+ *   linear     key owners: the index key projection of those rows, one linear op;
+ *   k41_store  the key RMS-normed and roped, the entry roped, both stored at entry w;
+ *   scores     index sources: iscore_launch (step.cu) with iw_scale = post = 1 (V4.1's head
+ *              weights carry every factor); the candidate source scores every row with an
+ *              entry, the others only rows that keep fewer than all;
+ *   k41_cand   the candidate source's blocks: block maxima, the newest block forced in, the
+ *              best cand_k of finite score;
+ *   k41_filter a candidate filter: scores outside the kept blocks to -inf;
+ *   k41_topk   the topk best entries in ascending order (all of them when there are no more);
+ *   k41_attn   attention per (row, head) over the selected entries, then the window;
+ *   k_ring     the rings take the step's rows (step.cu).
+ * Each row's result comes from one block in an order fixed by the shapes: batch invariant, and
+ * a row gives the same bits in any step. fp32 numerics and exact caches: REF rounding and
+ * production caches are refused (they run on the CPU). */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "kernels/cuda/step.cuh"
+
+using namespace dsv4cu;
+
+namespace {
+
+enum { A41_NW = 16 };          /* warps of an attention block, as attn_step's */
+
+/* Block per row r at position p. When p completes group w = p / m: m > 1, each channel pooled
+ * over the group's m tokens (the step's cc, zz rows for tokens of this step, the rings for
+ * earlier ones) and the block's RMS norm with norm; m = 1, cc[r]. lat[r] takes it, or zeros. */
+__global__ void __launch_bounds__(NB) k41_lat(rows_dev rd, int m, int d, int c_cap, const float *ape, const float *norm,
+                                              float eps, const float *cc, const float *zz, float *lat)
+{
+    PDL_WAIT();
+    extern __shared__ float ev[]; /* [d] */
+    __shared__ float red[NW + 1];
+    int r = blockIdx.x;
+    int64_t p = rd.pos[r];
+    float *out = lat + (int64_t)r * d;
+    if ((p + 1) % m) {
+        for (int ch = threadIdx.x; ch < d; ch += NB)
+            out[ch] = 0.0f;
+        return;
+    }
+    if (m == 1) {
+        for (int ch = threadIdx.x; ch < d; ch += NB)
+            out[ch] = cc[(int64_t)r * d + ch];
+        return;
+    }
+    int s = rd.seq[r];
+    dsv4_lbufs b = rd.st[s];
+    int64_t start = rd.start[s], first = rd.first[s], w = p / m;
+    auto row = [&](int64_t tok, const float *&c, const float *&z) {
+        bool here = tok >= start;
+        int64_t ro = here ? (first + (tok - start)) * d : (tok % c_cap) * d;
+        c = (here ? cc : b.c) + ro;
+        z = (here ? zz : b.z) + ro;
+    };
+    for (int ch = threadIdx.x; ch < d; ch += NB)
+        ev[ch] = pool_channel(m, d, 0, ape, w, ch, row);
+    rms_block(ev, d, norm, eps, red, out);
+}
+
+/* The interleaved rope of the last rd of n values in shared memory at position p (the rope
+ * op's angle: (float)p * inv_freq[i]), then every value to dst. */
+__device__ __forceinline__ void rope_store(float *v, int n, int rd, const float *inv_freq, int64_t p, float *dst)
+{
+    __syncthreads();
+    float fp = (float)p, *x = v + (n - rd);
+    for (int i = threadIdx.x; i < rd / 2; i += NB) {
+        float ang = fp * inv_freq[i];
+        float c = cosf(ang), sn = sinf(ang);
+        float a0 = x[2 * i], b0 = x[2 * i + 1];
+        x[2 * i] = a0 * c - b0 * sn;
+        x[2 * i + 1] = a0 * sn + b0 * c;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += NB)
+        dst[i] = v[i];
+}
+
+/* Block per row that completes group w: (kk given) the index key kk[r] RMS-normed with ik_norm
+ * and roped at w m into ikey[w]; the entry lat[r] roped at w m into ent[w] (the row's sequence's
+ * buffers of this layer). */
+__global__ void __launch_bounds__(NB) k41_store(rows_dev rd, int m, int d, int ci, int rdim, const float *inv_freq,
+                                                const float *ik_norm, float eps, const float *lat, const float *kk)
+{
+    PDL_WAIT();
+    extern __shared__ float sv[]; /* [max(d, ci)] */
+    __shared__ float red[NW + 1];
+    int r = blockIdx.x;
+    int64_t p = rd.pos[r];
+    if ((p + 1) % m)
+        return;
+    int64_t w = p / m;
+    dsv4_lbufs b = rd.st[rd.seq[r]];
+    if (kk) {
+        for (int i = threadIdx.x; i < ci; i += NB)
+            sv[i] = kk[(int64_t)r * ci + i];
+        rms_block(sv, ci, ik_norm, eps, red, sv);
+        rope_store(sv, ci, rdim, inv_freq, w * m, b.ikey + w * ci);
+        __syncthreads();
+    }
+    for (int i = threadIdx.x; i < d; i += NB)
+        sv[i] = lat[(int64_t)r * d + i];
+    rope_store(sv, d, rdim, inv_freq, w * m, b.ent + w * d);
+}
+
+/* Block per row with nvis >= 1 entries: block b's score is the best of its entries' (bs a
+ * block), the newest block's +inf; the best k = min(cand_k, blocks of score above -inf) go to
+ * cand[r] in ascending order (all of them when that is every block), ncand[r] = k; ncand = 0
+ * for a row with none. bm: [R, nbc] block scores. */
+__global__ void __launch_bounds__(TK_NT) k41_cand(rows_dev rd, int ratio, int64_t vis_cap, int bs, int cand_k,
+                                                  int64_t nbc, const float *scores, float *bm, int64_t *cand, int *ncand)
+{
+    PDL_WAIT();
+    __shared__ int s_cnt;
+    int r = blockIdx.x;
+    int64_t nvis = (rd.pos[r] + 1) / ratio;
+    if (nvis < 1 || nvis > vis_cap) {
+        if (threadIdx.x == 0)
+            ncand[r] = 0;
+        return;
+    }
+    const float *sc = scores + (int64_t)r * vis_cap;
+    float *bmr = bm + (int64_t)r * nbc;
+    int nb = (int)((nvis + bs - 1) / bs), cnt = 0;
+    if (threadIdx.x == 0)
+        s_cnt = 0;
+    __syncthreads();
+    for (int k = threadIdx.x; k < nb; k += TK_NT) {
+        float mx = -INFINITY;
+        for (int64_t w = (int64_t)k * bs; w < nvis && w < (int64_t)(k + 1) * bs; w++)
+            mx = fmaxf(mx, sc[w]);
+        float v = k == nb - 1 ? INFINITY : mx;
+        bmr[k] = v;
+        cnt += v != -INFINITY;
+    }
+    atomicAdd(&s_cnt, cnt);
+    __syncthreads();
+    int keep = s_cnt < cand_k ? s_cnt : cand_k;
+    int64_t *out = cand + (int64_t)r * cand_k;
+    if (keep >= nb) { /* every block, all of finite score */
+        for (int k = threadIdx.x; k < nb; k += TK_NT)
+            out[k] = k;
+    } else
+        topk_block(bmr, nb, keep, out);
+    if (threadIdx.x == 0)
+        ncand[r] = keep;
+}
+
+/* Block per row with nvis > topk: the scores of entries whose block is not among cand[r]'s
+ * ncand[r] blocks become -inf. mask: [R, nbc] bytes. */
+__global__ void __launch_bounds__(NB) k41_filter(rows_dev rd, int ratio, int topk, int64_t vis_cap, int bs, int cand_k,
+                                                 int64_t nbc, const int64_t *cand, const int *ncand, float *scores,
+                                                 unsigned char *mask)
+{
+    PDL_WAIT();
+    int r = blockIdx.x;
+    int64_t nvis = (rd.pos[r] + 1) / ratio;
+    if (nvis <= topk || nvis > vis_cap)
+        return;
+    int64_t nb = (nvis + bs - 1) / bs;
+    unsigned char *mr = mask + (int64_t)r * nbc;
+    for (int64_t k = threadIdx.x; k < nb; k += NB)
+        mr[k] = 0;
+    __syncthreads();
+    int nc = ncand[r];
+    for (int i = threadIdx.x; i < nc && i < cand_k; i += NB) {
+        int64_t k = cand[(int64_t)r * cand_k + i];
+        if (k >= 0 && k * bs < nvis)
+            mr[k] = 1;
+    }
+    __syncthreads();
+    float *sc = scores + (int64_t)r * vis_cap;
+    for (int64_t w = threadIdx.x; w < nvis; w += NB)
+        if (!mr[w / bs])
+            sc[w] = -INFINITY;
+}
+
+/* Block per row: sel[r] the topk best entries of the row's scores in ascending order and
+ * nsel[r] = topk; a row with nvis <= topk keeps every entry 0..nvis-1 (nsel = nvis); a row
+ * beyond vis_cap keeps none (its attention is NaN). */
+__global__ void __launch_bounds__(TK_NT) k41_topk(rows_dev rd, int ratio, int topk, int64_t vis_cap,
+                                                  const float *scores, int64_t *sel, int *nsel)
+{
+    PDL_WAIT();
+    int r = blockIdx.x;
+    int64_t nvis = (rd.pos[r] + 1) / ratio;
+    int64_t *out = sel + (int64_t)r * topk;
+    if (nvis > vis_cap) {
+        if (threadIdx.x == 0)
+            nsel[r] = -1;
+        return;
+    }
+    if (nvis <= topk) {
+        for (int i = threadIdx.x; i < nvis; i += TK_NT)
+            out[i] = i;
+    } else
+        topk_block(scores + (int64_t)r * vis_cap, (int)nvis, topk, out);
+    if (threadIdx.x == 0)
+        nsel[r] = (int)(nvis < topk ? nvis : topk);
+}
+
+/* Block (row r, head h): attend_head over row r's keys: est's entries sel[r][0..nsel[r]) (none
+ * at ratio 0), then window positions j0..p (the step's kv row when the step holds it, else this
+ * layer's ring). pr: [nkmax] floats of dynamic shared memory; a row that needs more, or whose
+ * selection is missing, gets NaN. */
+__global__ void __launch_bounds__(A41_NW * 32) k41_attn(rows_dev rd, const dsv4_lbufs *est, int ratio, int topk,
+                                                        int kv_cap, int H, int d, int window, int nkmax, float scale,
+                                                        const float *sink, const float *q, const float *kv,
+                                                        const int64_t *sel, const int *nsel, float *o)
+{
+    PDL_WAIT();
+    extern __shared__ float pr[];
+    __shared__ float sh[A41_NW + 1], part[A41_NW * ATT_MAXD];
+    int r = blockIdx.x, h = blockIdx.y;
+    int64_t p = rd.pos[r];
+    int s = rd.seq[r];
+    const float *ring = rd.st[s].kv, *ent = ratio ? est[s].ent : NULL;
+    int64_t start = rd.start[s], first = rd.first[s];
+    int ns = ratio ? nsel[r] : 0;
+    int64_t j0 = p - window + 1 < 0 ? 0 : p - window + 1, nk = ns + (p - j0 + 1);
+    float *orow = o + ((int64_t)r * H + h) * d;
+    if (ns < 0 || ns > topk || nk > nkmax || p < 0) {
+        for (int j = threadIdx.x; j < d; j += A41_NW * 32)
+            orow[j] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const int64_t *rs = ratio ? sel + (int64_t)r * topk : NULL;
+    auto key = [&](int i) -> const float * {
+        if (i < ns)
+            return ent + rs[i] * d;
+        int64_t tok = j0 + (i - ns);
+        return tok >= start ? kv + (first + (tok - start)) * d : ring + (tok % kv_cap) * d;
+    };
+    attend_head<A41_NW>(q + ((int64_t)r * H + h) * d, key, (int)nk, d, scale, sink[h], pr, sh, part, orow);
+}
+
+int g41_smem_set;               /* what k41_attn was allowed so far */
+
+/* A buffer attn_step41 reads or writes: device memory, or the op fails. */
+bool dev41(const void *p, const char *what)
+{
+    if (on_dev(p))
+        return true;
+    fail(DSV4_E_ARG, "cuda: attn_step41: %s must be a device buffer", what);
+    return false;
+}
+
+/* The scratch's pieces, in floats from work (attn41_work's order). */
+struct work41 {
+    float *scores, *lat, *kk, *bm;
+    unsigned char *mask;
+    int64_t nbc;
+    size_t n;
+};
+
+work41 layout41(const dsv4_attn41_args *a, float *base)
+{
+    work41 w = {};
+    int64_t R = a->rows.R, vis = a->ratio ? a->vis_cap : 0;
+    w.nbc = a->cand_bs > 0 ? cdiv(vis, a->cand_bs) : 0;
+    size_t off = 0;
+    auto take = [&](size_t n) -> float * {
+        float *p = base ? base + off : NULL;
+        off += (n + 3) & ~(size_t)3; /* 16-byte pieces */
+        return p;
+    };
+    if (a->index_source)
+        w.scores = take((size_t)R * vis);
+    if (a->own_ent)
+        w.lat = take((size_t)R * a->d);
+    if (a->own_ikey)
+        w.kk = take((size_t)R * a->ci);
+    if (a->cand_source)
+        w.bm = take((size_t)R * w.nbc);
+    if (a->cand_filter)
+        w.mask = (unsigned char *)take(((size_t)R * w.nbc + 3) / 4);
+    w.n = off ? off : 1;
+    return w;
+}
+
+/* The arguments as this backend runs them; false after recording why not. */
+bool check41(const dsv4_attn41_args *a)
+{
+    const dsv4_rows *rw = &a->rows;
+    int m = a->ratio;
+    bool ok = dev41(rw->pos, "rows.pos") && dev41(rw->seq, "rows.seq") && dev41(rw->start, "rows.start") &&
+              dev41(rw->first, "rows.first") && dev41(a->st, "st") && dev41(a->q, "q") && dev41(a->kv, "kv") &&
+              dev41(a->o, "o") && dev41(a->work, "work");
+    if (ok && m)
+        ok = dev41(a->est, "est") && dev41(a->sel, "sel") && dev41(a->nsel, "nsel");
+    if (ok && a->own_ent)
+        ok = dev41(a->cc, "cc") && (m == 1 || dev41(a->zz, "zz"));
+    if (ok && a->index_source)
+        ok = dev41(a->ist, "ist") && dev41(a->qi, "qi") && dev41(a->wt, "wt");
+    if (ok && (a->cand_source || a->cand_filter))
+        ok = dev41(a->cand, "cand") && dev41(a->ncand, "ncand");
+    if (!ok)
+        return false;
+    if (a->ref || a->kv_prod) {
+        fail(DSV4_E_UNSUPPORTED, "cuda: attn_step41: %s runs on the CPU backend",
+             a->ref ? "REF numerics" : "production KV caches");
+        return false;
+    }
+    bool bad = rw->S <= 0 || a->window < 0 || a->kv_cap <= 0 || a->H <= 0 || a->H > 65535 || a->d <= 0 ||
+               a->d > ATT_MAXD || a->rd < 0 || a->rd % 2 || a->rd > a->d || m < 0 || (m && a->vis_cap < 0) ||
+               (a->own_ent && (!m || a->comp.ratio != m || a->comp.dim != a->d || a->comp.overlap ||
+                               (m > 1 && a->c_cap < m))) ||
+               (a->own_ikey && (!a->own_ent || !a->iwk || a->iwk->n != a->ci || a->iwk->k != a->d || a->rd > a->ci)) ||
+               (a->index_source && (!m || a->topk <= 0 || a->nI <= 0 || a->ci <= 0)) ||
+               (m && !a->index_source && a->topk <= 0) ||
+               ((a->cand_source || a->cand_filter) && (!a->index_source || a->cand_bs <= 0 || a->cand_k <= 0)) ||
+               (m && a->vis_cap > INT32_MAX);
+    if (bad)
+        fail(DSV4_E_ARG, "cuda: attn_step41: inconsistent arguments (ratio %d, d %d, rd %d, ci %d, topk %d, overlap %d)",
+             m, a->d, a->rd, a->ci, a->topk, a->comp.overlap);
+    return !bad;
+}
+
+} // namespace
+
+size_t dsv4cu::attn41_work(const dsv4_attn41_args *a) { return layout41(a, NULL).n; }
+
+void dsv4cu::attn_step41(const dsv4_attn41_args *a)
+{
+    const dsv4_rows *rw = &a->rows;
+    int R = rw->R, H = a->H, d = a->d, m = a->ratio, ci = a->ci, K = a->topk;
+    if (R <= 0 || H <= 0 || d <= 0)
+        return;
+    size_t bo = (size_t)R * H * d * sizeof(float);
+    int64_t vis = m ? a->vis_cap : 0;
+    work41 w = layout41(a, a->work);
+    rows_dev rdv = {rw->pos, rw->seq, rw->start, rw->first, a->st, R, rw->S};
+    rows_dev rdi = rdv;
+    rdi.st = a->ist;
+
+    /* the entries' latents, then (a separate op) their index keys' projection */
+    op_begin();
+    bool run = check41(a);
+    if (run && a->own_ent) {
+        const float *norm = m > 1 && a->comp.norm ? (const float *)dev_const(a->comp.norm, (size_t)d * sizeof(float)) : NULL;
+        const float *ape = m > 1 && a->comp.ape ? (const float *)dev_const(a->comp.ape, (size_t)m * d * sizeof(float)) : NULL;
+        run = (norm || !a->comp.norm || m == 1) && (ape || !a->comp.ape || m == 1);
+        if (run) {
+            launch_k(k41_lat, (unsigned)R, NB, (size_t)d * sizeof(float), stream, rdv, m, d, a->c_cap, ape, norm, a->eps,
+                     a->cc, a->zz, w.lat);
+            run = launched("attn_step41 entries");
+        }
+    }
+    op_end();
+    if (run && a->own_ikey)
+        cu_linear(a->iwk, 0, ci, w.lat, R, d, w.kk, ci);
+
+    op_begin();
+    const float *sink = run ? (const float *)dev_const(a->sink, (size_t)H * sizeof(float)) : NULL;
+    const float *ifr = run && a->own_ent && a->rd
+                           ? (const float *)dev_const(a->inv_freq, (size_t)(a->rd / 2) * sizeof(float)) : NULL;
+    const float *ikn = run && a->own_ikey && a->ik_norm ? (const float *)dev_const(a->ik_norm, (size_t)ci * sizeof(float))
+                                                        : NULL;
+    run = run && sink && (ifr || !a->own_ent || !a->rd) && (ikn || !a->own_ikey || !a->ik_norm);
+    int64_t nkmax = (m ? (vis < K ? vis : K) : 0) + a->window;
+    size_t asmem = (size_t)(nkmax > 0 ? nkmax : 1) * sizeof(float);
+    size_t static_smem = (A41_NW + 1 + A41_NW * ATT_MAXD) * sizeof(float);
+    if (run && asmem + static_smem > 48 * 1024 && (int)asmem > g41_smem_set) {
+        int dev = 0, optin = 0;
+        if (CK(cudaGetDevice(&dev)) || CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)))
+            run = false;
+        else if (asmem + static_smem > (size_t)optin) {
+            fail(DSV4_E_UNSUPPORTED, "cuda: attn_step41: %lld keys a row do not fit shared memory (%d bytes)",
+                 (long long)nkmax, optin);
+            run = false;
+        } else if (CK(cudaFuncSetAttribute(k41_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)))
+            run = false;
+        else
+            g41_smem_set = (int)asmem;
+    }
+    if (run && dsv4cu::poison)
+        CK(cudaMemsetAsync(a->o, 0xff, bo, stream));
+    if (run && a->own_ent) {
+        int wmax = ci > d ? ci : d;
+        launch_k(k41_store, (unsigned)R, NB, (size_t)wmax * sizeof(float), stream, rdv, m, d, ci, a->rd, ifr, ikn, a->eps,
+                 w.lat, a->own_ikey ? w.kk : (const float *)NULL);
+        run = launched("attn_step41 entry stores");
+    }
+    if (run && a->index_source) {
+        /* the candidate source's blocks are every row's; a plain index source scores only rows
+         * that keep fewer than all */
+        run = iscore_launch(rdi, m, a->cand_source ? 0 : K, vis, a->nI, ci, 1.0f, 1.0f, a->qi, a->wt, w.scores);
+        if (run && a->cand_source) {
+            launch_k(k41_cand, (unsigned)R, TK_NT, 0, stream, rdv, m, vis, a->cand_bs, a->cand_k, w.nbc, w.scores, w.bm,
+                     a->cand, a->ncand);
+            run = launched("attn_step41 candidate blocks");
+        }
+        if (run && a->cand_filter) {
+            launch_k(k41_filter, (unsigned)R, NB, 0, stream, rdv, m, K, vis, a->cand_bs, a->cand_k, w.nbc, a->cand,
+                     a->ncand, w.scores, w.mask);
+            run = launched("attn_step41 candidate filter");
+        }
+        if (run) {
+            launch_k(k41_topk, (unsigned)R, TK_NT, 0, stream, rdv, m, K, vis, w.scores, a->sel, a->nsel);
+            run = launched("attn_step41 top-k");
+        }
+    }
+    if (run) {
+        launch_k(k41_attn, dim3((unsigned)R, (unsigned)H), A41_NW * 32, asmem, stream, rdv, a->est, m, K, a->kv_cap, H, d,
+                 a->window, (int)nkmax, a->scale, sink, a->q, a->kv, (const int64_t *)a->sel, (const int *)a->nsel, a->o);
+        run = launched("attn_step41 attention");
+    }
+    if (run) {
+        int ring_m = a->own_ent && m > 1 ? m : 0;
+        launch_k(k_ring, dim3((unsigned)cdiv((int64_t)R * d, 256), 3), 256, 0, stream, rdv, ring_m, 0, d, d, 0, a->kv_cap,
+                 a->c_cap, a->kv, a->cc, a->zz, (const float *)NULL, (const float *)NULL);
+        run = launched("attn_step41 rings");
+    }
+    if (!run)
+        out_fail(a->o, bo);
+    op_end();
+}
