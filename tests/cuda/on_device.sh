@@ -92,6 +92,7 @@ ok lanes $B/tests/test_lanes
 ok mini $B/tests/test_mini
 ok draft $B/tests/test_draft
 ok mtp $B/tests/test_mtp
+ok dspark $B/tests/test_dspark
 ok drafts bash tests/cuda/draft_cuda.sh $B
 # the tensor-core path (DSV4_CUDA_TC=1): the op test and the end-to-end contracts again
 ok ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ops
@@ -102,6 +103,7 @@ ok lanes-tc env DSV4_CUDA_TC=1 $B/tests/test_lanes
 ok mini-tc env DSV4_CUDA_TC=1 $B/tests/test_mini
 ok draft-tc env DSV4_CUDA_TC=1 $B/tests/test_draft
 ok mtp-tc env DSV4_CUDA_TC=1 $B/tests/test_mtp
+ok dspark-tc env DSV4_CUDA_TC=1 $B/tests/test_dspark
 ok spill-v4a env DSV4_CUDA_BUDGET=2.45M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
 ok spill-v4b env DSV4_CUDA_BUDGET=1.85M $B/tests/test_v4_fixtures $F/v4/v4-tiny-b
 ok spill-v4v env DSV4_CUDA_BUDGET=9.004M $B/tests/test_v4_fixtures $F/v4/v4-tiny-v
@@ -110,7 +112,7 @@ ok refuse bash -c "DSV4_CUDA_BUDGET=1M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
 ok refuse-host bash -c "DSV4_CUDA_BUDGET=2.45M DSV4_HOST_BUDGET=64K $B/tests/test_v4_fixtures $F/v4/v4-tiny-a 2>&1 | grep 'do not fit the host'"
 unset DSV4_TEST_DEVICE
 [ -s "$T/failed" ] && rc=1
-for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft mtp drafts ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc mtp-tc spill-v4a spill-v4b spill-v4v spill-v41 refuse refuse-host; do
+for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft mtp dspark drafts ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc mtp-tc dspark-tc spill-v4a spill-v4b spill-v4v spill-v41 refuse refuse-host; do
     echo "== $n"
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done

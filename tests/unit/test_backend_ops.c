@@ -2635,8 +2635,8 @@ static const attn_case attn_cases[] = {
  * V4.1 model chains them: A, a KV source of ratio m that owns its index keys and is the index and
  * candidate source; B, an index source scoring A's keys, filtered by A's candidate blocks; C, a
  * reader that attends A's entries through B's selection. fp32 caches and numerics (REF and the
- * production caches: test_v41_fixtures, test_kv). CPU only: the CUDA table's attn_step41 is this
- * loop over the CUDA ops, which tests/cuda checks one by one. */
+ * production caches: test_v41_fixtures, test_kv), on every backend: the state, the inputs and the
+ * shared slots in the backend's memory, the results checked on the host. */
 typedef struct {
     const char *name;
     int S, P, m, H, d, rd, W, nI, ci, topk, cand_bs, cand_k, ape, cut;
@@ -2718,10 +2718,20 @@ static float *gather41(const attn41_case *c, const float *x, int w, int lo, int 
     return g;
 }
 
-/* One step of positions [lo, hi) of every sequence through A, B, C; results land at the rows'
- * places in out. */
-static void step41(const attn41_case *c, const in41 *in, dsv4_lbufs *st, int lo, int hi, out41 *out)
+/* Host buffer of `bytes` into t's memory and back (step41's staging). */
+static void *put41(const target *t, const void *h, size_t bytes) { return bput(t->be, h, bytes); }
+static void get41(const target *t, void *h, void *d, size_t bytes)
 {
+    t->be->download(h, d, bytes);
+    t->be->free(d);
+}
+
+/* One step of positions [lo, hi) of every sequence through A, B, C on t: the host state st is
+ * staged into t's memory for the step and back after it; results land at the rows' places in
+ * out. */
+static void step41(const target *t, const attn41_case *c, const in41 *in, dsv4_lbufs *st, int lo, int hi, out41 *out)
+{
+    const dsv4_backend *be = t->be;
     int S = c->S, n = hi - lo, R = S * n, K = c->topk, CB = c->cand_k, d = c->d, Hd = c->H * c->d;
     int64_t *pos = malloc(R * sizeof(int64_t)), *start = malloc(S * sizeof(int64_t));
     int32_t *seq = malloc(R * sizeof(int32_t)), *first = malloc(S * sizeof(int32_t));
@@ -2731,44 +2741,82 @@ static void step41(const attn41_case *c, const in41 *in, dsv4_lbufs *st, int lo,
         for (int i = 0; i < n; i++)
             pos[s * n + i] = lo + i, seq[s * n + i] = s;
     }
-    int64_t *sel = calloc((size_t)R * K, sizeof(int64_t)), *cand = calloc((size_t)R * CB, sizeof(int64_t));
-    int *nsel = calloc(R, sizeof(int)), *ncand = calloc(R, sizeof(int));
     int64_t vis = ent_cap41(c);
-    float *work = falloc(DSV4_ATTN41_WORK(vis, K, c->W, d, c->ci));
+    /* the state in t's memory, and its table */
+    size_t kvb = (size_t)kv_cap41(c) * d * 4, cb = (size_t)c_cap41(c) * d * 4, eb = (size_t)vis * d * 4,
+           ib = (size_t)vis * c->ci * 4;
+    dsv4_lbufs *dst = calloc((size_t)L41 * S, sizeof *dst);
+    for (int i = 0; i < L41 * S; i++) {
+        dst[i].kv = put41(t, st[i].kv, kvb);
+        if (i < S) {
+            dst[i].c = put41(t, st[i].c, cb), dst[i].z = put41(t, st[i].z, cb);
+            dst[i].ent = put41(t, st[i].ent, eb), dst[i].ikey = put41(t, st[i].ikey, ib);
+            dst[i].ent_cap = vis;
+        }
+    }
+    dsv4_lbufs *dtab = put41(t, dst, (size_t)L41 * S * sizeof *dst);
+    int64_t *dpos = put41(t, pos, R * 8), *dstart = put41(t, start, S * 8);
+    int32_t *dseq = put41(t, seq, R * 4), *dfirst = put41(t, first, S * 4);
+    int64_t *sel = put41(t, NULL, (size_t)R * K * 8), *cand = put41(t, NULL, (size_t)R * CB * 8);
+    int *nsel = put41(t, NULL, R * 4), *ncand = put41(t, NULL, R * 4);
     float *cc = gather41(c, in->cc, d, lo, hi), *zz = gather41(c, in->zz, d, lo, hi);
+    float *dcc = put41(t, cc, (size_t)R * d * 4), *dzz = put41(t, zz, (size_t)R * d * 4);
+    int64_t *hsel = malloc((size_t)R * K * 8), *hcand = malloc((size_t)R * CB * 8);
+    int *hnsel = malloc(R * 4), *hncand = malloc(R * 4);
+    float *ho = falloc((size_t)R * Hd);
     for (int l = 0; l < L41; l++) {
-        float *q = gather41(c, in->q[l], Hd, lo, hi), *kv = gather41(c, in->kv[l], d, lo, hi), *o = falloc((size_t)R * Hd);
+        float *q = gather41(c, in->q[l], Hd, lo, hi), *kv = gather41(c, in->kv[l], d, lo, hi);
         float *qi = l < 2 ? gather41(c, in->qi[l], c->nI * c->ci, lo, hi) : NULL;
         float *wt = l < 2 ? gather41(c, in->wt[l], c->nI, lo, hi) : NULL;
-        poison(o, (size_t)R * Hd);
-        dsv4_attn41_args a = {.rows = {.R = R, .S = S, .pos = pos, .seq = seq, .start = start, .first = first},
-                              .st = st + l * S, .est = st, .ist = st, .kv_cap = kv_cap41(c), .c_cap = c_cap41(c),
+        float *dq = put41(t, q, (size_t)R * Hd * 4), *dkv = put41(t, kv, (size_t)R * d * 4);
+        float *dqi = qi ? put41(t, qi, (size_t)R * c->nI * c->ci * 4) : NULL, *dwt = wt ? put41(t, wt, (size_t)R * c->nI * 4) : NULL;
+        dsv4_attn41_args a = {.rows = {.R = R, .S = S, .pos = dpos, .seq = dseq, .start = dstart, .first = dfirst},
+                              .st = dtab + l * S, .est = dtab, .ist = dtab, .kv_cap = kv_cap41(c), .c_cap = c_cap41(c),
                               .vis_cap = vis, .H = c->H, .d = d, .rd = c->rd, .window = c->W,
                               .scale = 1.0f / sqrtf((float)d), .eps = 1e-6f, .sink = in->sink, .inv_freq = in->freq,
                               .ratio = c->m, .own_ent = l == 0, .own_ikey = l == 0, .index_source = l < 2,
                               .cand_source = l == 0, .cand_filter = l == 1,
                               .comp = {.ratio = c->m, .dim = d, .overlap = 0, .ape = in->apev, .norm = in->norm},
                               .iwk = &in->iwk, .ik_norm = in->iknorm, .nI = c->nI, .ci = c->ci, .topk = K,
-                              .cand_bs = c->cand_bs, .cand_k = CB, .q = q, .kv = kv, .cc = cc, .zz = zz, .qi = qi,
-                              .wt = wt, .sel = sel, .cand = cand, .nsel = nsel, .ncand = ncand, .o = o, .work = work};
-        cpu->attn_step41(&a);
+                              .cand_bs = c->cand_bs, .cand_k = CB, .q = dq, .kv = dkv, .cc = dcc, .zz = dzz, .qi = dqi,
+                              .wt = dwt, .sel = sel, .cand = cand, .nsel = nsel, .ncand = ncand,
+                              .o = bpoison(be, (size_t)R * Hd)};
+        size_t wn = be->attn41_work ? be->attn41_work(&a) : DSV4_ATTN41_WORK(vis, K, c->W, d, c->ci);
+        a.work = bpoison(be, wn);
+        be->attn_step41(&a);
+        bok(be, "attn_step41");
+        get41(t, ho, a.o, (size_t)R * Hd * 4);
+        be->download(hsel, sel, (size_t)R * K * 8), be->download(hnsel, nsel, R * 4);
+        be->download(hcand, cand, (size_t)R * CB * 8), be->download(hncand, ncand, R * 4);
         for (int s = 0; s < S; s++)
             for (int i = 0; i < n; i++) {
                 size_t g = (size_t)s * c->P + lo + i, r = (size_t)s * n + i;
-                memcpy(out->o[l] + g * Hd, o + r * Hd, Hd * sizeof(float));
+                memcpy(out->o[l] + g * Hd, ho + r * Hd, Hd * sizeof(float));
                 if (l < 2) {
-                    memcpy(out->sel[l] + g * K, sel + r * K, K * sizeof(int64_t));
-                    out->nsel[l][g] = nsel[r];
+                    memcpy(out->sel[l] + g * K, hsel + r * K, K * sizeof(int64_t));
+                    out->nsel[l][g] = hnsel[r];
                 }
                 if (l == 0) {
-                    memcpy(out->cand + g * CB, cand + r * CB, CB * sizeof(int64_t));
-                    out->ncand[g] = ncand[r];
+                    memcpy(out->cand + g * CB, hcand + r * CB, CB * sizeof(int64_t));
+                    out->ncand[g] = hncand[r];
                 }
             }
-        free(q), free(kv), free(o), free(qi), free(wt);
+        be->free(a.work), be->free(dq), be->free(dkv);
+        if (dqi)
+            be->free(dqi), be->free(dwt);
+        free(q), free(kv), free(qi), free(wt);
     }
-    free(cc), free(zz), free(work), free(pos), free(start), free(seq), free(first), free(sel), free(cand), free(nsel);
-    free(ncand);
+    for (int i = 0; i < L41 * S; i++) {
+        get41(t, st[i].kv, dst[i].kv, kvb);
+        if (i < S) {
+            get41(t, st[i].c, dst[i].c, cb), get41(t, st[i].z, dst[i].z, cb);
+            get41(t, st[i].ent, dst[i].ent, eb), get41(t, st[i].ikey, dst[i].ikey, ib);
+        }
+    }
+    be->free(dtab), be->free(dpos), be->free(dstart), be->free(dseq), be->free(dfirst), be->free(sel), be->free(cand);
+    be->free(nsel), be->free(ncand), be->free(dcc), be->free(dzz);
+    free(dst), free(cc), free(zz), free(pos), free(start), free(seq), free(first), free(hsel), free(hcand), free(hnsel);
+    free(hncand), free(ho);
 }
 
 /* Rope of the last rd channels of a row of width w at position p, in double: the angle is the
@@ -2886,9 +2934,11 @@ static int topk41_ok(const int64_t *sel, int n, int k, int64_t nvis, const doubl
 /* Control: the selection's best entry swapped for the worst one left out; B's selection judged
  * without A's blocks; an entry's rope one position off; the row's own window row left out of the attention. Rows: cut in two steps
  * (the second continuing from the first's state) == one step, bit for bit, outputs and state. */
+static void attn41_on(const target *t, const attn41_case *c, const in41 *inp, double sf);
+
 static void test_attn_step41(const attn41_case *c)
 {
-    int S = c->S, P = c->P, d = c->d, H = c->H, Hd = H * d, ci = c->ci, nI = c->nI, K = c->topk, bs = c->cand_bs;
+    int S = c->S, P = c->P, d = c->d, H = c->H, Hd = H * d, ci = c->ci, nI = c->nI;
     size_t Rt = (size_t)S * P;
     in41 in = {0};
     for (int l = 0; l < L41; l++) {
@@ -2910,15 +2960,36 @@ static void test_attn_step41(const attn41_case *c)
     for (int i = 0; i < c->rd / 2; i++)
         in.freq[i] = powf(10000.0f, -2.0f * i / c->rd);
     make_weight(DSV4_WF_F32, ci, d, 0, 0, 0, &in.iwk);
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        put_weights(t, &in.iwk, 1);
+        attn41_on(t, c, &in, o < 0 ? 1.0 : OTHER);
+        drop_weights(t, &in.iwk, 1);
+    }
+    for (int l = 0; l < L41; l++)
+        free(in.q[l]), free(in.kv[l]);
+    for (int k = 0; k < 2; k++)
+        free(in.qi[k]), free(in.wt[k]);
+    free(in.cc), free(in.zz), free(in.sink), free(in.norm), free(in.iknorm), free(in.apev), free(in.freq);
+    free_weight(&in.iwk);
+}
 
+/* The op on t for case c: one step and the same rows cut in two, checked against the double
+ * references (bounds times sf: 1 for the CPU, OTHER for another backend). */
+static void attn41_on(const target *t, const attn41_case *c, const in41 *inp, double sf)
+{
+    int S = c->S, P = c->P, d = c->d, H = c->H, Hd = H * d, ci = c->ci, K = c->topk, bs = c->cand_bs;
+    size_t Rt = (size_t)S * P;
+    const in41 in = *inp;
     dsv4_lbufs *st = state41(c), *st2 = state41(c);
     out41 one = {0}, two = {0};
     out41_alloc(c, &one);
     out41_alloc(c, &two);
-    step41(c, &in, st, 0, P, &one);
-    step41(c, &in, st2, 0, c->cut, &two);
-    step41(c, &in, st2, c->cut, P, &two);
+    step41(t, c, &in, st, 0, P, &one);
+    step41(t, c, &in, st2, 0, c->cut, &two);
+    step41(t, c, &in, st2, c->cut, P, &two);
     char what[160];
+    const char *bn = t->be->name;
 
     /* the entries and keys A emitted, against the double reference */
     int64_t ne = P / c->m;
@@ -2945,10 +3016,10 @@ static void test_attn_step41(const attn41_case *c)
             for (int i = 0; i < d + ci; i++)
                 ebad[at + i] = (float)ed[i];
         }
-    snprintf(what, sizeof what, "%s: entries and keys", c->name);
-    CHECK(agree_within(what, egot, eref, etol, nent * (d + ci), 1.0, 0), "%s: differ", what);
-    snprintf(what, sizeof what, "%s: entry rope one position off", c->name);
-    control_within(what, egot, ebad, etol, nent * (d + ci), 1.0);
+    snprintf(what, sizeof what, "%s on %s: entries and keys", c->name, bn);
+    CHECK(agree_within(what, egot, eref, etol, nent * (d + ci), sf, 0), "%s: differ", what);
+    snprintf(what, sizeof what, "%s on %s: entry rope one position off", c->name, bn);
+    control_within(what, egot, ebad, etol, nent * (d + ci), sf);
 
     /* the selections, against double scores of the keys A stored */
     double *sc = malloc((ne + 1) * sizeof(double)), *tl = malloc((ne + 1) * sizeof(double));
@@ -3012,16 +3083,16 @@ static void test_attn_step41(const attn41_case *c)
             bad_sel += !topk41_ok(one.sel[1] + g * K, one.nsel[1][g], K, nvis, sc, tl, mask);
             unfiltered += !topk41_ok(one.sel[1] + g * K, one.nsel[1][g], K, nvis, sc, tl, NULL);
         }
-    snprintf(what, sizeof what, "%s: A's and B's top-k", c->name);
+    snprintf(what, sizeof what, "%s on %s: A's and B's top-k", c->name, bn);
     CHECK(!bad_sel, "%s: %d rows' selections are no top-k of the scores", what, bad_sel);
     printf("  %-52s %d rows off  %s\n", what, bad_sel, bad_sel ? "FAIL" : "ok");
-    snprintf(what, sizeof what, "%s: A's candidate blocks", c->name);
+    snprintf(what, sizeof what, "%s on %s: A's candidate blocks", c->name, bn);
     CHECK(!bad_cand, "%s: %d rows' blocks are not the best", what, bad_cand);
     printf("  %-52s %d rows off  %s\n", what, bad_cand, bad_cand ? "FAIL" : "ok");
     CHECK(controlled && control, "control %s: a selection with its best entry swapped out passed", c->name);
-    snprintf(what, sizeof what, "%s: the best entry swapped out", c->name);
+    snprintf(what, sizeof what, "%s on %s: the best entry swapped out", c->name, bn);
     printf("  control %-44s %s\n", what, controlled && control ? "caught" : "NOT CAUGHT");
-    snprintf(what, sizeof what, "%s: B's top-k without A's blocks", c->name);
+    snprintf(what, sizeof what, "%s on %s: B's top-k without A's blocks", c->name, bn);
     CHECK(unfiltered > 0, "control %s: B's selections are also the unfiltered top-k", what);
     printf("  control %-44s %s\n", what, unfiltered ? "caught" : "NOT CAUGHT");
 
@@ -3044,10 +3115,10 @@ static void test_attn_step41(const attn41_case *c)
                 attend_ref(in.q[l] + g * Hd, H, d, rows, nk, scale, in.sink, ref + g * Hd, tol + g * Hd);
                 attend_ref(in.q[l] + g * Hd, H, d, rows, nk - 1, scale, in.sink, bad + g * Hd, scr);
             }
-        snprintf(what, sizeof what, "%s: layer %c's output", c->name, "ABC"[l]);
-        CHECK(agree_within(what, one.o[l], ref, tol, Rt * Hd, 1.0, 0), "%s: differs", what);
-        snprintf(what, sizeof what, "layer %c: the row's own window row left out", "ABC"[l]);
-        control_within(what, one.o[l], bad, tol, Rt * Hd, 1.0);
+        snprintf(what, sizeof what, "%s on %s: layer %c's output", c->name, bn, "ABC"[l]);
+        CHECK(agree_within(what, one.o[l], ref, tol, Rt * Hd, sf, 0), "%s: differs", what);
+        snprintf(what, sizeof what, "layer %c on %s: the row's own window row left out", "ABC"[l], bn);
+        control_within(what, one.o[l], bad, tol, Rt * Hd, sf);
         free(ref), free(bad), free(tol), free(scr), free(rows);
     }
 
@@ -3063,19 +3134,13 @@ static void test_attn_step41(const attn41_case *c)
     for (int s = 0; s < S; s++)
         same &= rows_equal(st[s].ent, st2[s].ent, (size_t)ent_cap41(c) * d) &&
                 rows_equal(st[s].ikey, st2[s].ikey, (size_t)ent_cap41(c) * ci);
-    snprintf(what, sizeof what, "%s (cut at %d)", c->name, c->cut);
+    snprintf(what, sizeof what, "%s on %s (cut at %d)", c->name, bn, c->cut);
     CHECK(same, "%s: two steps differ from one", what);
     printf("  %-52s two steps == one: %s\n", what, same ? "bitwise" : "DIFFER");
 
     free(eref), free(ebad), free(egot), free(etol), free(ed), free(sc), free(tl), free(bsc), free(btl), free(mask);
     out41_free(&one), out41_free(&two);
     state41_free(c, st), state41_free(c, st2);
-    for (int l = 0; l < L41; l++)
-        free(in.q[l]), free(in.kv[l]);
-    for (int k = 0; k < 2; k++)
-        free(in.qi[k]), free(in.wt[k]);
-    free(in.cc), free(in.zz), free(in.sink), free(in.norm), free(in.iknorm), free(in.apev), free(in.freq);
-    free_weight(&in.iwk);
 }
 
 static const attn41_case attn41_cases[] = {

@@ -14,7 +14,9 @@
  * by chunks beside another sequence equals the draft of an uninterrupted run, bit for bit. The server's lanes drafting with DSpark give
  * the plain requests' ids and logprobs, greedy and seeded, through 1 and 3 lanes, beside a
  * plain request, and resumed from the prompt cache. A checkpoint missing any mtp.* tensor is
- * refused naming it; lanes asked for DSpark on a model without stages are refused. */
+ * refused naming it; lanes asked for DSpark on a model without stages are refused.
+ * DSV4_TEST_DEVICE=cuda (tests/cuda/on_device.sh) runs the fp32 checks on that device (the
+ * CUDA backend runs fp32 numerics only, and refuses ref at load). */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -242,7 +244,7 @@ static void check_missing(const char *tensor_name)
     if (renamed_copy(DIR, files, 3, tensor_name, tmp))
         return;
     dsv4_err err = {0};
-    dsv4_load_opts lo = {.numerics = DSV4_NUMERICS_FP32, .draft_stages = 1};
+    dsv4_load_opts lo = {.numerics = DSV4_NUMERICS_FP32, .draft_stages = 1, .device = getenv("DSV4_TEST_DEVICE")};
     dsv4_model *m = dsv4_model_load(tmp, &lo, &err);
     CHECK(!m && strstr(err.msg, tensor_name), "missing %s: %s", tensor_name, m ? "loaded" : err.msg);
     printf("  without %s: %s\n", tensor_name, err.msg);
@@ -260,8 +262,10 @@ int main(void)
     CHECK(cases && ex64 && ex, "fixture files: %s", err.msg);
     if (!cases || !ex64 || !ex)
         return check_summary("dspark");
-    for (int mode = 0; mode < 2; mode++) {
-        dsv4_load_opts lo = {.numerics = mode ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32, .draft_stages = 1};
+    const char *dev = getenv("DSV4_TEST_DEVICE");
+    printf("device: %s\n", dev ? dev : "cpu");
+    for (int mode = 0; mode < (dev ? 1 : 2); mode++) {
+        dsv4_load_opts lo = {.numerics = mode ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32, .draft_stages = 1, .device = dev};
         dsv4_model *m = dsv4_model_load(DIR, &lo, &err);
         CHECK(m != NULL, "load: %s", err.msg);
         if (!m)
