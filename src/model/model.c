@@ -634,8 +634,11 @@ int dsv4_place_items(const dsv4_model *m, dsv4_place_item **items, int64_t *n_it
     int64_t ne = 0; /* experts numbered in layer order */
     for (int li = 0; li < c->n_layers && m->layers; li++)
         layer_items(&l, m, &m->layers[li], li, c->n_experts, c->n_active, &ne);
-    /* V4.1's DSpark stages, when the model is loaded to draft (spec_enable): their ops run over
-     * host buffers, as V4.1's stateful steps do, with the weights on the device */
+    for (int i = 0; i < c->n_engram && m->engram; i++) { /* the tables stay on the host: rows are fetched */
+        W(&m->engram[i].wkv);
+        F(m->engram[i].qk, (int64_t)n * D);
+    }
+    /* V4.1's DSpark stages, when the model is loaded to draft (spec_enable) */
     if (m->spec.asked && m->spec.n > 0 && c->family == DSV4_FAMILY_V41) {
         const dsv4_spec *S = &m->spec;
         for (int st = 0; st < S->n; st++)

@@ -1845,7 +1845,16 @@ static void test_experts(const experts_case *c)
     fill(wts, RK, 0.1f, 1.0f);
     distinct_experts(eid, R, K, E);
     memcpy(e2, eid, RK * 4);
-    e2[RK - 1] = (e2[RK - 1] + 1) % E;
+    for (int r = 0; r < R; r++) { /* the control: every row's last expert another one not in the row */
+        int32_t *er = e2 + (size_t)r * K, e = er[K - 1], used = 1;
+        while (used) {
+            e = (e + 1) % E;
+            used = 0;
+            for (int k = 0; k < K; k++)
+                used |= er[k] == e;
+        }
+        er[K - 1] = e;
+    }
     double *tol = malloc((size_t)R * D * sizeof(double)), *scr = malloc((size_t)R * D * sizeof(double));
     experts_ref(c, W, W + E, W + 2 * E, eid, wts, x, ref, tol);
     experts_ref(c, W, W + E, W + 2 * E, e2, wts, x, bad, scr);

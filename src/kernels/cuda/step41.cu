@@ -395,7 +395,9 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
     if (run && a->index_source) {
         /* the candidate source's blocks are every row's; a plain index source scores only rows
          * that keep fewer than all */
-        run = iscore_launch(rdi, m, a->cand_source ? 0 : K, vis, a->nI, ci, 1.0f, 1.0f, a->qi, a->wt, w.scores);
+        int keep = a->cand_source ? 0 : K; /* rows with more entries than this are scored */
+        if (vis > keep)
+            run = iscore_launch(rdi, m, keep, vis, a->nI, ci, 1.0f, 1.0f, a->qi, a->wt, w.scores);
         if (run && a->cand_source) {
             launch_k(k41_cand, (unsigned)R, TK_NT, 0, stream, rdv, m, vis, a->cand_bs, a->cand_k, w.nbc, w.scores, w.bm,
                      a->cand, a->ncand);
