@@ -29,6 +29,28 @@ namespace {
 
 enum { AT_HG = 16, AT_KC = 64, AT_NW = 8, AT_NT = AT_NW * 32, AT_MAXNT = 8 };
 
+/* V4's rows (attn_step): attn_row's keys. A geometry gives a row's Row: ok, nk and key(i). */
+struct geo4 {
+    rows_dev rd;
+    int ratio, csa, topk;
+    int64_t vis_cap;
+    int kv_cap, window, nkmax;
+    const float *kv;
+    const int *sel;
+    struct Row {
+        attn_row a;
+        const float *kv;
+        int d, kv_cap, nk;
+        bool ok;
+        __device__ __forceinline__ Row(const geo4 &g, int r, int d_)
+            : a(g.rd, r, g.ratio, g.csa, g.topk, g.vis_cap, g.window, g.nkmax, g.sel), kv(g.kv), d(d_),
+              kv_cap(g.kv_cap), nk(a.nk), ok(a.ok)
+        {
+        }
+        __device__ __forceinline__ const float *key(int i) const { return a.key(i, d, kv_cap, kv); }
+    };
+};
+
 /* One (m, l, o) partial into the running (M, L, O); the only arithmetic the join does, so the
  * split and the looping forms agree bit for bit (no contraction: explicit roundings). */
 __device__ __forceinline__ void at_weights(float &M, float m, float &a, float &b)
@@ -54,13 +76,12 @@ __device__ __forceinline__ void mma6(float acc[4], const uint32_t a[3][4], const
     mma_bf16(acc, a[0], b0[0], b1[0], acc);
 }
 
-/* Grid (R, heads / 16, SPLIT ? nch : 1), AT_NT threads. part: [R, nch, H, d + 2] (O_c, m_c,
- * l_c) when SPLIT. Needs d % 16 == 0 and d <= 8 * 8 * AT_MAXNT. */
-template <bool SPLIT>
-__global__ void __launch_bounds__(AT_NT, 2) k_attn_tc(rows_dev rd, int ratio, int csa, int topk, int64_t vis_cap,
-                                                   int kv_cap, int H, int d, int window, int nkmax, int nch,
-                                                   float scale, const float *sink, const float *q, const float *kv,
-                                                   const int *sel, float *o, float *part)
+/* Grid (R, heads / 16, SPLIT ? nch : 1), AT_NT threads; the rows' keys from geo (geo4, geo41).
+ * part: [R, nch, H, d + 2] (O_c, m_c, l_c) when SPLIT. Needs d % 16 == 0 and d <= 8 * 8 *
+ * AT_MAXNT. */
+template <bool SPLIT, class G>
+__global__ void __launch_bounds__(AT_NT, 2) k_attn_tc(G geo, int H, int d, int nch, float scale, const float *sink,
+                                                   const float *q, float *o, float *part)
 {
     PDL_WAIT();
     __shared__ float sS[AT_HG][AT_KC + 4];
@@ -68,7 +89,7 @@ __global__ void __launch_bounds__(AT_NT, 2) k_attn_tc(rows_dev rd, int ratio, in
     __shared__ float sm[AT_HG], sl[AT_HG];
     int r = blockIdx.x, h0 = blockIdx.y * AT_HG;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    attn_row ar(rd, r, ratio, csa, topk, vis_cap, window, nkmax, sel);
+    typename G::Row ar(geo, r, d);
     if (!ar.ok) {
         if (!SPLIT)
             for (int i = threadIdx.x; i < AT_HG * d; i += AT_NT)
@@ -92,7 +113,7 @@ __global__ void __launch_bounds__(AT_NT, 2) k_attn_tc(rows_dev rd, int ratio, in
         int base = c * AT_KC;
         if (threadIdx.x < AT_KC) {
             int i = base + (int)threadIdx.x;
-            skey[threadIdx.x] = ar.key(i < ar.nk ? i : ar.nk - 1, d, kv_cap, kv);
+            skey[threadIdx.x] = ar.key(i < ar.nk ? i : ar.nk - 1);
         }
         __syncthreads();
         /* scores of keys 8w .. 8w + 7 */
@@ -240,13 +261,13 @@ __global__ void __launch_bounds__(AT_NT, 2) k_attn_tc(rows_dev rd, int ratio, in
 
 /* Grid (R, H), NB threads over the columns: the row's chunk partials merged in chunk order
  * from the sink, as k_attn_tc's looping form does, then O / L. */
-__global__ void __launch_bounds__(NB) k_attn_join(rows_dev rd, int ratio, int csa, int topk, int64_t vis_cap,
-                                                  int H, int d, int window, int nkmax, int nch, const float *sink,
-                                                  const float *part, float *o)
+template <class G>
+__global__ void __launch_bounds__(NB) k_attn_join(G geo, int H, int d, int nch, const float *sink, const float *part,
+                                                  float *o)
 {
     PDL_WAIT();
     int r = blockIdx.x, h = blockIdx.y;
-    attn_row ar(rd, r, ratio, csa, topk, vis_cap, window, nkmax, NULL);
+    typename G::Row ar(geo, r, d);
     float *orow = o + ((int64_t)r * H + h) * d;
     if (!ar.ok) {
         for (int j = threadIdx.x; j < d; j += NB)
@@ -285,23 +306,39 @@ size_t dsv4cu::attn_tc_part(int R, int H, int d, int64_t nkmax)
     return (size_t)R * (size_t)nch * (size_t)H * (size_t)(d + 2);
 }
 
+/* The launch for rows of geometry G: per chunk and joined when part holds the partials, else a
+ * block a row and head group. */
+template <class G>
+static bool tc_launch(const G &geo, int R, int H, int d, int64_t nkmax, float scale, const float *sink, const float *q,
+                      float *o, float *part, size_t part_n)
+{
+    int groups = (H + AT_HG - 1) / AT_HG;
+    int nch = (int)((nkmax + AT_KC - 1) / AT_KC);
+    size_t need = attn_tc_part(R, H, d, nkmax);
+    if (need && part && part_n >= need && nch <= 65535) {
+        launch_k(k_attn_tc<true, G>, dim3((unsigned)R, (unsigned)groups, (unsigned)nch), AT_NT, 0, stream, geo, H, d, nch,
+                 scale, sink, q, o, part);
+        if (!launched("attention (tensor cores, per chunk)"))
+            return false;
+        launch_k(k_attn_join<G>, dim3((unsigned)R, (unsigned)H), NB, 0, stream, geo, H, d, nch, sink, (const float *)part,
+                 o);
+        return launched("attention (chunks joined)");
+    }
+    launch_k(k_attn_tc<false, G>, dim3((unsigned)R, (unsigned)groups, 1), AT_NT, 0, stream, geo, H, d, nch, scale, sink, q,
+             o, (float *)NULL);
+    return launched("attention (tensor cores)");
+}
+
 bool dsv4cu::attn_tc_launch(const rows_dev &rd, int ratio, int csa, int topk, int64_t vis_cap, int kv_cap, int H,
                             int d, int window, int64_t nkmax, float scale, const float *sink, const float *q,
                             const float *kv, const int *sel, float *o, float *part, size_t part_n)
 {
-    int R = rd.R, groups = (H + AT_HG - 1) / AT_HG;
-    int nch = (int)((nkmax + AT_KC - 1) / AT_KC);
-    size_t need = attn_tc_part(R, H, d, nkmax);
-    if (need && part && part_n >= need && nch <= 65535) {
-        launch_k(k_attn_tc<true>, dim3((unsigned)R, (unsigned)groups, (unsigned)nch), AT_NT, 0, stream, rd, ratio,
-                 csa, topk, vis_cap, kv_cap, H, d, window, (int)nkmax, nch, scale, sink, q, kv, sel, o, part);
-        if (!launched("attn_step attention (tensor cores, per chunk)"))
-            return false;
-        launch_k(k_attn_join, dim3((unsigned)R, (unsigned)H), NB, 0, stream, rd, ratio, csa, topk, vis_cap, H, d,
-                 window, (int)nkmax, nch, sink, (const float *)part, o);
-        return launched("attn_step attention (chunks joined)");
-    }
-    launch_k(k_attn_tc<false>, dim3((unsigned)R, (unsigned)groups, 1), AT_NT, 0, stream, rd, ratio, csa, topk, vis_cap,
-             kv_cap, H, d, window, (int)nkmax, nch, scale, sink, q, kv, sel, o, (float *)NULL);
-    return launched("attn_step attention (tensor cores)");
+    geo4 g = {rd, ratio, csa, topk, vis_cap, kv_cap, window, (int)nkmax, kv, sel};
+    return tc_launch(g, rd.R, H, d, nkmax, scale, sink, q, o, part, part_n);
+}
+
+bool dsv4cu::attn41_tc_launch(const geo41 &g, int H, int d, float scale, const float *sink, const float *q, float *o,
+                              float *part, size_t part_n)
+{
+    return tc_launch(g, g.rd.R, H, d, g.nkmax, scale, sink, q, o, part, part_n);
 }

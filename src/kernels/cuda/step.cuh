@@ -180,6 +180,48 @@ __device__ void topk_block(const float *sc, int n, int want, Out *out)
     }
 }
 
+/* V4.1's rows (attn_step41): row r's keys are est's entries sel[r][0..nsel[r]) (none at ratio
+ * 0), then the window positions j0..p (the step's kv row when the step holds it, else this
+ * layer's ring, rd.st). A geometry gives a row's Row: ok (false when the selection is missing
+ * or the row needs more than nkmax keys: its output is NaN), nk and key(i). */
+struct geo41 {
+    rows_dev rd;
+    const dsv4_lbufs *est;
+    int ratio, topk, kv_cap, window, nkmax;
+    const float *kv;
+    const int64_t *sel;
+    const int *nsel;
+    struct Row {
+        const float *ring, *ent, *kv;
+        const int64_t *rs;
+        int64_t start, first, j0;
+        int d, kv_cap, ns, nk;
+        bool ok;
+        __device__ __forceinline__ Row(const geo41 &g, int r, int d_) : kv(g.kv), d(d_), kv_cap(g.kv_cap)
+        {
+            int64_t p = g.rd.pos[r];
+            int s = g.rd.seq[r];
+            ring = g.rd.st[s].kv;
+            ent = g.ratio ? g.est[s].ent : NULL;
+            start = g.rd.start[s];
+            first = g.rd.first[s];
+            ns = g.ratio ? g.nsel[r] : 0;
+            j0 = p - g.window + 1 < 0 ? 0 : p - g.window + 1;
+            int64_t n64 = ns + (p - j0 + 1);
+            ok = ns >= 0 && ns <= g.topk && n64 <= g.nkmax && p >= 0;
+            nk = ok ? (int)n64 : 0;
+            rs = g.ratio ? g.sel + (int64_t)r * g.topk : NULL;
+        }
+        __device__ __forceinline__ const float *key(int i) const
+        {
+            if (i < ns)
+                return ent + rs[i] * d;
+            int64_t tok = j0 + (i - ns);
+            return tok >= start ? kv + (first + (tok - start)) * d : ring + (tok % kv_cap) * d;
+        }
+    };
+};
+
 /* attn_step's attention on tensor cores (attn_tc.cu): whether a head width suits it; the floats
  * of partials the per-chunk form wants for R rows (0: that form is not used); the launch, per
  * chunk when part holds part_n >= attn_tc_part floats, else a block a row and head group.
@@ -189,6 +231,9 @@ size_t attn_tc_part(int R, int H, int d, int64_t nkmax);
 bool attn_tc_launch(const rows_dev &rd, int ratio, int csa, int topk, int64_t vis_cap, int kv_cap, int H, int d,
                     int window, int64_t nkmax, float scale, const float *sink, const float *q, const float *kv,
                     const int *sel, float *o, float *part, size_t part_n);
+/* The same for V4.1's rows (step41.cu). */
+bool attn41_tc_launch(const geo41 &g, int H, int d, float scale, const float *sink, const float *q, float *o,
+                      float *part, size_t part_n);
 
 /* The indexer's scores on the tensor cores (index_tc.cu): whether k_iscore_tc takes a step of
  * these shapes (the tensor-core switch on, ci % 16 == 0, its shared memory within the device's

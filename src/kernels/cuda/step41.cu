@@ -17,7 +17,8 @@
  *              best cand_k of finite score;
  *   k41_filter a candidate filter: scores outside the kept blocks to -inf;
  *   k41_topk   the topk best entries in ascending order (all of them when there are no more);
- *   k41_attn   attention per (row, head) over the selected entries, then the window;
+ *   k41_attn   attention per (row, head) over the selected entries, then the window (on the
+ *              tensor cores instead, attn_tc.cu, when they are on and the heads suit them);
  *   k_ring     the rings take the step's rows (step.cu).
  * Each row's result comes from one block in an order fixed by the shapes: batch invariant, and
  * a row gives the same bits in any step. fp32 numerics and exact caches: REF rounding and
@@ -210,39 +211,24 @@ __global__ void __launch_bounds__(TK_NT) k41_topk(rows_dev rd, int ratio, int to
         nsel[r] = (int)(nvis < topk ? nvis : topk);
 }
 
-/* Block (row r, head h): attend_head over row r's keys: est's entries sel[r][0..nsel[r]) (none
- * at ratio 0), then window positions j0..p (the step's kv row when the step holds it, else this
- * layer's ring). pr: [nkmax] floats of dynamic shared memory; a row that needs more, or whose
- * selection is missing, gets NaN. */
-__global__ void __launch_bounds__(A41_NW * 32) k41_attn(rows_dev rd, const dsv4_lbufs *est, int ratio, int topk,
-                                                        int kv_cap, int H, int d, int window, int nkmax, float scale,
-                                                        const float *sink, const float *q, const float *kv,
-                                                        const int64_t *sel, const int *nsel, float *o)
+/* Block (row r, head h): attend_head over row r's keys (geo41). pr: [nkmax] floats of dynamic
+ * shared memory. */
+__global__ void __launch_bounds__(A41_NW * 32) k41_attn(geo41 g, int H, int d, float scale, const float *sink,
+                                                        const float *q, float *o)
 {
     PDL_WAIT();
     extern __shared__ float pr[];
     __shared__ float sh[A41_NW + 1], part[A41_NW * ATT_MAXD];
     int r = blockIdx.x, h = blockIdx.y;
-    int64_t p = rd.pos[r];
-    int s = rd.seq[r];
-    const float *ring = rd.st[s].kv, *ent = ratio ? est[s].ent : NULL;
-    int64_t start = rd.start[s], first = rd.first[s];
-    int ns = ratio ? nsel[r] : 0;
-    int64_t j0 = p - window + 1 < 0 ? 0 : p - window + 1, nk = ns + (p - j0 + 1);
+    geo41::Row row(g, r, d);
     float *orow = o + ((int64_t)r * H + h) * d;
-    if (ns < 0 || ns > topk || nk > nkmax || p < 0) {
+    if (!row.ok) {
         for (int j = threadIdx.x; j < d; j += A41_NW * 32)
             orow[j] = __int_as_float(0x7fc00000);
         return;
     }
-    const int64_t *rs = ratio ? sel + (int64_t)r * topk : NULL;
-    auto key = [&](int i) -> const float * {
-        if (i < ns)
-            return ent + rs[i] * d;
-        int64_t tok = j0 + (i - ns);
-        return tok >= start ? kv + (first + (tok - start)) * d : ring + (tok % kv_cap) * d;
-    };
-    attend_head<A41_NW>(q + ((int64_t)r * H + h) * d, key, (int)nk, d, scale, sink[h], pr, sh, part, orow);
+    auto key = [&](int i) -> const float * { return row.key(i); };
+    attend_head<A41_NW>(q + ((int64_t)r * H + h) * d, key, row.nk, d, scale, sink[h], pr, sh, part, orow);
 }
 
 int g41_smem_set;               /* what k41_attn was allowed so far */
@@ -256,12 +242,23 @@ bool dev41(const void *p, const char *what)
     return false;
 }
 
-/* The scratch's pieces, in floats from work (attn41_work's order). */
+/* The attention runs on the tensor cores (attn_tc.cu) when they are on and the heads suit them. */
+bool tc41(const dsv4_attn41_args *a) { return dsv4_cuda_tensor_cores() && attn_tc_fits(a->H, a->d); }
+
+/* Keys a row may attend: its selection and the window. */
+int64_t nkmax41(const dsv4_attn41_args *a)
+{
+    int64_t vis = a->ratio ? a->vis_cap : 0;
+    return (a->ratio ? (vis < a->topk ? vis : a->topk) : 0) + a->window;
+}
+
+/* The scratch's pieces, in floats from work (attn41_work's order); part: the tensor-core
+ * attention's chunk partials (few rows). */
 struct work41 {
-    float *scores, *lat, *kk, *bm;
+    float *scores, *lat, *kk, *bm, *part;
     unsigned char *mask;
     int64_t nbc;
-    size_t n;
+    size_t part_n, n;
 };
 
 work41 layout41(const dsv4_attn41_args *a, float *base)
@@ -285,6 +282,9 @@ work41 layout41(const dsv4_attn41_args *a, float *base)
         w.bm = take((size_t)R * w.nbc);
     if (a->cand_filter)
         w.mask = (unsigned char *)take(((size_t)R * w.nbc + 3) / 4);
+    w.part_n = tc41(a) ? attn_tc_part((int)R, a->H, a->d, nkmax41(a)) : 0;
+    if (w.part_n)
+        w.part = take(w.part_n);
     w.n = off ? off : 1;
     return w;
 }
@@ -368,10 +368,11 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
     const float *ikn = run && a->own_ikey && a->ik_norm ? (const float *)dev_const(a->ik_norm, (size_t)ci * sizeof(float))
                                                         : NULL;
     run = run && sink && (ifr || !a->own_ent || !a->rd) && (ikn || !a->own_ikey || !a->ik_norm);
-    int64_t nkmax = (m ? (vis < K ? vis : K) : 0) + a->window;
+    int64_t nkmax = nkmax41(a);
+    bool tc = tc41(a);
     size_t asmem = (size_t)(nkmax > 0 ? nkmax : 1) * sizeof(float);
     size_t static_smem = (A41_NW + 1 + A41_NW * ATT_MAXD) * sizeof(float);
-    if (run && asmem + static_smem > 48 * 1024 && (int)asmem > g41_smem_set) {
+    if (run && !tc && asmem + static_smem > 48 * 1024 && (int)asmem > g41_smem_set) {
         int dev = 0, optin = 0;
         if (CK(cudaGetDevice(&dev)) || CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)))
             run = false;
@@ -413,9 +414,12 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
             run = launched("attn_step41 top-k");
         }
     }
-    if (run) {
-        launch_k(k41_attn, dim3((unsigned)R, (unsigned)H), A41_NW * 32, asmem, stream, rdv, a->est, m, K, a->kv_cap, H, d,
-                 a->window, (int)nkmax, a->scale, sink, a->q, a->kv, (const int64_t *)a->sel, (const int *)a->nsel, a->o);
+    geo41 geo = {rdv, a->est, m, K, a->kv_cap, a->window, (int)nkmax, a->kv, a->sel, a->nsel};
+    if (run && tc)
+        run = attn41_tc_launch(geo, H, d, a->scale, sink, a->q, a->o, w.part, w.part_n);
+    else if (run) {
+        launch_k(k41_attn, dim3((unsigned)R, (unsigned)H), A41_NW * 32, asmem, stream, geo, H, d, a->scale, sink, a->q,
+                 a->o);
         run = launched("attn_step41 attention");
     }
     if (run) {
