@@ -63,19 +63,7 @@ __global__ void __launch_bounds__(NB) k_emit(rows_dev rd_, pool_dev pc, pool_dev
     for (int ch = threadIdx.x; ch < dim; ch += NB)
         ev[ch] = pool_channel(mr, dim, cp.overlap, cp.ape, w, ch, row);
     rms_block(ev, dim, cp.norm, eps, red, ev);
-    __syncthreads();
-    float fp = (float)(w * mr);
-    float *v = ev + (dim - rd);
-    for (int i = threadIdx.x; i < rd / 2; i += NB) {
-        float ang = fp * inv_freq[i];
-        float c = cosf(ang), sn = sinf(ang);
-        float a0 = v[2 * i], b0 = v[2 * i + 1];
-        v[2 * i] = a0 * c - b0 * sn;
-        v[2 * i + 1] = a0 * sn + b0 * c;
-    }
-    __syncthreads();
-    for (int ch = threadIdx.x; ch < dim; ch += NB)
-        out[ch] = ev[ch];
+    rope_store(ev, dim, rd, inv_freq, w * mr, out);
 }
 
 /* ---- 2. indexer scores and top-k ------------------------------------------------------- */

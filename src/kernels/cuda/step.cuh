@@ -91,6 +91,24 @@ __device__ __forceinline__ float pool_channel(int mr, int dim, int overlap, cons
     return acc / den;
 }
 
+/* The interleaved rope of the last rd of n values in shared memory at position p (the rope
+ * op's angle: (float)p * inv_freq[i]) by a block of NB threads, then every value to dst. */
+__device__ __forceinline__ void rope_store(float *v, int n, int rd, const float *inv_freq, int64_t p, float *dst)
+{
+    __syncthreads();
+    float fp = (float)p, *x = v + (n - rd);
+    for (int i = threadIdx.x; i < rd / 2; i += NB) {
+        float ang = fp * inv_freq[i];
+        float c = cosf(ang), sn = sinf(ang);
+        float a0 = x[2 * i], b0 = x[2 * i + 1];
+        x[2 * i] = a0 * c - b0 * sn;
+        x[2 * i + 1] = a0 * sn + b0 * c;
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += NB)
+        dst[i] = v[i];
+}
+
 /* A float's order as an unsigned key (higher score, higher key); -0 is +0, as the CPU's
  * comparisons see them. */
 __device__ __forceinline__ unsigned okey(float f)

@@ -70,24 +70,6 @@ __global__ void __launch_bounds__(NB) k41_lat(rows_dev rd, int m, int d, int c_c
     rms_block(ev, d, norm, eps, red, out);
 }
 
-/* The interleaved rope of the last rd of n values in shared memory at position p (the rope
- * op's angle: (float)p * inv_freq[i]), then every value to dst. */
-__device__ __forceinline__ void rope_store(float *v, int n, int rd, const float *inv_freq, int64_t p, float *dst)
-{
-    __syncthreads();
-    float fp = (float)p, *x = v + (n - rd);
-    for (int i = threadIdx.x; i < rd / 2; i += NB) {
-        float ang = fp * inv_freq[i];
-        float c = cosf(ang), sn = sinf(ang);
-        float a0 = x[2 * i], b0 = x[2 * i + 1];
-        x[2 * i] = a0 * c - b0 * sn;
-        x[2 * i + 1] = a0 * sn + b0 * c;
-    }
-    __syncthreads();
-    for (int i = threadIdx.x; i < n; i += NB)
-        dst[i] = v[i];
-}
-
 /* Block per row that completes group w: (kk given) the index key kk[r] RMS-normed with ik_norm
  * and roped at w m into ikey[w]; the entry lat[r] roped at w m into ent[w] (the row's sequence's
  * buffers of this layer). */
