@@ -39,9 +39,9 @@ int dsv4_spec_window(dsv4_step *f, const float *mh, dsv4_err *err)
             /* each sequence's rows into its ring: the last kv_cap of them, in at most two runs */
             for (int i = 0, r0 = 0; i < b->n_seqs; r0 += b->n_ids[i++]) {
                 dsv4_seq *s = b->seqs[i];
-                int nr = b->n_ids[i], cap = s->kv_cap, skip = nr > cap ? nr - cap : 0;
-                int64_t p = f->pos[r0 + skip];
-                for (int r = r0 + skip; r < r0 + nr;) {
+                int nr = b->n_ids[i], cap = s->kv_cap, old = nr > cap ? nr - cap : 0; /* rows the ring would overwrite */
+                int64_t p = f->pos[r0 + old];
+                for (int r = r0 + old; r < r0 + nr;) {
                     int64_t slot = p % cap;
                     int run = (int)(cap - slot < r0 + nr - r ? cap - slot : r0 + nr - r);
                     m->mem->copy(s->skv[st] + slot * d, kv + (int64_t)r * d, (size_t)run * rb);
