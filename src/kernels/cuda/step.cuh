@@ -68,25 +68,24 @@ __device__ __forceinline__ float pool_channel(int mr, int dim, int overlap, cons
     int cw = (1 + overlap) * dim, off = overlap ? dim : 0;
     bool prev = overlap && w > 0;
     int nslot = prev ? 2 * mr : mr;
-    float mx = -INFINITY;
-    for (int i = 0; i < nslot; i++) {
+    /* slot i's logit, and its value c[col] */
+    auto slot = [&](int i, float &v) -> float {
         bool lo = prev && i < mr;
         int j = prev && i >= mr ? i - mr : i;
         int col = lo ? ch : off + ch;
         const float *c, *z;
         row((lo ? w - 1 : w) * mr + j, c, z);
-        mx = fmaxf(mx, z[col] + (ape ? ape[(int64_t)j * cw + col] : 0.0f));
-    }
+        v = c[col];
+        return z[col] + (ape ? ape[(int64_t)j * cw + col] : 0.0f);
+    };
+    float mx = -INFINITY, v;
+    for (int i = 0; i < nslot; i++)
+        mx = fmaxf(mx, slot(i, v));
     float den = 0.0f, acc = 0.0f;
     for (int i = 0; i < nslot; i++) {
-        bool lo = prev && i < mr;
-        int j = prev && i >= mr ? i - mr : i;
-        int col = lo ? ch : off + ch;
-        const float *c, *z;
-        row((lo ? w - 1 : w) * mr + j, c, z);
-        float e = expf(z[col] + (ape ? ape[(int64_t)j * cw + col] : 0.0f) - mx);
+        float e = expf(slot(i, v) - mx);
         den += e;
-        acc += e * c[col];
+        acc += e * v;
     }
     return acc / den;
 }
