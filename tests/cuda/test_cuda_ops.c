@@ -720,8 +720,9 @@ static int dev_equal(const void *d, const void *host, size_t bytes)
 static void test_invariance(const lin_case *c, int Tmax)
 {
     char what[128];
-    snprintf(what, sizeof what, "invariance %s [%lld,%lld]%s T=1..64,%d", dsv4_wform_name(c->form), (long long)c->n,
-             (long long)c->k, c->bn && !c->e8m0 ? " f32 scales" : "", Tmax);
+    snprintf(what, sizeof what, "invariance %s [%lld,%lld]%s%s T=1..64,%d", dsv4_wform_name(c->form), (long long)c->n,
+             (long long)c->k, c->bn && !c->e8m0 ? " f32 scales" : "", c->form == DSV4_WF_FP8 && c->bk == 32 ? " bk 32" : "",
+             Tmax);
     dsv4_weight w;
     lin_weight(c, &w);
     dsv4_err err = {0};
@@ -1210,12 +1211,13 @@ static float silu_f(float a) { return a / (1.0f + expf(-a)); }
  * experts take many rows (the grouped tiles at R * K > 64). Tolerance: mag_y = sum_k |c_k|
  * sum_j |W2_dj| Mh_j with Mh_j = |h_j| + 1.1 |u_j| mag(g_j) + |silu g_j| mag(u_j) (times |w|
  * when pre-weighted): the first-order propagation of the products' rounding. */
-static void test_experts(dsv4_wform form, int R, int E, int K, int D, int I, int pre_weight, float limit)
+static void test_experts(dsv4_wform form, int fp8_block, int R, int E, int K, int D, int I, int pre_weight, float limit)
 {
     char what[160];
-    snprintf(what, sizeof what, "experts %s R=%d E=%d K=%d D=%d I=%d%s", dsv4_wform_name(form), R, E, K, D, I,
-             pre_weight ? " pre-weighted" : "");
-    int bn = form == DSV4_WF_FP8 ? 128 : 1, bk = form == DSV4_WF_FP8 ? 128 : 32;
+    snprintf(what, sizeof what, "experts %s%s R=%d E=%d K=%d D=%d I=%d%s", dsv4_wform_name(form),
+             form == DSV4_WF_FP8 && fp8_block != 128 ? " [32,32]" : "", R, E, K, D, I, pre_weight ? " pre-weighted" : "");
+    /* FP8 in square blocks (V4's [128, 128], V4.1's [32, 32]); FP4 in groups of 32 */
+    int bn = form == DSV4_WF_FP8 ? fp8_block : 1, bk = form == DSV4_WF_FP8 ? fp8_block : 32;
     lin_case c13 = {form, I, D, bn, bk, 1, 0, I, 1, 0, 0}, c2 = {form, D, I, bn, bk, 1, 0, D, 1, 0, 0};
     dsv4_weight *w1 = calloc(E, sizeof *w1), *w2 = calloc(E, sizeof *w2), *w3 = calloc(E, sizeof *w3);
     dsv4_err err = {0};
@@ -2057,6 +2059,10 @@ int main(void)
         {.form = DSV4_WF_FP4, .n = 64, .k = 96, .bn = 1, .bk = 32, .e8m0 = 1, .r0 = 3, .r1 = 60, .T = 2, .padx = 2, .pady = 1},
         /* bk 16: element path */
         {.form = DSV4_WF_FP4, .n = 40, .k = 80, .bn = 1, .bk = 16, .e8m0 = 1, .r1 = 40, .T = 3},
+        /* V4.1's [32, 32] FP8 blocks (32-element tensor-core runs): few and many tokens, a sub-range */
+        {.form = DSV4_WF_FP8, .n = 160, .k = 1024, .bn = 32, .bk = 32, .e8m0 = 1, .r1 = 160, .T = 9},
+        {.form = DSV4_WF_FP8, .n = 96, .k = 2048, .bn = 32, .bk = 32, .e8m0 = 1, .r1 = 96, .T = 130},
+        {.form = DSV4_WF_FP8, .n = 100, .k = 200, .bn = 32, .bk = 32, .e8m0 = 1, .r0 = 5, .r1 = 90, .T = 3, .padx = 2, .pady = 1},
         {.form = DSV4_WF_BF16, .n = 300, .k = 768, .r1 = 300, .T = 10},
         {.form = DSV4_WF_BF16, .n = 33, .k = 45, .r1 = 33, .T = 2, .padx = 1},         /* element path */
         {.form = DSV4_WF_F16, .n = 64, .k = 256, .r0 = 8, .r1 = 64, .T = 4, .pady = 2},
@@ -2082,12 +2088,14 @@ int main(void)
         {.form = DSV4_WF_FP8, .n = 256, .k = 4096, .bn = 128, .bk = 128, .e8m0 = 1}, /* 16 k slices: a split launch */
         {.form = DSV4_WF_FP4, .n = 256, .k = 1024, .bn = 1, .bk = 32, .e8m0 = 1},    {.form = DSV4_WF_BF16,
          .n = 300, .k = 768},
+        {.form = DSV4_WF_FP8, .n = 256, .k = 2048, .bn = 32, .bk = 32, .e8m0 = 1}, /* 32-element runs */
         {.form = DSV4_WF_FP8, .n = 70, .k = 100, .bn = 64, .bk = 64},     {.form = DSV4_WF_F16, .n = 64, .k = 256},
         {.form = DSV4_WF_FP8, .n = 96, .k = 96, .bn = 64, .bk = 64, .e8m0 = 1}, /* a run past k */
         {.form = DSV4_WF_F32, .n = 50, .k = 132},
+        {.form = DSV4_WF_FP8, .n = 64, .k = 200, .bn = 32, .bk = 32, .e8m0 = 1},   /* a run past k */
     };
     for (size_t i = 0; i < sizeof ic / sizeof ic[0]; i++)
-        test_invariance(&ic[i], i < 5 ? 4096 : 300);
+        test_invariance(&ic[i], i < 6 ? 4096 : 300);
     test_linear_group(DSV4_WF_FP4, 96, 512, 1, 32, 6, 1);
     test_linear_group(DSV4_WF_FP8, 128, 384, 128, 128, 3, 3);
     test_linear_blocks(DSV4_WF_FP8, 8, 128, 512, 1);
@@ -2123,6 +2131,7 @@ int main(void)
         {.form = DSV4_WF_FP8, .n = 40, .k = 2048, .bn = 64, .bk = 36, .e8m0 = 1,
          .r1 = 40},       {.form = DSV4_WF_F32, .n = 50, .k = 2048, .r1 = 50},
         {.form = DSV4_WF_BF16, .n = 3, .k = 2048, .r1 = 3},
+        {.form = DSV4_WF_FP8, .n = 128, .k = 2048, .bn = 32, .bk = 32, .e8m0 = 1, .r1 = 128},
     };
     const lin_case me[] = {
         {.form = DSV4_WF_FP8, .n = 70, .k = 100, .bn = 64, .bk = 64, .r1 = 70}, {.form = DSV4_WF_FP4,
@@ -2137,9 +2146,10 @@ int main(void)
     test_route(9, 64, 6, 1, 0, 0);
     test_route(33, 256, 8, 0, 1, 0);
     test_route(5, 64, 6, 0, 0, 1);
-    test_experts(DSV4_WF_FP4, 5, 8, 3, 256, 128, 0, 0.0f);
-    test_experts(DSV4_WF_FP4, 40, 8, 3, 256, 128, 1, 1.5f);
-    test_experts(DSV4_WF_FP8, 30, 6, 4, 256, 384, 0, 0.0f);
+    test_experts(DSV4_WF_FP4, 0, 5, 8, 3, 256, 128, 0, 0.0f);
+    test_experts(DSV4_WF_FP4, 0, 40, 8, 3, 256, 128, 1, 1.5f);
+    test_experts(DSV4_WF_FP8, 128, 30, 6, 4, 256, 384, 0, 0.0f);
+    test_experts(DSV4_WF_FP8, 32, 30, 6, 4, 256, 384, 0, 0.0f);
     const attn_case ac[] = {
         {.S = 3, .start = {70, 130, 6}, .n = {5, 20, 3}, .H = 4, .d = 64, .rd = 16, .W = 8, .ratio = 4,
          .csa = 1, .ci = 32, .nI = 4, .topk = 5, .kv_cap = 16, .c_cap = 8, .vis_cap = 48, .ties = 1},

@@ -315,6 +315,15 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
     const dsv4_weight *w1 = &a->w1[0], *w2 = &a->w2[0];
     if constexpr (F == DSV4_WF_BF16 || F == DSV4_WF_FP8 || F == DSV4_WF_FP4) {
         if (tc) {
+            /* the three matrices' kinds agree: one form, and tc_ok needs one scale block width */
+            if constexpr (F == DSV4_WF_FP8)
+                if (tc_kind(w1) == TC_FP8_32) {
+                    if (tile <= 8)
+                        launch_tc_experts<TC_FP8_32, 1>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+                    else
+                        launch_tc_experts<TC_FP8_32, TC_TN / 8>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+                    return;
+                }
             if (tile <= 8)
                 launch_tc_experts<F, 1>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
             else

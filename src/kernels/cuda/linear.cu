@@ -163,12 +163,29 @@ float *dsv4cu::tc_part_buf(size_t n)
     return g_part;
 }
 
-/* A form's run (mma.cuh, tcf): k-steps a run (G), and runs a few-token k-tile (RT). */
-static void tc_run_shape(int form, int *G, int *RT)
+template <int F>
+static void tc_run_shape_of(int *G, int *RT)
 {
-    *G = form == DSV4_WF_FP8 ? (int)tcf<DSV4_WF_FP8>::G : form == DSV4_WF_FP4 ? (int)tcf<DSV4_WF_FP4>::G : (int)tcf<DSV4_WF_BF16>::G;
-    *RT = form == DSV4_WF_FP8 ? tc_ks<DSV4_WF_FP8, 1>() / *G : form == DSV4_WF_FP4 ? tc_ks<DSV4_WF_FP4, 1>() / *G
-                                                                                 : tc_ks<DSV4_WF_BF16, 1>() / *G;
+    *G = (int)tcf<F>::G;
+    *RT = tc_ks<F, 1>() / *G;
+}
+/* A tensor-core kind's run (mma.cuh, tcf): k-steps a run (G), and runs a few-token k-tile (RT). */
+static void tc_run_shape(int kind, int *G, int *RT)
+{
+    switch (kind) {
+    case DSV4_WF_FP8: tc_run_shape_of<DSV4_WF_FP8>(G, RT); break;
+    case TC_FP8_32: tc_run_shape_of<TC_FP8_32>(G, RT); break;
+    case DSV4_WF_FP4: tc_run_shape_of<DSV4_WF_FP4>(G, RT); break;
+    default: tc_run_shape_of<DSV4_WF_BF16>(G, RT); break;
+    }
+}
+
+/* FP8 takes 64-element runs where its scale blocks hold whole ones, else 32-element runs. */
+int dsv4cu::tc_kind(const dsv4_weight *w)
+{
+    if (w->form == DSV4_WF_FP8 && w->bk > 0 && w->bk % (16 * (int)tcf<DSV4_WF_FP8>::G) != 0)
+        return TC_FP8_32;
+    return w->form;
 }
 
 /* The tensor-core switch (cuda.h): -1 until read from DSV4_CUDA_TC or set. */
@@ -194,7 +211,7 @@ bool dsv4cu::tc_ok(const dsv4_weight *w)
     if (w->form != DSV4_WF_BF16 && w->form != DSV4_WF_FP8 && w->form != DSV4_WF_FP4)
         return false;
     int G, RT;
-    tc_run_shape(w->form, &G, &RT);
+    tc_run_shape(tc_kind(w), &G, &RT);
     if (w->k <= 0 || w->k % (4 * G) || w->k > INT32_MAX / 2)
         return false;
     int rps = w->bk > 0 ? w->bk / (16 * G) : 0;
@@ -340,9 +357,10 @@ static void launch_form(lin_jobs &J, bool vec, int T, cudaStream_t st)
 static void launch_linear(const dsv4_weight *w, lin_jobs &J, int T, cudaStream_t st)
 {
     if (tc_ok(w)) {
-        switch (w->form) {
+        switch (tc_kind(w)) {
         case DSV4_WF_BF16: launch_tc<DSV4_WF_BF16>(J, T, st); break;
         case DSV4_WF_FP8: launch_tc<DSV4_WF_FP8>(J, T, st); break;
+        case TC_FP8_32: launch_tc<TC_FP8_32>(J, T, st); break;
         default: launch_tc<DSV4_WF_FP4>(J, T, st); break;
         }
         return;
@@ -402,7 +420,7 @@ wdev dsv4cu::wdev_of_n(const dsv4_weight *w, const void *q, const void *s, int m
     /* the tensor-core path: run slices of a row, as many as keep two few-token k-tiles each
      * (the launch then groups them as the device's size asks: tc_groups) */
     int G, RT;
-    tc_run_shape(w->form, &G, &RT);
+    tc_run_shape(tc_kind(w), &G, &RT);
     int64_t nrun = cdiv(w->k, 16 * G);
     d.tcs = 1;
     while (d.tcs < TC_SMAX && nrun >= (int64_t)RT * d.tcs * 4)
@@ -589,7 +607,8 @@ void dsv4cu::cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x
         J.multi = 1;
         J.ldx = ldx;
         for (int j = j0; j < nw; j++) {
-            if (state[j] || w[j]->form != w[j0]->form || vec_ok(w[j]) != vec || tc_ok(w[j]) != tc)
+            if (state[j] || w[j]->form != w[j0]->form || vec_ok(w[j]) != vec || tc_ok(w[j]) != tc ||
+                (tc && tc_kind(w[j]) != tc_kind(w[j0])))
                 continue;
             state[j] = 1;
             if (dsv4cu::poison && CK(cudaMemsetAsync(y[j], 0xff, (size_t)T * w[j]->n * sizeof(float), stream))) {

@@ -52,6 +52,13 @@ template <int F> struct tcf;
 template <> struct tcf<DSV4_WF_BF16> { typedef uint4 CT; enum { G = 2 }; };
 template <> struct tcf<DSV4_WF_FP8> { typedef uint4 CT; enum { G = 4 }; };
 template <> struct tcf<DSV4_WF_FP4> { typedef uint32_t CT; enum { G = 2 }; };
+/* FP8 whose scale blocks are 32 wide along k (V4.1's): a run takes one scale, so its runs are
+ * 32 elements, two k-steps. A kind of the tensor-core path, not a storage form (tc_form). */
+enum { TC_FP8_32 = 0x100 + DSV4_WF_FP8 };
+template <> struct tcf<TC_FP8_32> { typedef uint2 CT; enum { G = 2 }; };
+
+/* The storage form a tensor-core kind reads. */
+__host__ __device__ constexpr int tc_form(int F) { return F == TC_FP8_32 ? (int)DSV4_WF_FP8 : F; }
 
 /* Step u's four elements of a chunk as two bf16 pairs: (0, 1) and (2, 3). */
 template <int F>
@@ -61,10 +68,14 @@ __device__ __forceinline__ void tc_decode(const typename tcf<F>::CT &c, int u, u
         const uint32_t w[4] = {c.x, c.y, c.z, c.w};
         p01 = w[2 * u];
         p23 = w[2 * u + 1];
-    } else if constexpr (F == DSV4_WF_FP8) {
-        const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+    } else if constexpr (tc_form(F) == DSV4_WF_FP8) {
         float v[4];
-        e4m3x4(w[u], v);
+        if constexpr (F == TC_FP8_32) {
+            e4m3x4(u ? c.y : c.x, v);
+        } else {
+            const uint32_t w[4] = {c.x, c.y, c.z, c.w};
+            e4m3x4(w[u], v);
+        }
         p01 = hi_pair(__float_as_uint(v[0]), __float_as_uint(v[1]));
         p23 = hi_pair(__float_as_uint(v[2]), __float_as_uint(v[3]));
     } else {
@@ -86,7 +97,7 @@ __device__ __forceinline__ void tc_decode(const typename tcf<F>::CT &c, int u, u
 template <int F>
 __device__ __forceinline__ const uint8_t *tc_row(const wdev &w, int64_t r)
 {
-    return w.q + (F == DSV4_WF_BF16 ? r * w.k * 2 : F == DSV4_WF_FP8 ? r * w.k : r * w.k / 2);
+    return w.q + (F == DSV4_WF_BF16 ? r * w.k * 2 : tc_form(F) == DSV4_WF_FP8 ? r * w.k : r * w.k / 2);
 }
 
 /* A block: TC_TW warps, warp wid owning the 16-row group blk * TC_TW + wid, over up to 8 NT
@@ -149,7 +160,7 @@ __device__ __forceinline__ float tc_scale_of(const wdev &w, uint32_t b)
 template <int F>
 __device__ __forceinline__ int64_t tc_srow(const wdev &w, int64_t r)
 {
-    return F == DSV4_WF_FP8 ? (int64_t)((uint32_t)r / (uint32_t)w.bn) * w.sk : r * w.sk;
+    return tc_form(F) == DSV4_WF_FP8 ? (int64_t)((uint32_t)r / (uint32_t)w.bn) * w.sk : r * w.sk;
 }
 
 /* One run of one n-tile, its G k-steps' weight fragments a[u] decoded: acc += W_run x_run.
@@ -462,9 +473,10 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
 #define TC_BOUNDS(NT) __launch_bounds__(TC_TW * 32, 2)
 
 /* Host side (linear.cu): whether a weight takes the tensor-core path (from its form, shape and
- * scale blocks alone, so every call over it sums the same way); the n-tiles a pass for T tokens
- * (1, 2 or TC_TN / 8). */
+ * scale blocks alone, so every call over it sums the same way); the kind it takes (its form, or
+ * TC_FP8_32); the n-tiles a pass for T tokens (1, 2 or TC_TN / 8). */
 bool tc_ok(const dsv4_weight *w);
+int tc_kind(const dsv4_weight *w);
 int tc_nt(int T);
 /* Blocks a launch over nr rows takes (for each token pass), and the slice groups Z a launch of
  * that many blocks in all splits into (1: unsplit), from the device's block slots alone. */
