@@ -220,7 +220,9 @@ int dsv4_cmd_bench(int argc, char **argv)
                    "                  [--engram-dir DIR]) [--prefill P,...] [--decode N] [--lanes L,...] [--graphs on|off|both]\n"
                    "Prints load time, prefill and decode tokens/s, the bytes a decoded token reads (weights and\n"
                    "cache) and the fraction of the measured memory bandwidth that the decode speed represents\n"
-                   "(on a GPU: its device-to-device copy rate; on the CPU: all threads reading); with Engram\n"
+                   "(on a GPU: its device-to-device copy rate; on the CPU: all threads reading); with weights\n"
+                   "spilled to pinned host memory, the bytes read over the bus and the floor at the rate a kernel\n"
+                   "reads host memory, measured in the same run (DSV4_CUDA_BUDGET forces a spill); with Engram\n"
                    "layers, the time spent gathering their rows per token and its share of the step.\n"
                    "  --synthetic PRESET    random weights in memory at a release's shapes and storage forms:\n"
                    "                        v4-flash    V4-Flash (N of its compressed layers, alternating CSA / HCA)\n"
@@ -336,6 +338,10 @@ int dsv4_cmd_bench(int argc, char **argv)
         printf("placement: %s\n", dsv4_model_placement(m));
     double bw = gpu ? dsv4_device_bandwidth("cuda") : read_bandwidth();
     printf("measured %s bandwidth: %.1f GB/s\n", gpu ? "device copy (read + write)" : "read (all threads)", bw);
+    /* weights left in pinned host memory are read over the bus, at the rate a kernel reads it */
+    double hbytes = gpu ? dsv4_decode_host_bytes(m) : 0, hbw = hbytes > 0 ? dsv4_device_host_bandwidth("cuda") : 0;
+    if (hbytes > 0)
+        printf("measured pinned host memory read rate (a kernel over the bus): %.1f GB/s\n", hbw);
     fflush(stdout);
     {
         double px = 0, pp = 0;
@@ -393,6 +399,11 @@ int dsv4_cmd_bench(int argc, char **argv)
                 printf("  read per token: weights %.1f MB + cache %.1f MB = %.2f GB/s; floor %.3f ms/token; %.0f%% of it\n",
                        wb / 1e6, sb / 1e6, (wb + sb) / t / 1e9, (wb + sb) / (bw * 1e9) * 1e3,
                        100.0 * (wb + sb) / t / 1e9 / bw);
+                if (hbytes > 0 && hbw > 0) {
+                    double fl = (wb + sb - hbytes) / (bw * 1e9) + hbytes / (hbw * 1e9);
+                    printf("  of which from pinned host memory: %.1f MB/token; floor with those at the bus rate %.3f "
+                           "ms/token; %.0f%% of it\n", hbytes / 1e6, fl * 1e3, 100.0 * fl / t);
+                }
             } else {
                 printf("decode%s: %d lanes, %.3f ms/step = %.1f tok/s per lane, %.1f tok/s aggregate at context %d..%d\n",
                        how, lanes, t * 1e3, 1.0 / t, lanes / t, P, P + N + 2);

@@ -282,6 +282,12 @@ typedef struct dsv4_backend {
     /* The device's copy rate in GB/s (bytes read + written), a benchmark's memory ceiling; NULL
      * where not measurable (the CPU: benchmarks measure their own read rate). */
     double (*copy_bandwidth)(void);
+    /* Device backends only (NULL on the CPU): the bytes of weight w (data and scales) that its
+     * kernels read from pinned host memory, where place() left them (0 when on the device or
+     * not placed); and the rate in GB/s at which a kernel reads pinned host memory over the
+     * bus, the ceiling for those bytes. */
+    size_t (*host_bytes)(const dsv4_weight *w);
+    double (*host_read_bandwidth)(void);
     /* Opens (on) or closes the range a device profiler records; NULL where there is none. */
     void (*capture)(int on);
 } dsv4_backend;

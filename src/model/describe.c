@@ -137,6 +137,27 @@ size_t dsv4_decode_weight_bytes(const dsv4_model *m)
     return s;
 }
 
+double dsv4_decode_host_bytes(const dsv4_model *m)
+{
+    const dsv4_config *c = &m->cfg;
+    size_t (*hb)(const dsv4_weight *) = m->be ? m->be->host_bytes : NULL;
+    if (!hb)
+        return 0;
+    double s = (double)hb(&m->head) + (m->embed.n > 0 ? (double)hb(&m->embed) / m->embed.n : 0);
+    for (int i = 0; i < c->n_layers; i++) {
+        const dsv4_layer *L = &m->layers[i];
+        const dsv4_weight *all[DENSE];
+        dense_of(L, all);
+        for (size_t k = 0; k < DENSE; k++)
+            s += all[k]->data ? (double)hb(all[k]) : 0;
+        double ex = 0;
+        for (int e = 0; e < c->n_experts && L->w1; e++)
+            ex += (double)hb(&L->w1[e]) + hb(&L->w2[e]) + hb(&L->w3[e]);
+        s += ex / c->n_experts * c->n_active;
+    }
+    return s;
+}
+
 size_t dsv4_decode_state_bytes(const dsv4_model *m, int64_t ctx)
 {
     const dsv4_config *c = &m->cfg;

@@ -67,6 +67,10 @@ void dsv4_state_cost(const dsv4_model *m, int64_t ctx, dsv4_state_cost_t *out);
 /* Bytes of weights one decoded token reads (every dense weight, the active experts at their
  * mean size, the head, one embedding row). */
 size_t dsv4_decode_weight_bytes(const dsv4_model *m);
+/* Of those, the bytes read from pinned host memory over the bus, where the device backend's
+ * placement left weights there (spilled experts, at their mean per layer; an embedding row):
+ * 0 on the CPU or when everything is on the device. */
+double dsv4_decode_host_bytes(const dsv4_model *m);
 /* Cache bytes a decoded token reads at context ctx (fp32 state): per layer the window rows, and
  * the kept compressed entries (CSA: index_topk of them, after scoring every indexer key; HCA:
  * all). */
@@ -81,6 +85,9 @@ double dsv4_token_params(const dsv4_model *m);
 /* The memory ceiling of a device in GB/s: "cuda" its device-to-device copy rate (bytes read
  * + written); 0 when not measurable (the CPU: benchmarks measure their own read rate). */
 double dsv4_device_bandwidth(const char *device);
+/* The rate in GB/s at which the device's kernels read pinned host memory (the ceiling for
+ * spilled weights); 0 on the CPU or when not measurable. */
+double dsv4_device_host_bandwidth(const char *device);
 /* Opens (on) or closes the range a device profiler records (`ncu --profile-from-start off`
  * records the kernels launched inside it); nothing on the CPU. */
 void dsv4_device_capture(const char *device, int on);

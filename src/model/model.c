@@ -685,6 +685,13 @@ double dsv4_device_bandwidth(const char *device)
     return be && be->copy_bandwidth ? be->copy_bandwidth() : 0;
 }
 
+double dsv4_device_host_bandwidth(const char *device)
+{
+    dsv4_err err;
+    const dsv4_backend *be = dsv4_backend_named(device, &err);
+    return be && be->host_read_bandwidth ? be->host_read_bandwidth() : 0;
+}
+
 void dsv4_device_capture(const char *device, int on)
 {
     dsv4_err err;

@@ -88,6 +88,13 @@ int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, const float *
 /* cudaMemcpy device to device over 2 GiB, bytes read + written per second, in GB/s (the best of
  * five after a warm-up); 0 when it could not run. measure.cu. */
 double dsv4_cuda_copy_bandwidth(void);
+/* The rate in GB/s at which a kernel reads page-locked host memory mapped into the device (how
+ * spilled weights are read): a 1 GiB buffer summed, best of five after a warm-up; 0 when it
+ * could not run. measure.cu. */
+double dsv4_cuda_host_read_bandwidth(void);
+/* Bytes of w (data and scales) held in pinned host memory; 0 when on the device or not placed.
+ * runtime.cu. */
+size_t dsv4_cuda_host_bytes(const dsv4_weight *w);
 /* cudaProfilerStart (on) or cudaProfilerStop, after the queued work finished. measure.cu. */
 void dsv4_cuda_capture(int on);
 

@@ -1,8 +1,10 @@
-/* The device's memory ceiling for benchmarks: cudaMemcpy device to device over buffers far
- * larger than the L2, counted as bytes read plus bytes written (how a copy loads HBM); and the
+/* The device's memory ceilings for benchmarks: cudaMemcpy device to device over buffers far
+ * larger than the L2, counted as bytes read plus bytes written (how a copy loads HBM); a
+ * kernel's read rate from mapped pinned host memory (the bus, for spilled weights); and the
  * profiler's capture range. */
 #include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
+#include <string.h>
 #include "kernels/cuda/cuda.h"
 
 extern "C" double dsv4_cuda_copy_bandwidth(void)
@@ -34,6 +36,60 @@ out:
         cudaEventDestroy(e1);
     cudaFree(a);
     cudaFree(b);
+    return best;
+}
+
+/* Sums n 16-byte words at p, 4 words a thread in flight, into out (so the reads are not
+ * optimised away). */
+__global__ void k_read_words(const uint4 *p, size_t n, unsigned *out)
+{
+    unsigned acc = 0;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += 4 * stride) {
+        uint4 v[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            v[j] = i + j * stride < n ? p[i + j * stride] : make_uint4(0, 0, 0, 0);
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            acc ^= v[j].x ^ v[j].y ^ v[j].z ^ v[j].w;
+    }
+    if (acc == 0x9e3779b9u)
+        *out = acc;
+}
+
+extern "C" double dsv4_cuda_host_read_bandwidth(void)
+{
+    size_t n = (size_t)1 << 30;
+    void *h = NULL, *d = NULL;
+    unsigned *o = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    double best = 0;
+    int sms = 0;
+    if (cudaHostAlloc(&h, n, cudaHostAllocMapped) != cudaSuccess || cudaHostGetDevicePointer(&d, h, 0) != cudaSuccess ||
+        cudaMalloc((void **)&o, sizeof *o) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
+        cudaEventCreate(&e1) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
+        goto out;
+    memset(h, 1, n);
+    for (int rep = 0; rep < 6; rep++) {
+        float ms = 0;
+        cudaEventRecord(e0);
+        k_read_words<<<sms * 8, 256>>>((const uint4 *)d, n / 16, o);
+        cudaEventRecord(e1);
+        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
+            goto out;
+        double gbs = n / (ms * 1e-3) / 1e9;
+        if (rep > 0 && gbs > best)
+            best = gbs;
+    }
+out:
+    cudaGetLastError();
+    if (e0)
+        cudaEventDestroy(e0);
+    if (e1)
+        cudaEventDestroy(e1);
+    cudaFree(o);
+    cudaFreeHost(h);
     return best;
 }
 

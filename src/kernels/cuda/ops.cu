@@ -78,6 +78,8 @@ static dsv4_backend make_table(void)
     t.unplace = dsv4_cuda_unplace;
     t.describe = cu_describe;
     t.copy_bandwidth = dsv4_cuda_copy_bandwidth;
+    t.host_bytes = dsv4_cuda_host_bytes;
+    t.host_read_bandwidth = dsv4_cuda_host_read_bandwidth;
     t.capture = dsv4_cuda_capture;
     return t;
 }

@@ -269,6 +269,21 @@ static int put_weight(const dsv4_weight *w, int pinned, dsv4_err *err)
 extern "C" int dsv4_cuda_put_weight(const dsv4_weight *w, dsv4_err *err) { return put_weight(w, 0, err); }
 extern "C" int dsv4_cuda_pin_weight(const dsv4_weight *w, dsv4_err *err) { return put_weight(w, 1, err); }
 
+extern "C" size_t dsv4_cuda_host_bytes(const dsv4_weight *w)
+{
+    if (w->form >= DSV4_WF_EXL3) /* the plan never spills EXL3 */
+        return 0;
+    size_t b = 0;
+    pthread_mutex_lock(&dsv4cu::lock);
+    const resident *d = resident_of(w->data), *s = w->scale ? resident_of(w->scale) : NULL;
+    if (d && d->pinned)
+        b += d->bytes;
+    if (s && s->pinned)
+        b += s->bytes;
+    pthread_mutex_unlock(&dsv4cu::lock);
+    return b;
+}
+
 extern "C" size_t dsv4_cuda_weight_bytes(const dsv4_weight *w)
 {
     if (w->form == DSV4_WF_EXL3)
