@@ -1,4 +1,5 @@
-/* bench_cuda — the CUDA linear kernels at V4-Flash shapes against the device's bandwidth.
+/* bench_cuda — the CUDA linear kernels at V4-Flash shapes (and three of V4.1-Flash's) against
+ * the device's bandwidth.
  *
  * Ceilings, on a 2 GiB buffer: cudaMemcpy device-to-device and a plain copy kernel (bytes read
  * + written), and a read-only kernel (bytes read), which is the matvec's own pattern.
@@ -215,6 +216,10 @@ int main(void)
         {"expert w1 FP4", DSV4_WF_FP4, 2048, 4096, 1, 32},
         {"expert w2 FP4", DSV4_WF_FP4, 4096, 2048, 1, 32},
         {"gate BF16", DSV4_WF_BF16, 4096, 4096, 0, 0},
+        /* V4.1-Flash: width 5120, FP8 in [32, 32] blocks (the tensor cores' 32-element runs) */
+        {"41 wq_a FP8/32", DSV4_WF_FP8, 1280, 5120, 32, 32},
+        {"41 wo_b FP8/32", DSV4_WF_FP8, 5120, 8192, 32, 32},
+        {"41 w1 FP4", DSV4_WF_FP4, 2304, 5120, 1, 32},
     };
     printf("%-16s %-14s %4s %10s %7s %9s %8s %8s %8s\n", "weight", "[n, k]", "T", "us/call", "x T=1", "GB/s", "of copy",
            "of read", "TFLOP/s");
