@@ -1242,9 +1242,12 @@ static void test_experts(dsv4_wform form, int fp8_block, int R, int E, int K, in
     float *dwork = to_dev(NULL, wn * 4);
     dsv4_experts_args ga = a;
     ga.eid = de, ga.wts = dw, ga.x = dx, ga.y = dy, ga.work = dwork;
+    unsigned long staged0 = dsv4_cuda_experts_staged();
     gpu->experts(&ga);
     CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
     gpu->download(yg, dy, (size_t)R * D * 4);
+    /* half the experts are pinned: the step copies its routed ones into device staging first */
+    CHECK(dsv4_cuda_experts_staged() > staged0, "%s: the pinned experts were not staged", what);
     /* magnitudes */
     double *mag = calloc((size_t)R * D, sizeof(double));
     float *row = falloc(D > I ? D : I), *g = falloc(I), *u = falloc(I), *gm = falloc(I), *um = falloc(I);

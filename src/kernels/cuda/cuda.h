@@ -92,6 +92,9 @@ double dsv4_cuda_copy_bandwidth(void);
  * spilled weights are read): a 1 GiB buffer summed, best of five after a warm-up; 0 when it
  * could not run. measure.cu. */
 double dsv4_cuda_host_read_bandwidth(void);
+/* How many experts calls so far copied routed experts from pinned host memory into device
+ * staging before reading them (tests: that the path ran). expert_stage.cu. */
+unsigned long dsv4_cuda_experts_staged(void);
 /* Bytes of w (data and scales) held in pinned host memory; 0 when on the device or not placed.
  * runtime.cu. */
 size_t dsv4_cuda_host_bytes(const dsv4_weight *w);

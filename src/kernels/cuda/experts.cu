@@ -9,6 +9,7 @@
 #include <string.h>
 #include "kernels/cuda/internal.h"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/expert_stage.cuh"
 
 using namespace dsv4cu;
 
@@ -16,30 +17,38 @@ using namespace dsv4cu;
 
 /* The per-expert weight parameters of one weights array (a layer's w1, w2 or w3) in device
  * memory, built once and found again by the array's host address; rebuilt after any drop
- * (the device copies may have moved). */
+ * (the device copies may have moved). in_host: E device flags, 1 where that expert is in
+ * pinned host memory (NULL when none is). */
 struct xtab {
     const dsv4_weight *host;
     int E;
     unsigned gen;
     wdev *dev;
+    int *in_host;
 };
 static xtab *g_xt;
 static int g_nxt, g_capxt;
 static cudaStream_t g_side;     /* non-blocking: table uploads that must not touch the op stream */
 
-static const wdev *expert_table(const dsv4_weight *w, int E, int K)
+static const wdev *expert_table(const dsv4_weight *w, int E, int K, const int **in_host)
 {
+    *in_host = NULL;
     for (int i = 0; i < g_nxt; i++)
         if (g_xt[i].host == w && g_xt[i].E == E) {
-            if (g_xt[i].gen == drops)
+            if (g_xt[i].gen == drops) {
+                *in_host = g_xt[i].in_host;
                 return g_xt[i].dev;
+            }
             /* stale: the old table may still be read by queued work, so it is not freed here */
             g_xt[i] = g_xt[--g_nxt];
             break;
         }
     const dsv4_weight *a = &w[0];
     wdev *h = (wdev *)malloc((size_t)E * sizeof(wdev));
-    if (!h) {
+    int *fl = (int *)calloc((size_t)E, sizeof(int)), nhost = 0;
+    if (!h || !fl) {
+        free(h);
+        free(fl);
         fail(DSV4_E_NOMEM, "cuda: experts: out of host memory for an expert table");
         return NULL;
     }
@@ -60,19 +69,26 @@ static const wdev *expert_table(const dsv4_weight *w, int E, int K)
             return NULL;
         }
         h[e] = wdev_of_n(b, rq->dev, rs ? rs->dev : NULL, K);
+        fl[e] = rq->pinned || (rs && rs->pinned);
+        nhost += fl[e];
     }
     wdev *d = NULL;
+    int *dfl = NULL;
     if (!g_side && CK(cudaStreamCreateWithFlags(&g_side, cudaStreamNonBlocking))) {
         free(h);
         return NULL;
     }
     if (CK(cudaMalloc((void **)&d, (size_t)E * sizeof(wdev))) ||
         CK(cudaMemcpyAsync(d, h, (size_t)E * sizeof(wdev), cudaMemcpyHostToDevice, g_side)) ||
+        (nhost && (CK(cudaMalloc((void **)&dfl, (size_t)E * sizeof(int))) ||
+                   CK(cudaMemcpyAsync(dfl, fl, (size_t)E * sizeof(int), cudaMemcpyHostToDevice, g_side)))) ||
         CK(cudaStreamSynchronize(g_side))) {
         free(h);
+        free(fl);
         return NULL;
     }
     free(h);
+    free(fl);
     if (g_nxt == g_capxt) {
         int nc = g_capxt ? 2 * g_capxt : 64;
         xtab *n = (xtab *)realloc(g_xt, (size_t)nc * sizeof(xtab));
@@ -83,7 +99,8 @@ static const wdev *expert_table(const dsv4_weight *w, int E, int K)
         g_xt = n;
         g_capxt = nc;
     }
-    g_xt[g_nxt++] = xtab{w, E, drops, d};
+    g_xt[g_nxt++] = xtab{w, E, drops, d, dfl};
+    *in_host = dfl;
     return d;
 }
 
@@ -510,8 +527,9 @@ static void experts_run(const dsv4_experts_args *a)
         fail(DSV4_E_ARG, "cuda: experts: weights are not [I, D], [D, I], [I, D] of one form");
         ok = 0;
     }
-    const wdev *t1 = ok ? expert_table(a->w1, E, K) : NULL, *t2 = ok ? expert_table(a->w2, E, K) : NULL;
-    const wdev *t3 = ok ? expert_table(a->w3, E, K) : NULL;
+    const int *h1 = NULL, *h2 = NULL, *h3 = NULL;
+    const wdev *t1 = ok ? expert_table(a->w1, E, K, &h1) : NULL, *t2 = ok ? expert_table(a->w2, E, K, &h2) : NULL;
+    const wdev *t3 = ok ? expert_table(a->w3, E, K, &h3) : NULL;
     bool vec1 = ok && vec_ok(&a->w1[0]) && vec_ok(&a->w3[0]), vec2 = ok && vec_ok(&a->w2[0]);
     bool tc = ok && tc_ok(&a->w1[0]) && tc_ok(&a->w3[0]) && tc_ok(&a->w2[0]);
     if (t1 && t2 && t3 && (vec1 || vec2 || tc) &&
@@ -531,7 +549,23 @@ static void experts_run(const dsv4_experts_args *a)
         prof_split("experts: host part");
         launch_k(k_ex_sort, 1, EX_SORT, (2 * (size_t)E + EX_SORT) * sizeof(int), stream, a->eid, (int)RK, E, tile, cnt, off, ord, tiles, ntiles);
         prof_split("experts: grouping");
-        if (launched("experts grouping")) {
+        /* routed experts in pinned host memory: copied in first, read from device memory */
+        ex_tables xt = {{t1, t2, t3}, {h1, h2, h3}};
+        ex_sizes xz;
+        size_t at = 0;
+        for (int m = 0; m < 3; m++) {
+            const dsv4_weight *w = m == 0 ? &a->w1[0] : m == 1 ? &a->w2[0] : &a->w3[0];
+            xz.data[m] = data_bytes(w);
+            xz.scale[m] = w->scale ? scale_bytes(w) : 0;
+            xz.off[m] = at;
+            at += ((xz.data[m] + 15) & ~(size_t)15) + ((xz.scale[m] + 15) & ~(size_t)15);
+        }
+        const wdev *st[3];
+        if (launched("experts grouping") && stage_experts(xt, xz, E, tiles, ntiles, (int)NT, st)) {
+            t1 = st[0];
+            t2 = st[1];
+            t3 = st[2];
+            prof_split("experts: staging");
             switch (a->w1[0].form) {
             case DSV4_WF_F32: launch_experts<DSV4_WF_F32>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
             case DSV4_WF_BF16: launch_experts<DSV4_WF_BF16>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
