@@ -7,36 +7,48 @@
 #include <string.h>
 #include "kernels/cuda/cuda.h"
 
-extern "C" double dsv4_cuda_copy_bandwidth(void)
+/* The best rate in GB/s of five timed runs of op (after one that warms the clocks), counting
+ * `bytes` a run; 0 when the timing failed. */
+template <class Op>
+static double best_rate(Op op, double bytes)
 {
-    size_t n = (size_t)2 << 30;
-    void *a = NULL, *b = NULL;
     cudaEvent_t e0 = NULL, e1 = NULL;
     double best = 0;
-    if (cudaMalloc(&a, n) != cudaSuccess || cudaMalloc(&b, n) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
-        cudaEventCreate(&e1) != cudaSuccess)
-        goto out;
-    cudaMemset(a, 1, n);
-    for (int rep = 0; rep < 6; rep++) {
-        float ms = 0;
-        cudaEventRecord(e0);
-        cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice);
-        cudaEventRecord(e1);
-        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
-            goto out;
-        double gbs = 2.0 * n / (ms * 1e-3) / 1e9;
-        if (rep > 0 && gbs > best) /* the first copy warms the clocks */
-            best = gbs;
-    }
-out:
+    if (cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess)
+        for (int rep = 0; rep < 6; rep++) {
+            float ms = 0;
+            cudaEventRecord(e0);
+            op();
+            cudaEventRecord(e1);
+            if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess) {
+                best = 0;
+                break;
+            }
+            double gbs = bytes / (ms * 1e-3) / 1e9;
+            if (rep > 0 && gbs > best)
+                best = gbs;
+        }
     cudaGetLastError();
     if (e0)
         cudaEventDestroy(e0);
     if (e1)
         cudaEventDestroy(e1);
+    return best;
+}
+
+extern "C" double dsv4_cuda_copy_bandwidth(void)
+{
+    size_t n = (size_t)2 << 30;
+    void *a = NULL, *b = NULL;
+    double r = 0;
+    if (cudaMalloc(&a, n) == cudaSuccess && cudaMalloc(&b, n) == cudaSuccess) {
+        cudaMemset(a, 1, n);
+        r = best_rate([&] { cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice); }, 2.0 * n);
+    }
+    cudaGetLastError();
     cudaFree(a);
     cudaFree(b);
-    return best;
+    return r;
 }
 
 /* Sums n 16-byte words at p, 4 words a thread in flight, into out (so the reads are not
@@ -63,34 +75,18 @@ extern "C" double dsv4_cuda_host_read_bandwidth(void)
     size_t n = (size_t)1 << 30;
     void *h = NULL, *d = NULL;
     unsigned *o = NULL;
-    cudaEvent_t e0 = NULL, e1 = NULL;
-    double best = 0;
     int sms = 0;
-    if (cudaHostAlloc(&h, n, cudaHostAllocMapped) != cudaSuccess || cudaHostGetDevicePointer(&d, h, 0) != cudaSuccess ||
-        cudaMalloc((void **)&o, sizeof *o) != cudaSuccess || cudaEventCreate(&e0) != cudaSuccess ||
-        cudaEventCreate(&e1) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
-        goto out;
-    memset(h, 1, n);
-    for (int rep = 0; rep < 6; rep++) {
-        float ms = 0;
-        cudaEventRecord(e0);
-        k_read_words<<<sms * 8, 256>>>((const uint4 *)d, n / 16, o);
-        cudaEventRecord(e1);
-        if (cudaEventSynchronize(e1) != cudaSuccess || cudaEventElapsedTime(&ms, e0, e1) != cudaSuccess)
-            goto out;
-        double gbs = n / (ms * 1e-3) / 1e9;
-        if (rep > 0 && gbs > best)
-            best = gbs;
+    double r = 0;
+    if (cudaHostAlloc(&h, n, cudaHostAllocMapped) == cudaSuccess && cudaHostGetDevicePointer(&d, h, 0) == cudaSuccess &&
+        cudaMalloc((void **)&o, sizeof *o) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess) {
+        memset(h, 1, n);
+        r = best_rate([&] { k_read_words<<<sms * 8, 256>>>((const uint4 *)d, n / 16, o); }, (double)n);
     }
-out:
     cudaGetLastError();
-    if (e0)
-        cudaEventDestroy(e0);
-    if (e1)
-        cudaEventDestroy(e1);
     cudaFree(o);
     cudaFreeHost(h);
-    return best;
+    return r;
 }
 
 extern "C" void dsv4_cuda_capture(int on)
