@@ -89,15 +89,21 @@ __global__ void k_stage_copy(ex_tables t, wdev *s, int E, const int *tiles, cons
     }
 }
 
-bool dsv4cu::stage_experts(const ex_tables &t, const ex_sizes &z, int E, const int *tiles, const int *ntiles, int NT,
+bool dsv4cu::stage_experts(const ex_tables &t, const ex_sizes &sizes, int E, const int *tiles, const int *ntiles, int NT,
                            const wdev *out[3])
 {
+    /* a slot: each matrix's data, then its scales, each 16-byte aligned */
+    ex_sizes z = sizes;
+    size_t slot_bytes = 0;
+    for (int m = 0; m < 3; m++) {
+        z.off[m] = slot_bytes;
+        slot_bytes += pad16(z.data[m]) + pad16(z.scale[m]);
+    }
     for (int m = 0; m < 3; m++)
         out[m] = t.t[m];
     if (!t.host[0] && !t.host[1] && !t.host[2])
         return true;
     int slots = NT < EX_STAGE_SLOTS ? NT : EX_STAGE_SLOTS;
-    size_t slot_bytes = z.off[2] + pad16(z.data[2]) + pad16(z.scale[2]);
     if (slots <= 0)
         return true;
     /* staging memory is taken outside recordings only; without it the kernels read in place */

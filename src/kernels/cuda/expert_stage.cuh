@@ -14,8 +14,8 @@ struct ex_tables {
     const wdev *t[3];
     const int *host[3];
 };
-/* Bytes of one expert's matrix m as stored (data, scales: uniform over the experts), and its
- * offset in a staging slot. */
+/* Bytes of one expert's matrix m as stored (data, scales: uniform over the experts); off is set
+ * by stage_experts (the matrix's place in a staging slot). */
 struct ex_sizes {
     size_t data[3], scale[3], off[3];
 };

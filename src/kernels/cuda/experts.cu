@@ -332,7 +332,7 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
     const dsv4_weight *w1 = &a->w1[0], *w2 = &a->w2[0];
     if constexpr (F == DSV4_WF_BF16 || F == DSV4_WF_FP8 || F == DSV4_WF_FP4) {
         if (tc) {
-            /* the three matrices' kinds agree: one form, and tc_ok needs one scale block width */
+            /* the three matrices' kinds agree (experts_run) */
             if constexpr (F == DSV4_WF_FP8)
                 if (tc_kind(w1) == TC_FP8_32) {
                     if (tile <= 8)
@@ -531,7 +531,9 @@ static void experts_run(const dsv4_experts_args *a)
     const wdev *t1 = ok ? expert_table(a->w1, E, K, &h1) : NULL, *t2 = ok ? expert_table(a->w2, E, K, &h2) : NULL;
     const wdev *t3 = ok ? expert_table(a->w3, E, K, &h3) : NULL;
     bool vec1 = ok && vec_ok(&a->w1[0]) && vec_ok(&a->w3[0]), vec2 = ok && vec_ok(&a->w2[0]);
-    bool tc = ok && tc_ok(&a->w1[0]) && tc_ok(&a->w3[0]) && tc_ok(&a->w2[0]);
+    /* one tensor-core kind for the three (a form, and for FP8 the same run width) */
+    bool tc = ok && tc_ok(&a->w1[0]) && tc_ok(&a->w3[0]) && tc_ok(&a->w2[0]) &&
+              tc_kind(&a->w1[0]) == tc_kind(&a->w2[0]) && tc_kind(&a->w1[0]) == tc_kind(&a->w3[0]);
     if (t1 && t2 && t3 && (vec1 || vec2 || tc) &&
         (((uintptr_t)a->x & 15) || ((uintptr_t)a->work & 15) || (vec1 && D % 4) || (vec2 && I % 4))) {
         fail(DSV4_E_ARG, "cuda: experts: x and work must be 16-byte aligned");
@@ -552,13 +554,10 @@ static void experts_run(const dsv4_experts_args *a)
         /* routed experts in pinned host memory: copied in first, read from device memory */
         ex_tables xt = {{t1, t2, t3}, {h1, h2, h3}};
         ex_sizes xz;
-        size_t at = 0;
         for (int m = 0; m < 3; m++) {
             const dsv4_weight *w = m == 0 ? &a->w1[0] : m == 1 ? &a->w2[0] : &a->w3[0];
             xz.data[m] = data_bytes(w);
             xz.scale[m] = w->scale ? scale_bytes(w) : 0;
-            xz.off[m] = at;
-            at += ((xz.data[m] + 15) & ~(size_t)15) + ((xz.scale[m] + 15) & ~(size_t)15);
         }
         const wdev *st[3];
         if (launched("experts grouping") && stage_experts(xt, xz, E, tiles, ntiles, (int)NT, st)) {
