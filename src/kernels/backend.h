@@ -150,8 +150,8 @@ typedef struct dsv4_attn41_args {
 /* Routed experts of a MoE layer. For row r and its k-th expert e = eid[r, k] with weight
  * w = wts[r, k]: h = swiglu(W1[e] x_r, W3[e] x_r, limit) (times w when pre_weight), and
  * y_r = sum over k in order of (pre_weight ? 1 : w) * W2[e] h. Each product is computed as
- * linear computes that row. ref (V4.1 REF numerics, CPU only): inputs of FP8/FP4 products
- * go through e4m3 blocks of 32, products and h are rounded to bf16. */
+ * linear computes that row. ref (V4.1 REF numerics): inputs of FP8/FP4 products go through
+ * e4m3 blocks of 32 (as linear_q takes them), products and h are rounded to bf16. */
 typedef struct dsv4_experts_args {
     const dsv4_weight *w1, *w2, *w3;   /* [E] each: [I, D], [D, I], [I, D] */
     int E, K, R, D, I;
@@ -165,6 +165,11 @@ typedef struct dsv4_experts_args {
 } dsv4_experts_args;
 #define DSV4_EXPERTS_WORK(R, K, D, I, E) \
     ((size_t)(R) * (K) * (2 * (size_t)(I) + (size_t)(D) + 4) + 2 * (size_t)(E) + 64)
+
+/* The codes of the roundtrip op. */
+enum { DSV4_RT_FP8 = 0,      /* e4m3, ue8m0 scale per block */
+       DSV4_RT_FP4 = 1,      /* e2m1, ue8m0 scale per block */
+       DSV4_RT_FP4_E4M3 = 2  /* e2m1, e4m3 scale per block */ };
 
 typedef struct dsv4_backend {
     const char *name;
@@ -183,6 +188,11 @@ typedef struct dsv4_backend {
     /* y[t, i] = sum_k W[r0 + i, k] * x[t, k] for i < r1 - r0: rows [r0, r1) of W.
      * x: [T, W.k] with row stride ldx; y: [T, r1 - r0] with row stride ldy. */
     void (*linear)(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
+    /* REF's FP8/FP4 product (V4.1 spec §3): linear of x' where each row of x' is the row of x
+     * with every block of 32 values through e4m3 (dsv4_fp8_roundtrip); x is not changed. Each
+     * row is what linear gives for that x' row. */
+    void (*linear_q)(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                     int64_t ldy);
     /* V4's grouped output projection: G row blocks of W [n, k], block g times its own slice of
      * x: y[t, g n/G + i] = sum_j W[g n/G + i, j] x[t, g k + j]; x [T, G k], y [T, n]. Each
      * block's rows as linear computes them. */
@@ -239,6 +249,12 @@ typedef struct dsv4_backend {
     void (*route)(const float *lg, int R, int E, int K, const float *bias, const int32_t *tid2eid, const int32_t *ids,
                   int norm, float route_scale, int32_t *eid, float *wts);
     void (*experts)(const dsv4_experts_args *a);
+    /* REF's roundings, in place over [n] values: round_bf16 takes each value through bf16
+     * (nearest even, dsv4_round_bf16); roundtrip takes each block of `block` consecutive values
+     * through its code (DSV4_RT_*: dsv4_fp8_roundtrip, dsv4_fp4_roundtrip), bit for bit the
+     * CPU's formulas. */
+    void (*round_bf16)(float *x, int64_t n);
+    void (*roundtrip)(float *x, int64_t n, int block, int code);
     /* y = a + b, [n] values (y may alias either). */
     void (*add)(const float *a, const float *b, int64_t n, float *y);
     /* y = x * s, [n] values, each one rounded product (y may alias x). */

@@ -1,7 +1,8 @@
 /* Numerics modes. FP32 runs the equations in float32 with full-precision caches; REF rounds
  * where the V4.1 release reference rounds (bf16 activations, e4m3 activation blocks of 32 in
- * front of every FP8/FP4 product, fp8/fp4 cache round trips). The quantizers here are the
- * reference's formulas bit for bit (spec §3, §6, §7). */
+ * front of every FP8/FP4 product, fp8/fp4 cache round trips), through the backend's rounding
+ * ops (linear_q, round_bf16, roundtrip: the reference's formulas bit for bit, spec §3, §6, §7),
+ * so the activations stay where the backend keeps them. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,7 +12,7 @@
 void dsv4_rnd(const dsv4_model *m, float *x, int64_t n)
 {
     if (m->numerics == DSV4_NUMERICS_REF)
-        dsv4_round_bf16(x, n);
+        m->be->round_bf16(x, n);
 }
 
 void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx,
@@ -21,27 +22,17 @@ void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1,
         m->be->linear(w, r0, r1, x, T, ldx, y, ldy);
         return;
     }
-    int q = (w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4) && !(flags & DSV4_LIN_NOQ);
-    float *xq = NULL;
-    if (q && !(xq = malloc((size_t)T * w->k * sizeof(float)))) {
-        for (int t = 0; t < T; t++) /* out of memory: never a silently unquantized product */
-            for (int64_t i = 0; i < r1 - r0; i++)
-                y[t * ldy + i] = NAN;
-        return;
+    if ((w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4) && !(flags & DSV4_LIN_NOQ))
+        m->be->linear_q(w, r0, r1, x, T, ldx, y, ldy);
+    else
+        m->be->linear(w, r0, r1, x, T, ldx, y, ldy);
+    if (!(flags & DSV4_LIN_F32OUT)) {
+        if (ldy == r1 - r0)
+            m->be->round_bf16(y, (int64_t)T * ldy);
+        else
+            for (int t = 0; t < T; t++)
+                m->be->round_bf16(y + t * ldy, r1 - r0);
     }
-    if (q) {
-        for (int t = 0; t < T; t++) {
-            memcpy(xq + (int64_t)t * w->k, x + t * ldx, w->k * sizeof(float));
-            dsv4_fp8_roundtrip(xq + (int64_t)t * w->k, w->k, 32);
-        }
-        x = xq;
-        ldx = w->k;
-    }
-    m->be->linear(w, r0, r1, x, T, ldx, y, ldy);
-    free(xq);
-    if (!(flags & DSV4_LIN_F32OUT))
-        for (int t = 0; t < T; t++)
-            dsv4_round_bf16(y + t * ldy, r1 - r0);
 }
 
 void dsv4_lin_multi(const dsv4_model *m, int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx,
@@ -58,5 +49,5 @@ void dsv4_lin_multi(const dsv4_model *m, int nw, const dsv4_weight *const *w, co
     m->be->linear_multi(nw, w, x, T, ldx, y);
     if (ref && !(flags & DSV4_LIN_F32OUT))
         for (int j = 0; j < nw; j++)
-            dsv4_round_bf16(y[j], (int64_t)T * w[j]->n);
+            m->be->round_bf16(y[j], (int64_t)T * w[j]->n);
 }

@@ -152,7 +152,7 @@ void dsv4_v41_window_row(const dsv4_model *m, const dsv4_layer *L, const float *
     m->be->rope(kv, R, d, 1, d, c->rope_dim, freq_of(m, L), pos, 0);
     dsv4_rnd(m, kv, (int64_t)R * d);
     if (m->numerics == DSV4_NUMERICS_REF && !packed) /* a packed cache stores the round trip's codes itself */
-        dsv4_fp8_roundtrip(kv, (int64_t)R * d, 32);
+        m->be->roundtrip(kv, (int64_t)R * d, 32, DSV4_RT_FP8);
 }
 
 void dsv4_v41_qkv(const dsv4_model *m, const dsv4_layer *L, const float *a, int R, const int64_t *pos, float *qr,
@@ -249,7 +249,7 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
         be->rope(qi, R, qw, nI, ci, rd, m->inv_freq_compress, f->dpos, 0);
         dsv4_rnd(m, qi, (int64_t)R * qw);
         if (ref)
-            dsv4_fp4_roundtrip(qi, (int64_t)R * qw, 32, 0);
+            be->roundtrip(qi, (int64_t)R * qw, 32, DSV4_RT_FP4);
         dsv4_lin(m, &L->iweights, 0, nI, a, R, c->dim, wt, nI, 0);
         be->scale(wt, (int64_t)R * nI, 1.0f / sqrtf((float)ci) / sqrtf((float)nI), wt);
         dsv4_rnd(m, wt, (int64_t)R * nI);

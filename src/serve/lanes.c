@@ -334,7 +334,8 @@ dsv4_lanes *dsv4_lanes_new(dsv4_model *m, const dsv4_lanes_opts *o, dsv4_err *er
         return NULL;
     }
     for (int i = 0; i < l->o.n_lanes; i++)
-        if (!(l->lanes[i].seq = dsv4_seq_new(m, err))) {
+        if (!(l->lanes[i].seq = dsv4_seq_new(m, err)) ||
+            dsv4_sampler_init(&l->lanes[i].smp, l->vocab, NULL, 0, err)) {
             dsv4_lanes_free(l);
             return NULL;
         }
@@ -359,7 +360,6 @@ static void retire_locked(dsv4_lanes *l, lane *ln, int why)
 {
     if (why != DSV4_FINISH_ERROR && ln->req->use_cache)
         cache_put(l, ln);
-    dsv4_sampler_free(&ln->smp);
     finish_locked(l, ln->req, why);
     ln->req = NULL;
 }
@@ -399,6 +399,7 @@ void dsv4_lanes_free(dsv4_lanes *l)
         if (ln->req)
             retire_locked(l, ln, DSV4_FINISH_CANCELLED);
         dsv4_seq_free(ln->seq);
+        dsv4_sampler_free(&ln->smp);
         free(ln->ids);
     }
     while (l->n_cache)
@@ -496,19 +497,18 @@ static void admit_locked(dsv4_lanes *l)
         dsv4_request *r = l->queue[l->q_head];
         l->q_head = (l->q_head + 1) % l->o.queue_max;
         l->q_n--;
-        dsv4_err err = {0};
         if (r->cancel) {
             finish_locked(l, r, DSV4_FINISH_CANCELLED);
             i--;
             continue;
         }
-        if (ensure_ids(ln, (int64_t)r->n_prompt + 1) ||
-            dsv4_sampler_init(&ln->smp, l->vocab, r->prompt, r->n_prompt, &err)) {
+        if (ensure_ids(ln, (int64_t)r->n_prompt + 1)) {
             snprintf(r->errmsg, sizeof r->errmsg, "out of memory starting the request");
             finish_locked(l, r, DSV4_FINISH_ERROR);
             i--;
             continue;
         }
+        dsv4_sampler_reset(&ln->smp, r->prompt, r->n_prompt);
         ln->req = r;
         r->t_start = dsv4_now();
         ln->fed = r->n_cached = cache_resume(l, ln, r);

@@ -30,10 +30,17 @@ int dsv4_sampler_init(dsv4_sampler *s, int vocab, const int32_t *prompt, int n_p
         dsv4_sampler_free(s);
         return DSV4_E_NOMEM;
     }
-    for (int i = 0; i < n_prompt; i++)
-        if (prompt[i] >= 0 && prompt[i] < vocab)
-            s->in_prompt[prompt[i]] = 1;
+    dsv4_sampler_reset(s, prompt, n_prompt);
     return 0;
+}
+
+void dsv4_sampler_reset(dsv4_sampler *s, const int32_t *prompt, int n_prompt)
+{
+    memset(s->out_count, 0, (size_t)s->vocab * sizeof *s->out_count);
+    memset(s->in_prompt, 0, (size_t)s->vocab);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] >= 0 && prompt[i] < s->vocab)
+            s->in_prompt[prompt[i]] = 1;
 }
 
 void dsv4_sampler_free(dsv4_sampler *s)

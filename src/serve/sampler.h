@@ -61,6 +61,9 @@ typedef struct dsv4_sampler {
 } dsv4_sampler;
 
 int dsv4_sampler_init(dsv4_sampler *s, int vocab, const int32_t *prompt, int n_prompt, dsv4_err *err);
+/* Forgets the tokens seen and records a new prompt, keeping the buffers: a server reuses one
+ * sampler per lane rather than allocating its vocabulary-sized scratch for every request. */
+void dsv4_sampler_reset(dsv4_sampler *s, const int32_t *prompt, int n_prompt);
 void dsv4_sampler_free(dsv4_sampler *s);
 /* Records a generated id (for presence/frequency/repetition). */
 void dsv4_sampler_accept(dsv4_sampler *s, int32_t id);

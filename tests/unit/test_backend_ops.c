@@ -18,7 +18,7 @@
  *
  * Not here: linear over EXL3 weights (test_exl3 and suite_exl3.sh, against the dense decode and
  * the EXL3 reference's vectors; tests/cuda/test_cuda_exl3.c, CUDA against the CPU) and the
- * experts op's V4.1 REF numerics (CPU only; test_v41_fixtures). hc_pre's Sinkhorn runs 1 to 3
+ * experts op's V4.1 REF numerics (test_v41_fixtures, on each backend). hc_pre's Sinkhorn runs 1 to 3
  * rounds here: the bound derived for it doubles with each half-step. */
 #include <math.h>
 #include <stdint.h>
@@ -388,6 +388,213 @@ static void test_linear(const lin_case *c)
         free((void *)ws.scale);
     free_weight(&w);
     free(x), free(ref), free(bad), free(tol), free(W), free(xs), free(scr), free(cpu_y);
+}
+
+/* ---- REF's roundings: round_bf16, roundtrip, linear_q ------------------------------------- */
+
+/* The references search the codes' values for the nearest (ties to the even code), in double,
+ * rather than follow the CPU's formulas: round_bf16 between the two bf16 neighbours of x;
+ * e4m3 over its 127 non-negative finite values (saturating at 448); e2m1 over its 8. */
+static double near_bf16(float x)
+{
+    uint32_t b;
+    memcpy(&b, &x, 4);
+    uint32_t lo = b & 0xffff0000u, hi = lo + 0x10000u;
+    float fl, fh;
+    memcpy(&fl, &lo, 4);
+    memcpy(&fh, &hi, 4);
+    double dl = fabs((double)x - fl), dh = fabs((double)fh - x);
+    return dl < dh || (dl == dh && !(lo & 0x10000u)) ? fl : fh;
+}
+
+static double near_code(double a, const double *vals, int n) /* a >= 0; vals ascending, code = index */
+{
+    int best = 0;
+    for (int c = 1; c < n; c++) {
+        double d = fabs(vals[c] - a), db = fabs(vals[best] - a);
+        if (d < db || (d == db && !(c & 1)))
+            best = c;
+    }
+    return vals[best];
+}
+
+static double e4m3_vals[127], e2m1_vals[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+
+static double near_e4m3(double v)
+{
+    double a = fabs(v) > 448 ? 448 : fabs(v);
+    double r = near_code(a, e4m3_vals, 127);
+    return signbit(v) ? -r : r;
+}
+
+static double near_e2m1(double v)
+{
+    double a = fabs(v) > 6 ? 6 : fabs(v);
+    double r = near_code(a, e2m1_vals, 8);
+    return signbit(v) ? -r : r;
+}
+
+static double pow2_at_least(double t) { return exp2(ceil(log2(t))); }
+
+/* The round trip's reference over [n] (blocks of `block`); shift != 0 plants a scale one
+ * power of two off (the control). */
+static void roundtrip_ref(const float *x, int64_t n, int block, int code, int shift, float *ref)
+{
+    for (int64_t b0 = 0; b0 < n; b0 += block) {
+        int64_t e = b0 + block < n ? b0 + block : n;
+        double amax = code == DSV4_RT_FP8 ? 1e-4f : 0;
+        for (int64_t i = b0; i < e; i++)
+            amax = fmax(amax, fabs(x[i]));
+        double s = code == DSV4_RT_FP8    ? pow2_at_least((float)(amax * (1.0f / 448.0f)))
+                   : code == DSV4_RT_FP4 ? pow2_at_least((float)(fmax(amax, 6 * 0x1p-126) * (1.0f / 6.0f)))
+                                         : near_e4m3((float)(fmax(amax, 6 * 0x1p-9) / 6.0f));
+        s = ldexp(s, shift);
+        for (int64_t i = b0; i < e; i++) {
+            double q = (double)(x[i] / (float)s);
+            ref[i] = (float)((code == DSV4_RT_FP8 ? near_e4m3(q) : near_e2m1(q)) * s);
+        }
+    }
+}
+
+/* Values of every magnitude the roundings meet: random in [-1, 1] scaled by 2^[-30, 12], zeros
+ * of both signs, bf16 midpoints (ties), and a block of tiny values. */
+static float *rounding_input(int64_t n)
+{
+    float *x = falloc((size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = ldexpf(frand(-1, 1), (int)(rnd() % 43) - 30);
+        if (i % 17 == 3) { /* a bf16 tie: the half-way bit set, nothing below it */
+            uint32_t b;
+            memcpy(&b, &x[i], 4);
+            b = (b & 0xffff0000u) | 0x8000u;
+            memcpy(&x[i], &b, 4);
+        }
+    }
+    x[0] = 0.0f, x[1] = -0.0f;
+    for (int64_t i = 64; i < 96 && i < n; i++)
+        x[i] = ldexpf(frand(-1, 1), -20);
+    return x;
+}
+
+static float *run_inplace(const target *t, int op, const float *x, int64_t n, int block, int code)
+{
+    const dsv4_backend *be = t->be;
+    float *d = bput(be, x, (size_t)n * sizeof(float)), *h = falloc((size_t)n);
+    if (op == 0)
+        be->round_bf16(d, n);
+    else
+        be->roundtrip(d, n, block, code);
+    be->download(h, d, (size_t)n * sizeof(float));
+    bok(be, op ? "roundtrip" : "round_bf16");
+    be->free(d);
+    return h;
+}
+
+/* Exact ops: the CPU equals the reference bit for bit, and every other backend the CPU (their
+ * formulas are the same sequence of correctly rounded steps). Controls: the scale one power of
+ * two off; bf16 ties sent away from even. */
+static void test_rounding(void)
+{
+    for (int c = 0; c < 127; c++)
+        e4m3_vals[c] = (c >> 3) == 0 ? (c & 7) / 512.0 : (1 + (c & 7) / 8.0) * ldexp(1, (c >> 3) - 7);
+    const int64_t n = 1000; /* not a multiple of 16 or 32: the last block is short */
+    float *x = rounding_input(n), *ref = falloc(n), *bad = falloc(n);
+    static const struct { const char *name; int op, block, code; } cases[] = {
+        {"round_bf16", 0, 0, 0},
+        {"roundtrip fp8 e4m3, ue8m0 per 32", 1, 32, DSV4_RT_FP8},
+        {"roundtrip fp4 e2m1, ue8m0 per 32", 1, 32, DSV4_RT_FP4},
+        {"roundtrip fp4 e2m1, e4m3 scale per 16", 1, 16, DSV4_RT_FP4_E4M3},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        if (cases[k].op == 0) {
+            for (int64_t i = 0; i < n; i++) {
+                ref[i] = (float)near_bf16(x[i]);
+                uint32_t b;
+                memcpy(&b, &x[i], 4);
+                bad[i] = (b & 0xffffu) == 0x8000u ? (float)near_bf16(nextafterf(x[i], 2 * x[i])) : ref[i];
+            }
+        } else {
+            roundtrip_ref(x, n, cases[k].block, cases[k].code, 0, ref);
+            roundtrip_ref(x, n, cases[k].block, cases[k].code, 1, bad);
+        }
+        float *cpu_y = run_inplace(&cpu_t, cases[k].op, x, n, cases[k].block, cases[k].code);
+        int same = !memcmp(cpu_y, ref, (size_t)n * sizeof(float)), caught = memcmp(cpu_y, bad, (size_t)n * sizeof(float)) != 0;
+        CHECK(same, "%s on cpu: differs from the reference", cases[k].name);
+        CHECK(caught, "control %s: the wrong reference matched", cases[k].name);
+        printf("  %-52s cpu == reference bitwise %s; control %s\n", cases[k].name, same ? "ok" : "FAIL",
+               caught ? "caught" : "NOT CAUGHT");
+        for (int o = 0; o < n_others; o++) {
+            float *y = run_inplace(&others[o], cases[k].op, x, n, cases[k].block, cases[k].code);
+            int eq = !memcmp(y, cpu_y, (size_t)n * sizeof(float));
+            CHECK(eq, "%s on %s: differs from the CPU", cases[k].name, others[o].be->name);
+            printf("  %-52s %s == cpu bitwise %s\n", cases[k].name, others[o].be->name, eq ? "ok" : "FAIL");
+            free(y);
+        }
+        free(cpu_y);
+    }
+    free(x), free(ref), free(bad);
+}
+
+static float *run_linear_q(const target *t, const dsv4_weight *w, const float *x, int T, int64_t ldx)
+{
+    const dsv4_backend *be = t->be;
+    size_t ny = (size_t)T * w->n;
+    float *hy = falloc(ny);
+    poison(hy, ny);
+    float *dx = bput(be, x, (size_t)T * ldx * sizeof(float)), *dy = bput(be, hy, ny * sizeof(float));
+    float *keep = falloc((size_t)T * ldx);
+    be->linear_q(w, 0, w->n, dx, T, ldx, dy, w->n);
+    be->download(hy, dy, ny * sizeof(float));
+    be->download(keep, dx, (size_t)T * ldx * sizeof(float));
+    bok(be, "linear_q");
+    CHECK(!memcmp(keep, x, (size_t)T * ldx * sizeof(float)), "linear_q on %s changed its input", be->name);
+    be->free(dx), be->free(dy);
+    free(keep);
+    return hy;
+}
+
+/* linear_q against linear_ref of x's rows through the fp8 round trip's reference, at linear's
+ * tolerance (gamma(k + 4) sum |W x'|). Control: the unquantized x. Rows: each alone. */
+static void test_linear_q(const lin_case *c)
+{
+    dsv4_weight w;
+    make_weight(c->form, c->n, c->k, c->bn, c->bk, c->e8m0, &w);
+    int64_t k = c->k, n = c->n, ldx = k + c->padx;
+    int T = c->T;
+    size_t ny = (size_t)T * n;
+    float *x = falloc((size_t)T * ldx), *xq = falloc((size_t)T * k), *ref = falloc(ny), *bad = falloc(ny);
+    double *tol = malloc(ny * sizeof(double)), *tb = malloc(ny * sizeof(double)), *W = w_dense(&w);
+    fill(x, (size_t)T * ldx, -1, 1);
+    for (int t = 0; t < T; t++)
+        roundtrip_ref(x + (size_t)t * ldx, k, 32, DSV4_RT_FP8, 0, xq + (size_t)t * k);
+    linear_ref(W, k, 0, n, xq, T, k, ref, tol);
+    linear_ref(W, k, 0, n, x, T, ldx, bad, tb);
+    float *cpu_y = NULL;
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        put_weights(t, &w, 1);
+        float *y = run_linear_q(t, &w, x, T, ldx);
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        CHECK(agree_within(what, y, o < 0 ? ref : cpu_y, tol, ny, o < 0 ? 1.0 : OTHER, 0), "%s: differs from %s", what,
+              o < 0 ? "the double reference" : "the CPU");
+        snprintf(what, sizeof what, "%s on %s: x unquantized", c->name, t->be->name);
+        control_within(what, y, bad, tol, ny, o < 0 ? 1.0 : OTHER);
+        int same = 1;
+        for (int r = 0; r < T; r++) {
+            float *one = run_linear_q(t, &w, x + (size_t)r * ldx, 1, ldx);
+            same &= rows_equal(one, y + (size_t)r * n, n);
+            free(one);
+        }
+        report_rows(c->name, t->be->name, same, T);
+        drop_weights(t, &w, 1);
+        if (o < 0)
+            cpu_y = y;
+        else
+            free(y);
+    }
+    free_weight(&w);
+    free(x), free(xq), free(ref), free(bad), free(tol), free(tb), free(W), free(cpu_y);
 }
 
 /* ---- linear_blocks ---------------------------------------------------------------------------- */
@@ -1911,7 +2118,7 @@ static void test_table(const target *t)
     CHECK(be->alloc && be->free && be->upload && be->download && be->copy && be->linear && be->linear_blocks &&
               be->linear_multi && be->embed && be->rmsnorm && be->rope && be->hc_pre && be->hc_collapse && be->engram_gate &&
               be->hc_post && be->attend && be->attn_step && be->attn_step41 && be->route && be->experts && be->add &&
-              be->swiglu && be->scale && be->copy2d,
+              be->swiglu && be->scale && be->copy2d && be->linear_q && be->round_bf16 && be->roundtrip,
           "%s: an op of the table is missing", be->name);
     printf("  table of %-42s recording %s, check %s, attn_work %s, production caches %s\n", be->name,
            all ? "yes" : "none", be->check ? "yes" : "none", be->attn_work ? "yes" : "DSV4_ATTN_WORK",
@@ -3161,6 +3368,12 @@ static const attn41_case attn41_cases[] = {
 
 /* ---- the cases ---------------------------------------------------------------------------------- */
 
+static const lin_case linq_cases[] = {
+    {.name = "linear_q fp8 e8m0 T=5, k%32!=0", .form = DSV4_WF_FP8, .n = 96, .k = 200, .bn = 64, .bk = 64, .e8m0 = 1, .T = 5,
+     .padx = 3},
+    {.name = "linear_q fp4 e8m0 T=4", .form = DSV4_WF_FP4, .n = 64, .k = 512, .bn = 1, .bk = 32, .e8m0 = 1, .T = 4},
+};
+
 static const lin_case lin_cases[] = {
     {.name = "linear fp8 e8m0 T=9", .form = DSV4_WF_FP8, .n = 256, .k = 512, .bn = 128, .bk = 128, .e8m0 = 1, .T = 9},
     {.name = "linear fp8 e8m0 T=1 (fused row)", .form = DSV4_WF_FP8, .n = 130, .k = 1024, .bn = 128, .bk = 128, .e8m0 = 1, .T = 1},
@@ -3314,6 +3527,9 @@ int main(void)
     rng = cases_seed;
     for (size_t i = 0; i < N_OF(lin_cases); i++)
         test_linear(&lin_cases[i]);
+    test_rounding();
+    for (size_t i = 0; i < N_OF(linq_cases); i++)
+        test_linear_q(&linq_cases[i]);
     for (size_t i = 0; i < N_OF(blocks_cases); i++)
         test_linear_blocks(&blocks_cases[i]);
     for (size_t i = 0; i < N_OF(multi_cases); i++)

@@ -9,7 +9,7 @@
  * fixture README's tight gate, not to be loosened). Seams in both modes: chunks of 1, 2, 3, 7
  * == one prefill bit for bit; copy, save/restore and rollback == an uninterrupted run;
  * two sequences in one step == each alone.
- * DSV4_TEST_DEVICE=cuda runs the fp32 checks through the CUDA backend (ref is refused there).
+ * DSV4_TEST_DEVICE=cuda runs the checks of both modes through the CUDA backend.
  *
  * --numerics ref against the bf16 reference's prefill logits (expected.safetensors), both
  * paths, as the README recommends: within 2e-2 at every position before the first one where
@@ -292,13 +292,6 @@ int main(int argc, char **argv)
             /* DSV4_TEST_DEVICE=cuda (make test-cuda): the same checks through the CUDA backend */
             dsv4_load_opts lo = {.numerics = mode ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32, .device = getenv("DSV4_TEST_DEVICE")};
             dsv4_model *m = dsv4_model_load(dir, &lo, &err);
-            if (mode && lo.device && !strcmp(lo.device, "cuda")) { /* ref is CPU-only: refused by name */
-                CHECK(!m && err.code == DSV4_E_UNSUPPORTED && strstr(err.msg, "ref"), "%s: ref on cuda must be refused: %s",
-                      name, m ? "loaded" : err.msg);
-                printf("  ref numerics on cuda: refused (%s)\n", err.msg);
-                dsv4_model_free(m);
-                continue;
-            }
             CHECK(m != NULL, "%s: load: %s", name, err.msg);
             if (!m)
                 continue;

@@ -445,6 +445,32 @@ static void cpu_embed(const dsv4_weight *w, const int32_t *ids, int T, int n, fl
     }
 }
 
+static void cpu_linear_q(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                         int64_t ldy)
+{
+    float *xq = malloc((size_t)(T > 0 ? T : 1) * w->k * sizeof(float));
+    if (!xq) { /* out of memory: never a silently unquantized product */
+        for (int t = 0; t < T; t++)
+            for (int64_t i = 0; i < r1 - r0; i++)
+                y[t * ldy + i] = NAN;
+        return;
+    }
+    for (int t = 0; t < T; t++) {
+        memcpy(xq + (int64_t)t * w->k, x + t * ldx, w->k * sizeof(float));
+        dsv4_fp8_roundtrip(xq + (int64_t)t * w->k, w->k, 32);
+    }
+    cpu_linear(w, r0, r1, xq, T, w->k, y, ldy);
+    free(xq);
+}
+
+static void cpu_roundtrip(float *x, int64_t n, int block, int code)
+{
+    if (code == DSV4_RT_FP8)
+        dsv4_fp8_roundtrip(x, n, block);
+    else
+        dsv4_fp4_roundtrip(x, n, block, code == DSV4_RT_FP4_E4M3);
+}
+
 static void cpu_describe(char *buf, size_t n) { snprintf(buf, n, "cpu: %d threads", omp_get_max_threads()); }
 
 static const dsv4_backend cpu_backend = {
@@ -456,6 +482,7 @@ static const dsv4_backend cpu_backend = {
     .copy = dsv4_cpu_copy,
     .copy2d = dsv4_cpu_copy2d,
     .linear = cpu_linear,
+    .linear_q = cpu_linear_q,
     .linear_blocks = cpu_linear_blocks,
     .linear_multi = cpu_linear_multi,
     .embed = cpu_embed,
@@ -471,6 +498,8 @@ static const dsv4_backend cpu_backend = {
     .attn_step41 = dsv4_cpu_attn_step41,
     .route = dsv4_cpu_route,
     .experts = dsv4_cpu_experts,
+    .round_bf16 = dsv4_round_bf16,
+    .roundtrip = cpu_roundtrip,
     .add = dsv4_cpu_add,
     .scale = dsv4_cpu_scale,
     .attn_work = dsv4_cpu_attn_work,

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/rounding.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/expert_stage.cuh"
 
@@ -246,16 +247,28 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_down(const wdev *t2, const int *tiles, con
 }
 
 /* h = swiglu(g, u), times the pair's weight when pre_weight; into G. */
-__global__ void k_ex_act(float *G, const float *U, const float *wts, int64_t n, int I, float limit, int pre_weight)
+__global__ void k_ex_act(float *G, const float *U, const float *wts, int64_t n, int I, float limit, int pre_weight,
+                         int ref)
 {
     PDL_WAIT();
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n)
         return;
-    float h = swiglu1(G[i], U[i], limit);
+    /* REF: the products rounded to bf16 before the activation, h after it */
+    float h = ref ? swiglu1(rt_bf16(G[i]), rt_bf16(U[i]), limit) : swiglu1(G[i], U[i], limit);
     if (pre_weight)
         h *= wts[i / I];
-    G[i] = h;
+    G[i] = ref ? rt_bf16(h) : h;
+}
+
+/* REF between the phases: h's rows through e4m3 blocks when w2 is FP8/FP4, in place (each
+ * block is read whole before it is written). */
+static bool ex_ref_h(const dsv4_experts_args *a, float *G)
+{
+    if (!a->ref || (a->w2[0].form != DSV4_WF_FP8 && a->w2[0].form != DSV4_WF_FP4))
+        return true;
+    quant_rows(G, (int64_t)a->R * a->K, a->I, a->I, G);
+    return launched("experts h quantized") != 0;
 }
 
 /* y_r = sum over k in order of (pre_weight ? 1 : w_rk) Y_rk; a pair with no valid expert
@@ -313,8 +326,8 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
         return;
     prof_split("experts: w1, w3");
     int64_t nh = RK * I;
-    launch_k(k_ex_act, (unsigned)cdiv(nh, 256), 256, 0, stream, G, U, a->wts, nh, I, a->limit, a->pre_weight);
-    if (!launched("experts swiglu"))
+    launch_k(k_ex_act, (unsigned)cdiv(nh, 256), 256, 0, stream, G, U, a->wts, nh, I, a->limit, a->pre_weight, a->ref);
+    if (!launched("experts swiglu") || !ex_ref_h(a, G))
         return;
     prof_split("experts: swiglu");
     launch_k(k_tc_ex_down<F, NTT>, g2, threads, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);
@@ -363,8 +376,8 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
         return;
     prof_split("experts: w1, w3");
     int64_t nh = (int64_t)a->R * K * I;
-    launch_k(k_ex_act, (unsigned)cdiv(nh, 256), 256, 0, stream, G, U, a->wts, nh, I, a->limit, a->pre_weight);
-    if (!launched("experts swiglu"))
+    launch_k(k_ex_act, (unsigned)cdiv(nh, 256), 256, 0, stream, G, U, a->wts, nh, I, a->limit, a->pre_weight, a->ref);
+    if (!launched("experts swiglu") || !ex_ref_h(a, G))
         return;
     prof_split("experts: swiglu");
     if (tile == 1 && vec2)
@@ -406,6 +419,17 @@ __global__ void k_scale_rows(float *g, int64_t n, int I, const float *w)
 /* Experts of mixed storage forms (EXL3 packs, partly quantized checkpoints): the step waits for
  * the routing, and each used expert's rows go through the linear op together, as the CPU
  * groups them; then the grouped path's combine. Not recordable (it reads eid on the host). */
+/* One product of the by-expert path: linear, with REF's quantized input and bf16 output. */
+static void ex_lin(const dsv4_weight *w, int64_t nout, const float *x, int n, float *y, int ref)
+{
+    if (ref && (w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4))
+        cu_linear_q(w, 0, nout, x, n, w->k, y, nout);
+    else
+        cu_linear(w, 0, nout, x, n, w->k, y, nout);
+    if (ref)
+        cu_round_bf16(y, (int64_t)n * nout);
+}
+
 static void experts_by_expert(const dsv4_experts_args *a)
 {
     int R = a->R, K = a->K, D = a->D, I = a->I, E = a->E, RK = R * K;
@@ -442,15 +466,17 @@ static void experts_by_expert(const dsv4_experts_args *a)
             }
         if (!n || !ok)
             continue;
-        cu_linear(&a->w1[e], 0, I, xb, n, D, g, I);
-        cu_linear(&a->w3[e], 0, I, xb, n, D, u, I);
+        ex_lin(&a->w1[e], I, xb, n, g, a->ref);
+        ex_lin(&a->w3[e], I, xb, n, u, a->ref);
         cu_swiglu(g, u, (int64_t)n * I, a->limit, g);
         if (a->pre_weight) {
             ok = ok && !CK(cudaMemcpyAsync(dw, wsel, n * sizeof(float), cudaMemcpyHostToDevice, stream));
             launch_k(k_scale_rows, (unsigned)cdiv((int64_t)n * I, 256), 256, 0, stream, g, (int64_t)n * I, I, dw);
             ok = ok && !CK(cudaStreamSynchronize(stream));
         }
-        cu_linear(&a->w2[e], 0, D, g, n, I, yb, D);
+        if (a->ref)
+            cu_round_bf16(g, (int64_t)n * I);
+        ex_lin(&a->w2[e], D, g, n, yb, a->ref);
         for (int i = 0; i < n && ok; i++)
             ok = !CK(cudaMemcpyAsync(Y + (size_t)rows[i] * D, yb + (size_t)i * D, D * sizeof(float),
                                      cudaMemcpyDeviceToDevice, stream));
@@ -515,10 +541,8 @@ static void experts_run(const dsv4_experts_args *a)
     size_t by = (size_t)R * D * sizeof(float);
     int64_t RK = (int64_t)R * K;
     int ok = 1;
-    if (a->ref) {
-        fail(DSV4_E_DEVICE, "cuda: experts: REF numerics run on the CPU");
-        ok = 0;
-    } else if (K <= 0 || I <= 0 || E <= 0 || E > EX_SORT || RK > INT32_MAX / 4) {
+    dsv4_experts_args q = *a;
+    if (K <= 0 || I <= 0 || E <= 0 || E > EX_SORT || RK > INT32_MAX / 4) {
         fail(DSV4_E_ARG, "cuda: experts: bad shape R=%d K=%d D=%d I=%d E=%d (at most %d experts)", R, K, D, I, E,
              (int)EX_SORT);
         ok = 0;
@@ -559,8 +583,16 @@ static void experts_run(const dsv4_experts_args *a)
             xz.data[m] = data_bytes(w);
             xz.scale[m] = w->scale ? scale_bytes(w) : 0;
         }
+        /* REF: x's rows through e4m3 blocks for FP8/FP4 products (once for w1 and w3) */
+        if (a->ref && (a->w1[0].form == DSV4_WF_FP8 || a->w1[0].form == DSV4_WF_FP4)) {
+            float *xq = ref_buf((size_t)R * D);
+            if (xq)
+                quant_rows(a->x, R, D, D, xq);
+            q.x = xq;
+        }
+        a = &q;
         const wdev *st[3];
-        if (launched("experts grouping") && stage_experts(xt, xz, E, tiles, ntiles, (int)NT, st)) {
+        if (a->x && launched("experts grouping") && stage_experts(xt, xz, E, tiles, ntiles, (int)NT, st)) {
             t1 = st[0];
             t2 = st[1];
             t3 = st[2];
@@ -572,6 +604,8 @@ static void experts_run(const dsv4_experts_args *a)
             case DSV4_WF_FP8: launch_experts<DSV4_WF_FP8>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
             default: launch_experts<DSV4_WF_FP4>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
             }
+            if (a->ref && launched("experts"))
+                round_bf16_launch(Y, RK * D);
             launch_k(k_ex_sum, (unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream, Y, a->wts, a->eid, E, K, D,
                                                                                (int64_t)R * D, a->pre_weight, a->y);
             if (launched("experts sum") && !errp()->code)

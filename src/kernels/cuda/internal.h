@@ -268,7 +268,7 @@ void finish(bool ran, const char *what, void *p, const void *d, size_t bytes);
 void finish_rows(bool ran, const char *what, float *y, const float *dy, int64_t rows, int64_t w, int64_t ld);
 
 /* The op table's entries, one file per family (runtime.cu: memory, graphs and the error check;
- * linear.cu, experts.cu, norm.cu, hc.cu, attend.cu, elementwise.cu, embed.cu); their contracts
+ * linear.cu, rounding.cu, experts.cu, norm.cu, hc.cu, attend.cu, elementwise.cu, embed.cu); their contracts
  * are the ops' in kernels/backend.h. */
 int cuda_check(dsv4_err *err);
 void *cu_alloc(size_t bytes);
@@ -283,6 +283,9 @@ void cu_graph_run(void *g);
 void cu_graph_free(void *g);
 void cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
 void cu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T, float *y);
+void cu_linear_q(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
+void cu_round_bf16(float *x, int64_t n);
+void cu_roundtrip(float *x, int64_t n, int block, int code);
 void cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx, float *const *y);
 void cu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, float eps, float *y);
 void cu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq, const int64_t *pos,

@@ -11,7 +11,7 @@
  * buffers, copied in and out per call (tests).
  *
  * Files: runtime.cu (device, residency, scratch, buffers, memory, graphs), linear.cu,
- * experts.cu, norm.cu (rmsnorm, rope), hc.cu, attend.cu, elementwise.cu, embed.cu, step.cu
+ * rounding.cu (REF's roundings), experts.cu, norm.cu (rmsnorm, rope), hc.cu, attend.cu, elementwise.cu, embed.cu, step.cu
  * (V4's stateful attention step and routing), step41.cu (V4.1's), exl3.cu. */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -50,6 +50,7 @@ static dsv4_backend make_table(void)
     t.copy = cu_copy;
     t.copy2d = cu_copy2d;
     t.linear = cu_linear;
+    t.linear_q = cu_linear_q;
     t.linear_blocks = cu_linear_blocks;
     t.linear_multi = cu_linear_multi;
     t.embed = cu_embed;
@@ -66,6 +67,8 @@ static dsv4_backend make_table(void)
     t.attn41_work = cu_attn41_work;
     t.route = cu_route;
     t.experts = cu_experts;
+    t.round_bf16 = cu_round_bf16;
+    t.roundtrip = cu_roundtrip;
     t.add = cu_add;
     t.scale = cu_scale;
     t.swiglu = cu_swiglu;

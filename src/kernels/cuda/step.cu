@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "kernels/cuda/step.cuh"
+#include "kernels/cuda/rounding.cuh"
 
 using namespace dsv4cu;
 
@@ -75,7 +76,7 @@ enum { SC_EPB = 64 };           /* entries a scoring block takes (a warp per ent
  * by the warp's lanes (stride 32) and its xor tree. */
 __global__ void __launch_bounds__(NB) k_iscore(rows_dev rd_, int ratio, int topk, int64_t vis_cap, int nI, int ci,
                                                float iw_scale, float post, const float *qi, const float *wt,
-                                               float *scores)
+                                               float *scores, int ref)
 {
     PDL_WAIT();
     int r = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -95,10 +96,14 @@ __global__ void __launch_bounds__(NB) k_iscore(rows_dev rd_, int ratio, int topk
             for (int j = lane; j < ci; j += 32)
                 a = fmaf(qh[j], k[j], a);
             a = warp_sum(a);
-            s += wr[h] * iw_scale * (a > 0.0f ? a : 0.0f);
+            if (ref) { /* V4.1 REF: the bf16 einsum's rounding of each dot and term, then of the sum */
+                a = rt_bf16(a);
+                s += rt_bf16(wr[h] * iw_scale * (a > 0.0f ? a : 0.0f));
+            } else
+                s += wr[h] * iw_scale * (a > 0.0f ? a : 0.0f);
         }
         if (lane == 0)
-            scores[(int64_t)r * vis_cap + w] = s * post;
+            scores[(int64_t)r * vis_cap + w] = (ref ? rt_bf16(s) : s) * post;
     }
 }
 
@@ -252,12 +257,12 @@ __global__ void dsv4cu::k_ring(rows_dev rd_, int ratio, int csa, int d, int cw, 
 }
 
 bool dsv4cu::iscore_launch(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale,
-                           float post, const float *qi, const float *wt, float *scores)
+                           float post, const float *qi, const float *wt, float *scores, int ref)
 {
-    if (iscore_tc_fits(nI, ci, vis_cap))
+    if (!ref && iscore_tc_fits(nI, ci, vis_cap))
         return iscore_tc(rd, ratio, topk, vis_cap, nI, ci, iw_scale, post, qi, wt, scores);
     launch_k(k_iscore, dim3((unsigned)rd.R, (unsigned)cdiv(vis_cap, SC_EPB)), NB, 0, stream, rd, ratio, topk, vis_cap, nI,
-             ci, iw_scale, post, qi, wt, scores);
+             ci, iw_scale, post, qi, wt, scores, ref);
     return launched("attn_step indexer scores");
 }
 
@@ -383,7 +388,7 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
     }
     if (run && csa && vis > a->topk) {
         run = iscore_launch(rdv, ratio, a->topk, vis, a->nI, a->ci, a->iw_scale, 1.0f / sqrtf((float)a->ci), a->qi,
-                            a->wt, scores);
+                            a->wt, scores, 0);
         if (run) {
             launch_k(k_itopk, (unsigned)R, TK_NT, 0, stream, rdv, ratio, a->topk, vis, scores, sel);
             run = launched("attn_step indexer top-k");

@@ -264,9 +264,10 @@ bool iscore_tc(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI,
 /* The indexer's scores of the rows that keep fewer than all their entries (nvis > topk):
  * scores[r * vis_cap + w] = sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w]) * post, the keys
  * those of rd.st's buffers; on the tensor cores when iscore_tc_fits, else k_iscore (step.cu).
- * false: the launch failed (recorded). */
+ * ref (V4.1 REF): each dot, each term and the sum through bf16, always by k_iscore. false: the
+ * launch failed (recorded). */
 bool iscore_launch(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale, float post,
-                   const float *qi, const float *wt, float *scores);
+                   const float *qi, const float *wt, float *scores, int ref);
 
 /* The rings take the step's rows (step.cu): thread per (row, column) of stream y (0 kv, 1 c,
  * 2 z, 3 ic, 4 iz; c and z only with ratio, ic and iz only with csa), the last cap rows of each

@@ -21,12 +21,16 @@
  *              tensor cores instead, attn_tc.cu, when they are on and the heads suit them);
  *   k_ring     the rings take the step's rows (step.cu).
  * Each row's result comes from one block in an order fixed by the shapes: batch invariant, and
- * a row gives the same bits in any step. fp32 numerics and exact caches: REF rounding and
- * production caches are refused (they run on the CPU). */
+ * a row gives the same bits in any step. REF (ref) rounds where the CPU's walk does: the
+ * pooled and normed latent, the key projection's e4m3 input and its output, the key after
+ * its norm and rope, the entry after its rope, and both through their fp4 round trips
+ * (rounding.cuh), and the index scores (k_iscore's ref). Exact caches only: production caches
+ * are refused (they run on the CPU). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include "kernels/cuda/step.cuh"
+#include "kernels/cuda/rounding.cuh"
 
 using namespace dsv4cu;
 
@@ -38,7 +42,7 @@ enum { A41_NW = 16 };          /* warps of an attention block, as attn_step's */
  * over the group's m tokens (the step's cc, zz rows for tokens of this step, the rings for
  * earlier ones) and the block's RMS norm with norm; m = 1, cc[r]. lat[r] takes it, or zeros. */
 __global__ void __launch_bounds__(NB) k41_lat(rows_dev rd, int m, int d, int c_cap, const float *ape, const float *norm,
-                                              float eps, const float *cc, const float *zz, float *lat)
+                                              float eps, const float *cc, const float *zz, float *lat, int ref)
 {
     PDL_WAIT();
     extern __shared__ float ev[]; /* [d] */
@@ -65,16 +69,43 @@ __global__ void __launch_bounds__(NB) k41_lat(rows_dev rd, int m, int d, int c_c
         c = (here ? cc : b.c) + ro;
         z = (here ? zz : b.z) + ro;
     };
-    for (int ch = threadIdx.x; ch < d; ch += NB)
-        ev[ch] = pool_channel(m, d, 0, ape, w, ch, row);
+    for (int ch = threadIdx.x; ch < d; ch += NB) {
+        float v = pool_channel(m, d, 0, ape, w, ch, row);
+        ev[ch] = ref ? rt_bf16(v) : v;
+    }
     rms_block(ev, d, norm, eps, red, out);
+    if (ref) /* the channels this thread wrote */
+        for (int ch = threadIdx.x; ch < d; ch += NB)
+            out[ch] = rt_bf16(out[ch]);
+}
+
+/* rope_store, with REF's steps between the rope and the store: the roped row through bf16,
+ * then through its cache code in blocks (DSV4_RT_*). */
+__device__ void rope_store41(float *v, int n, int rd, const float *inv_freq, int64_t p, float *dst, int ref, int block,
+                             int code)
+{
+    if (!ref) {
+        rope_store(v, n, rd, inv_freq, p, dst);
+        return;
+    }
+    rope_store(v, n, rd, inv_freq, p, v);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += NB)
+        v[i] = rt_bf16(v[i]);
+    __syncthreads();
+    for (int b = threadIdx.x; b * block < n; b += NB)
+        rt_block(v + b * block, v + b * block, n - b * block < block ? n - b * block : block, code);
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += NB)
+        dst[i] = v[i];
 }
 
 /* Block per row that completes group w: (kk given) the index key kk[r] RMS-normed with ik_norm
  * and roped at w m into ikey[w]; the entry lat[r] roped at w m into ent[w] (the row's sequence's
  * buffers of this layer). */
 __global__ void __launch_bounds__(NB) k41_store(rows_dev rd, int m, int d, int ci, int rdim, const float *inv_freq,
-                                                const float *ik_norm, float eps, const float *lat, const float *kk)
+                                                const float *ik_norm, float eps, const float *lat, const float *kk,
+                                                int ref)
 {
     PDL_WAIT();
     extern __shared__ float sv[]; /* [max(d, ci)] */
@@ -87,14 +118,17 @@ __global__ void __launch_bounds__(NB) k41_store(rows_dev rd, int m, int d, int c
     dsv4_lbufs b = rd.st[rd.seq[r]];
     if (kk) {
         for (int i = threadIdx.x; i < ci; i += NB)
-            sv[i] = kk[(int64_t)r * ci + i];
+            sv[i] = ref ? rt_bf16(kk[(int64_t)r * ci + i]) : kk[(int64_t)r * ci + i];
         rms_block(sv, ci, ik_norm, eps, red, sv);
-        rope_store(sv, ci, rdim, inv_freq, w * m, b.ikey + w * ci);
+        if (ref)
+            for (int i = threadIdx.x; i < ci; i += NB)
+                sv[i] = rt_bf16(sv[i]);
+        rope_store41(sv, ci, rdim, inv_freq, w * m, b.ikey + w * ci, ref, 32, DSV4_RT_FP4);
         __syncthreads();
     }
     for (int i = threadIdx.x; i < d; i += NB)
         sv[i] = lat[(int64_t)r * d + i];
-    rope_store(sv, d, rdim, inv_freq, w * m, b.ent + w * d);
+    rope_store41(sv, d, rdim, inv_freq, w * m, b.ent + w * d, ref, 16, DSV4_RT_FP4_E4M3);
 }
 
 /* Block per row with nvis >= 1 entries: block b's score is the best of its entries' (bs a
@@ -289,9 +323,8 @@ bool check41(const dsv4_attn41_args *a)
         ok = dev41(a->cand, "cand") && dev41(a->ncand, "ncand");
     if (!ok)
         return false;
-    if (a->ref || a->kv_prod) {
-        fail(DSV4_E_UNSUPPORTED, "cuda: attn_step41: %s runs on the CPU backend",
-             a->ref ? "REF numerics" : "production KV caches");
+    if (a->kv_prod) {
+        fail(DSV4_E_UNSUPPORTED, "cuda: attn_step41: production KV caches run on the CPU backend");
         return false;
     }
     bool bad = rw->S <= 0 || a->window < 0 || a->kv_cap <= 0 || a->H <= 0 || a->H > 65535 || a->d <= 0 ||
@@ -335,13 +368,17 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
         run = (norm || !a->comp.norm || m == 1) && (ape || !a->comp.ape || m == 1);
         if (run) {
             launch_k(k41_lat, (unsigned)R, NB, (size_t)d * sizeof(float), stream, rdv, m, d, a->c_cap, ape, norm, a->eps,
-                     a->cc, a->zz, w.lat);
+                     a->cc, a->zz, w.lat, a->ref);
             run = launched("attn_step41 entries");
         }
     }
     op_end();
-    if (run && a->own_ikey)
-        cu_linear(a->iwk, 0, ci, w.lat, R, d, w.kk, ci);
+    if (run && a->own_ikey) {
+        if (a->ref && (a->iwk->form == DSV4_WF_FP8 || a->iwk->form == DSV4_WF_FP4)) /* REF's e4m3 input */
+            cu_linear_q(a->iwk, 0, ci, w.lat, R, d, w.kk, ci);
+        else
+            cu_linear(a->iwk, 0, ci, w.lat, R, d, w.kk, ci);
+    }
 
     op_begin();
     const float *sink = run ? (const float *)dev_const(a->sink, (size_t)H * sizeof(float)) : NULL;
@@ -372,7 +409,7 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
     if (run && a->own_ent) {
         int wmax = ci > d ? ci : d;
         launch_k(k41_store, (unsigned)R, NB, (size_t)wmax * sizeof(float), stream, rdv, m, d, ci, a->rd, ifr, ikn, a->eps,
-                 w.lat, a->own_ikey ? w.kk : (const float *)NULL);
+                 w.lat, a->own_ikey ? w.kk : (const float *)NULL, a->ref);
         run = launched("attn_step41 entry stores");
     }
     if (run && a->index_source) {
@@ -380,7 +417,7 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
          * that keep fewer than all */
         int keep = a->cand_source ? 0 : K; /* rows with more entries than this are scored */
         if (vis > keep)
-            run = iscore_launch(rdi, m, keep, vis, a->nI, ci, 1.0f, 1.0f, a->qi, a->wt, w.scores);
+            run = iscore_launch(rdi, m, keep, vis, a->nI, ci, 1.0f, 1.0f, a->qi, a->wt, w.scores, a->ref);
         if (run && a->cand_source) {
             launch_k(k41_cand, (unsigned)R, TK_NT, 0, stream, rdv, m, vis, a->cand_bs, a->cand_k, w.nbc, w.scores, w.bm,
                      a->cand, a->ncand);

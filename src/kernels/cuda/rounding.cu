@@ -1,0 +1,123 @@
+/* CUDA REF rounding ops: round_bf16, roundtrip and linear_q (kernels/backend.h), over the
+ * formulas of rounding.cuh. */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "kernels/cuda/internal.h"
+#include "kernels/cuda/rounding.cuh"
+
+using namespace dsv4cu;
+
+__global__ void k_round_bf16(float *x, int64_t n)
+{
+    PDL_WAIT();
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        x[i] = rt_bf16(x[i]);
+}
+
+/* Thread per block of `block` values (the last one may be short). */
+__global__ void k_roundtrip(float *x, int64_t n, int block, int code)
+{
+    PDL_WAIT();
+    int64_t b = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, b0 = b * block;
+    if (b0 < n)
+        rt_block(x + b0, x + b0, (int)(n - b0 < block ? n - b0 : block), code);
+}
+
+/* Thread per (row, block of 32) of x [rows, k] (stride ldx) into xq [rows, k] (the thread reads
+ * its block whole before writing it, so xq may be x). */
+__global__ void k_quant_rows(const float *x, int64_t rows, int k, int64_t ldx, float *xq)
+{
+    PDL_WAIT();
+    int nb = (k + 31) / 32;
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * nb)
+        return;
+    int64_t r = i / nb;
+    int c0 = (int)(i % nb) * 32;
+    rt_block(x + r * ldx + c0, xq + r * k + c0, k - c0 < 32 ? k - c0 : 32, DSV4_RT_FP8);
+}
+
+void dsv4cu::quant_rows(const float *x, int64_t rows, int k, int64_t ldx, float *xq)
+{
+    int64_t nt = rows * ((k + 31) / 32);
+    if (nt > 0)
+        launch_k(k_quant_rows, (unsigned)cdiv(nt, 128), 128, 0, stream, x, rows, k, ldx, xq);
+}
+
+void dsv4cu::round_bf16_launch(float *x, int64_t n)
+{
+    if (n > 0)
+        launch_k(k_round_bf16, (unsigned)cdiv(n, 256), 256, 0, stream, x, n);
+}
+
+void dsv4cu::cu_round_bf16(float *x, int64_t n)
+{
+    if (n <= 0)
+        return;
+    size_t by = (size_t)n * sizeof(float);
+    op_begin_at("round_bf16");
+    float *dx = (float *)in_buf(x, by);
+    if (dx)
+        round_bf16_launch(dx, n);
+    finish(dx != NULL, "round_bf16", x, dx, by);
+    op_end();
+}
+
+void dsv4cu::cu_roundtrip(float *x, int64_t n, int block, int code)
+{
+    if (n <= 0)
+        return;
+    size_t by = (size_t)n * sizeof(float);
+    op_begin_at("roundtrip");
+    bool ok = block > 0 && (code == DSV4_RT_FP8 || code == DSV4_RT_FP4 || code == DSV4_RT_FP4_E4M3);
+    if (!ok)
+        fail(DSV4_E_ARG, "cuda: roundtrip: block %d, code %d", block, code);
+    float *dx = ok ? (float *)in_buf(x, by) : NULL;
+    if (dx)
+        launch_k(k_roundtrip, (unsigned)cdiv(cdiv(n, block), 128), 128, 0, stream, dx, n, block, code);
+    finish(dx != NULL, "roundtrip", x, dx, by);
+    op_end();
+}
+
+static float *g_qx;
+static size_t g_qx_cap;
+
+float *dsv4cu::ref_buf(size_t n)
+{
+    if (n > g_qx_cap) {
+        if (capturing) {
+            fail(DSV4_E_STATE, "cuda: linear_q: its buffer must grow to %zu floats while a step is recorded", n);
+            return NULL;
+        }
+        float *p = NULL;
+        if (CK(cudaMalloc((void **)&p, n * sizeof(float))))
+            return NULL;
+        g_qx = p;
+        g_qx_cap = n;
+    }
+    return g_qx;
+}
+
+void dsv4cu::cu_linear_q(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                         int64_t ldy)
+{
+    if (T <= 0 || r1 <= r0)
+        return;
+    op_begin_at("linear_q");
+    const float *dx = on_dev(x) ? x : dev_in(x, T, w->k, ldx);
+    int64_t dldx = dx == x ? ldx : w->k;
+    float *xq = dx ? ref_buf((size_t)T * w->k) : NULL;
+    if (xq)
+        quant_rows(dx, T, (int)w->k, dldx, xq);
+    bool ran = xq && launched("linear_q input");
+    op_end();
+    if (ran)
+        cu_linear(w, r0, r1, xq, T, w->k, y, ldy);
+    else if (on_dev(y))
+        fail_rows(y, T, r1 - r0, ldy);
+    else
+        nan_fill(y, T, r1 - r0, ldy);
+}
