@@ -113,11 +113,9 @@ void dsv4cu::cu_linear_q(const dsv4_weight *w, int64_t r0, int64_t r1, const flo
     if (xq)
         quant_rows(dx, T, (int)w->k, dldx, xq);
     bool ran = xq && launched("linear_q input");
+    if (!ran)
+        fail_rows(y, T, r1 - r0, ldy);
     op_end();
     if (ran)
         cu_linear(w, r0, r1, xq, T, w->k, y, ldy);
-    else if (on_dev(y))
-        fail_rows(y, T, r1 - r0, ldy);
-    else
-        nan_fill(y, T, r1 - r0, ldy);
 }
