@@ -10,7 +10,8 @@
 # `on_device.sh bench`: instead, our rows of the benchmark table (43 layers, lanes, 4k prefill);
 # `on_device.sh peers`: the transformers and PyTorch peers beside ours on the same 2 layers;
 # `on_device.sh ncu`: the hardware counters of each kernel of one decode step;
-# `on_device.sh profile`: the op profile of a 4k prefill and of an 8-lane step (tensor cores on).
+# `on_device.sh profile`: the op profile of a 4k prefill and of an 8-lane step (tensor cores on);
+# `on_device.sh v41`: V4.1-Flash's rows at 40 layers, REF and fp32, tensor cores and FMA kernels.
 # Logs go to $OUT; the exit status is that of the correctness runs.
 set -u
 cd "$(dirname "$0")/../.."
@@ -37,6 +38,18 @@ if [ "$mode" = bench ]; then
         --lanes 1,4,8 --graphs both
     DSV4_CUDA_TC=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 \
         --prefill 64,4096,16384 --decode 8 --lanes 1,4,8,16,32,64 --graphs on
+    exit 0
+fi
+if [ "$mode" = v41 ]; then
+    # V4.1-Flash's rows (docs/bench.md): all 40 layers, the experts of 8 shared round-robin, a
+    # 3k prefill and batch-1 decode on the tensor cores in REF numerics (the default where
+    # the checkpoint is the release's) and in fp32, then REF on the FMA kernels with lanes
+    for nm in ref fp32; do
+        DSV4_CUDA_TC=1 run $B/dsv4 bench --synthetic v4.1-flash --device cuda --layers 40 --expert-layers 8 \
+            --prefill 3072 --decode 8 --numerics $nm
+    done
+    run $B/dsv4 bench --synthetic v4.1-flash --device cuda --layers 40 --expert-layers 8 --prefill 64 --decode 16 \
+        --lanes 1,8 --numerics ref
     exit 0
 fi
 if [ "$mode" = profile ]; then

@@ -716,13 +716,16 @@ static int dev_equal(const void *d, const void *host, size_t bytes)
  * resident, x and y on the device, every T in 1..64 and some large T (the first T rows of one
  * x, then the last T rows, so each row also runs at other positions), each row against the
  * same row run alone. One row's result also agrees with the CPU's (1e-5 * sum|w x|), and a
- * control runs a copy of the weight with one element changed: that row must change. */
-static void test_invariance(const lin_case *c, int Tmax)
+ * control runs a copy of the weight with one element changed: that row must change. With q,
+ * the op is linear_q (REF's quantized input, which the tensor cores take as one term). */
+static void test_invariance(const lin_case *c, int Tmax, int q)
 {
     char what[128];
-    snprintf(what, sizeof what, "invariance %s [%lld,%lld]%s%s T=1..64,%d", dsv4_wform_name(c->form), (long long)c->n,
-             (long long)c->k, c->bn && !c->e8m0 ? " f32 scales" : "", c->form == DSV4_WF_FP8 && c->bk == 32 ? " bk 32" : "",
-             Tmax);
+    snprintf(what, sizeof what, "invariance %s%s [%lld,%lld]%s%s T=1..64,%d", q ? "linear_q " : "",
+             dsv4_wform_name(c->form), (long long)c->n, (long long)c->k, c->bn && !c->e8m0 ? " f32 scales" : "",
+             c->form == DSV4_WF_FP8 && c->bk == 32 ? " bk 32" : "", Tmax);
+    void (*lin)(const dsv4_weight *, int64_t, int64_t, const float *, int, int64_t, float *, int64_t) =
+        q ? gpu->linear_q : gpu->linear;
     dsv4_weight w;
     lin_weight(c, &w);
     dsv4_err err = {0};
@@ -733,14 +736,14 @@ static void test_invariance(const lin_case *c, int Tmax)
     fill(x, (size_t)Tmax * k, -1, 1);
     float *dx = to_dev(x, xb), *dy = to_dev(NULL, yb);
     for (int t = 0; t < Tmax; t++)
-        gpu->linear(&w, 0, n, dx + (size_t)t * k, 1, k, dy + (size_t)t * n, n);
+        lin(&w, 0, n, dx + (size_t)t * k, 1, k, dy + (size_t)t * n, n);
     gpu->download(solo, dy, yb);
     CHECK(!gpu->check(&err), "%s: %s", what, err.msg);
     /* the solo rows against the CPU */
     float *ref = falloc(n), *row = falloc(k);
     double *mag = malloc(n * sizeof(double));
     int t1 = Tmax / 3;
-    cpu->linear(&w, 0, n, x + (size_t)t1 * k, 1, k, ref, n);
+    (q ? cpu->linear_q : cpu->linear)(&w, 0, n, x + (size_t)t1 * k, 1, k, ref, n);
     for (int64_t i = 0; i < n; i++) {
         dsv4_weight_row(&w, i, row);
         double s = 0;
@@ -763,7 +766,7 @@ static void test_invariance(const lin_case *c, int Tmax)
             int T = Ts[i], t0 = end ? Tmax - T : 0;
             poison(got, (size_t)T * n);
             gpu->upload(dy, got, (size_t)T * n * sizeof(float));
-            gpu->linear(&w, 0, n, dx + (size_t)t0 * k, T, k, dy, n);
+            lin(&w, 0, n, dx + (size_t)t0 * k, T, k, dy, n);
             gpu->download(got, dy, (size_t)T * n * sizeof(float));
             runs++;
             if (memcmp(got, solo + (size_t)t0 * n, (size_t)T * n * sizeof(float))) {
@@ -2098,7 +2101,10 @@ int main(void)
         {.form = DSV4_WF_FP8, .n = 64, .k = 200, .bn = 32, .bk = 32, .e8m0 = 1},   /* a run past k */
     };
     for (size_t i = 0; i < sizeof ic / sizeof ic[0]; i++)
-        test_invariance(&ic[i], i < 6 ? 4096 : 300);
+        test_invariance(&ic[i], i < 6 ? 4096 : 300, 0);
+    for (size_t i = 0; i < 6; i++)
+        if (ic[i].form == DSV4_WF_FP8 || ic[i].form == DSV4_WF_FP4)
+            test_invariance(&ic[i], 4096, 1);
     test_linear_group(DSV4_WF_FP4, 96, 512, 1, 32, 6, 1);
     test_linear_group(DSV4_WF_FP8, 128, 384, 128, 128, 3, 3);
     test_linear_blocks(DSV4_WF_FP8, 8, 128, 512, 1);

@@ -554,7 +554,11 @@ static float *run_linear_q(const target *t, const dsv4_weight *w, const float *x
 }
 
 /* linear_q against linear_ref of x's rows through the fp8 round trip's reference, at linear's
- * tolerance (gamma(k + 4) sum |W x'|). Control: the unquantized x. Rows: each alone. */
+ * tolerance (gamma(k + 4) sum |W x'|). Control: the unquantized x. Rows: each alone. And on each
+ * backend, linear_q(x) == linear(x') bit for bit (x' the reference's quantized x, which the
+ * roundtrip cases show every backend makes bit for bit): a backend may take x' as bf16 values
+ * (the tensor cores' one term), never other arithmetic; control: x' with one value moved by
+ * 2^-6 of itself. */
 static void test_linear_q(const lin_case *c)
 {
     dsv4_weight w;
@@ -587,6 +591,18 @@ static void test_linear_q(const lin_case *c)
             free(one);
         }
         report_rows(c->name, t->be->name, same, T);
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        float *yl = run_linear(t, &w, 0, n, xq, T, k, n);
+        int eq = rows_equal(yl, y, ny);
+        CHECK(eq, "%s: differs from linear over the quantized x", what);
+        float keepv = xq[k / 2];
+        xq[k / 2] = keepv * (1.0f + 0x1p-6f) + 0x1p-10f;
+        float *yb = run_linear(t, &w, 0, n, xq, T, k, n);
+        xq[k / 2] = keepv;
+        int caught = !rows_equal(yb, y, ny);
+        CHECK(caught, "%s: control (a quantized value one ulp off) not caught", what);
+        printf("  %-52s == linear(x') bitwise %s; control %s\n", what, eq ? "ok" : "FAIL", caught ? "caught" : "NOT CAUGHT");
+        free(yl), free(yb);
         drop_weights(t, &w, 1);
         if (o < 0)
             cpu_y = y;
@@ -2031,8 +2047,9 @@ static void experts_ref(const experts_case *c, double *const *W1, double *const 
     free(h), free(dh);
 }
 
-/* Control: the last pair's expert one off. Rows: each alone. The V4.1 REF numerics (ref = 1,
- * CPU only) are the fixtures' business (test_v41_fixtures), not this test's. */
+/* Control: the last pair's expert one off. Rows: each alone, also with the V4.1 REF numerics
+ * (ref = 1, whose values are the fixtures' business: test_v41_fixtures), where the tensor cores
+ * take the quantized x and h as one term. */
 static void test_experts(const experts_case *c)
 {
     int R = c->R, E = c->E, K = c->K, D = c->D, I = c->I, RK = R * K;
@@ -2092,6 +2109,22 @@ static void test_experts(const experts_case *c)
             free(y1);
         }
         report_rows(c->name, t->be->name, same, R);
+        if (c->form == DSV4_WF_FP8 || c->form == DSV4_WF_FP4) {
+            dsv4_experts_args ar = a;
+            ar.ref = 1;
+            float *yr = run_experts(t, &ar);
+            int rsame = 1;
+            for (int r = 0; r < R; r++) {
+                dsv4_experts_args one = ar;
+                one.R = 1, one.eid = eid + r * K, one.wts = wts + r * K, one.x = x + (size_t)r * D;
+                float *y1 = run_experts(t, &one);
+                rsame &= rows_equal(y1, yr + (size_t)r * D, D);
+                free(y1);
+            }
+            snprintf(what, sizeof what, "%s, ref", c->name);
+            report_rows(what, t->be->name, rsame, R);
+            free(yr);
+        }
         drop_weights(t, w, 3 * E);
         if (o < 0)
             cpu_y = y;
@@ -3372,6 +3405,14 @@ static const lin_case linq_cases[] = {
     {.name = "linear_q fp8 e8m0 T=5, k%32!=0", .form = DSV4_WF_FP8, .n = 96, .k = 200, .bn = 64, .bk = 64, .e8m0 = 1, .T = 5,
      .padx = 3},
     {.name = "linear_q fp4 e8m0 T=4", .form = DSV4_WF_FP4, .n = 64, .k = 512, .bn = 1, .bk = 32, .e8m0 = 1, .T = 4},
+    /* shapes the tensor cores take, at each pass width (8, 16, 64 tokens) */
+    {.name = "linear_q fp8 [32, 32] blocks T=1", .form = DSV4_WF_FP8, .n = 160, .k = 768, .bn = 32, .bk = 32, .e8m0 = 1,
+     .T = 1},
+    {.name = "linear_q fp8 [32, 32] blocks T=13", .form = DSV4_WF_FP8, .n = 96, .k = 1024, .bn = 32, .bk = 32, .e8m0 = 1,
+     .T = 13},
+    {.name = "linear_q fp8 [128, 128] blocks T=70", .form = DSV4_WF_FP8, .n = 144, .k = 512, .bn = 128, .bk = 128,
+     .e8m0 = 1, .T = 70},
+    {.name = "linear_q fp4 T=33", .form = DSV4_WF_FP4, .n = 80, .k = 1024, .bn = 1, .bk = 32, .e8m0 = 1, .T = 33},
 };
 
 static const lin_case lin_cases[] = {
@@ -3487,6 +3528,8 @@ static const experts_case experts_cases[] = {
     {.name = "experts fp4 R=12 pre-weighted limit 1.5", .form = DSV4_WF_FP4, .R = 12, .E = 8, .K = 3, .D = 256, .I = 128,
      .pre_weight = 1, .limit = 1.5f},
     {.name = "experts fp8 R=6 E=6 K=4", .form = DSV4_WF_FP8, .R = 6, .E = 6, .K = 4, .D = 256, .I = 384},
+    /* 20 pairs an expert: the tensor cores' prefill tiles */
+    {.name = "experts fp4 R=40 E=4 K=2", .form = DSV4_WF_FP4, .R = 40, .E = 4, .K = 2, .D = 256, .I = 128},
 };
 
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))

@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_d
 /* The tensor-core builds of the two (mma.cuh): NT = 1 for tiles of up to 8 pairs, TC_TN / 8 for
  * tiles of up to TC_TN. Split (part != NULL): W1's slabs at part, W3's after them (S1 slabs of
  * [RK, I] each), W2's at part; blockIdx.z is W1 / W3 in its low bit and the slice above it. */
-template <int F, int NT>
+template <int F, int NT, int E>
 __global__ void TC_BOUNDS(NT) k_tc_ex_up(const wdev *t1, const wdev *t3, const int *tiles, const int *ntiles,
                                          const int *ord, const float *x, float *G, float *U, int K, int D, int I,
                                          float *part, int64_t slab, int S1)
@@ -228,11 +228,11 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_up(const wdev *t1, const wdev *t3, const i
     int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = z ? t3[e] : t1[e];
     pair_map m = {x, z ? U : G, ord + s0, K, D, I};
-    tc_rows<F, NT>(w, 0, I, m, n, blockIdx.y, part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, I, slab,
+    tc_rows<F, NT, pair_map, E>(w, 0, I, m, n, blockIdx.y, part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, I, slab,
                    (int)(blockIdx.z >> 1), (int)(gridDim.z >> 1));
 }
 
-template <int F, int NT>
+template <int F, int NT, int E>
 __global__ void TC_BOUNDS(NT) k_tc_ex_down(const wdev *t2, const int *tiles, const int *ntiles, const int *ord,
                                            const float *G, float *Y, int D, int I, float *part, int64_t slab)
 {
@@ -243,7 +243,7 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_down(const wdev *t2, const int *tiles, con
     int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = t2[e];
     pair_map m = {G, Y, ord + s0, 1, I, D};
-    tc_rows<F, NT>(w, 0, D, m, n, blockIdx.y, part, D, slab, (int)blockIdx.z, (int)gridDim.z);
+    tc_rows<F, NT, pair_map, E>(w, 0, D, m, n, blockIdx.y, part, D, slab, (int)blockIdx.z, (int)gridDim.z);
 }
 
 /* h = swiglu(g, u), times the pair's weight when pre_weight; into G. */
@@ -300,8 +300,9 @@ enum { EX_TC_TILE = TC_TN, EX_TC_BUSY = 16 };
 
 /* The tensor-core path: W1/W3, the activation, W2, each tile's rows in one pass; a launch split
  * into slice groups (tc_groups, from the weight and the tile grid) is folded after it. The
- * grids cover the tile bound NT; tiles past the count exit. */
-template <int F, int NTT>
+ * grids cover the tile bound NT; tiles past the count exit. E terms of x: one under REF, whose
+ * quantized x and h are bf16 values (mma.cuh). */
+template <int F, int NTT, int E>
 static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const wdev *t2, const wdev *t3, int NT,
                               const int *tiles, const int *ntiles, const int *ord, float *G, float *U, float *Y)
 {
@@ -316,7 +317,7 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
     if ((sp1 && !p1) || (sp2 && !p2))
         return;
     dim3 g1((unsigned)NT, (unsigned)rb1, 2u * (unsigned)z1), g2((unsigned)NT, (unsigned)rb2, (unsigned)z2);
-    launch_k(k_tc_ex_up<F, NTT>, g1, threads, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
+    launch_k(k_tc_ex_up<F, NTT, E>, g1, threads, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
              d1.tcs);
     if (sp1) {
         tc_fold(p1, d1.tcs, RK, I, I, slab1, G, I, stream);
@@ -330,11 +331,31 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
     if (!launched("experts swiglu") || !ex_ref_h(a, G))
         return;
     prof_split("experts: swiglu");
-    launch_k(k_tc_ex_down<F, NTT>, g2, threads, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);
+    launch_k(k_tc_ex_down<F, NTT, E>, g2, threads, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);
     if (sp2)
         tc_fold(p2, d2.tcs, RK, D, D, slab2, Y, D, stream);
     launched("experts w2");
     prof_split("experts: w2");
+}
+
+/* The tensor-core path's build for the tile size and the kind (the three matrices' kinds
+ * agree: experts_run). */
+template <int F, int E>
+static void launch_tc_tile(const dsv4_experts_args *a, const wdev *t1, const wdev *t2, const wdev *t3, int tile, int NT,
+                           const int *tiles, const int *ntiles, const int *ord, float *G, float *U, float *Y)
+{
+    if constexpr (F == DSV4_WF_FP8)
+        if (tc_kind(&a->w1[0]) == TC_FP8_32) {
+            if (tile <= 8)
+                launch_tc_experts<TC_FP8_32, 1, E>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+            else
+                launch_tc_experts<TC_FP8_32, TC_TN / 8, E>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+            return;
+        }
+    if (tile <= 8)
+        launch_tc_experts<F, 1, E>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+    else
+        launch_tc_experts<F, TC_TN / 8, E>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
 }
 
 template <int F>
@@ -345,19 +366,13 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
     const dsv4_weight *w1 = &a->w1[0], *w2 = &a->w2[0];
     if constexpr (F == DSV4_WF_BF16 || F == DSV4_WF_FP8 || F == DSV4_WF_FP4) {
         if (tc) {
-            /* the three matrices' kinds agree (experts_run) */
-            if constexpr (F == DSV4_WF_FP8)
-                if (tc_kind(w1) == TC_FP8_32) {
-                    if (tile <= 8)
-                        launch_tc_experts<TC_FP8_32, 1>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
-                    else
-                        launch_tc_experts<TC_FP8_32, TC_TN / 8>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+            /* REF quantizes x and h of FP8 and FP4 experts (experts_run, ex_ref_h): bf16 values */
+            if constexpr (F != DSV4_WF_BF16)
+                if (a->ref) {
+                    launch_tc_tile<F, TC_X1>(a, t1, t2, t3, tile, NT, tiles, ntiles, ord, G, U, Y);
                     return;
                 }
-            if (tile <= 8)
-                launch_tc_experts<F, 1>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
-            else
-                launch_tc_experts<F, TC_TN / 8>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+            launch_tc_tile<F, TC_X3>(a, t1, t2, t3, tile, NT, tiles, ntiles, ord, G, U, Y);
             return;
         }
     }

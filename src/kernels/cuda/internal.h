@@ -282,6 +282,9 @@ void *cu_graph_end(void);
 void cu_graph_run(void *g);
 void cu_graph_free(void *g);
 void cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
+/* cu_linear, told whether x holds bf16 values (x1: the tensor-core path takes one term, mma.cuh). */
+void linear_x(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy,
+              int x1);
 void cu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T, float *y);
 void cu_linear_q(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
 void cu_round_bf16(float *x, int64_t n);

@@ -51,13 +51,13 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 0) k_line
 
 /* The tensor-core builds of the three (mma.cuh): NT n-tiles a pass; blockIdx.y takes tokens
  * y TB .. y TB + TB - 1, blockIdx.z is the slice of a split launch. */
-template <int F, int NT>
+template <int F, int NT, int E>
 __global__ void TC_BOUNDS(NT) k_tc_linear(wdev w, int64_t r0, int nr, dense_map m, int T, int TB, float *part)
 {
     PDL_WAIT();
     int tb = (int)blockIdx.y * TB;
     /* a split launch's slabs are [T, nr] dense, shifted with the tokens */
-    tc_rows<F, NT>(w, r0, nr, m.at(tb), min(TB, T - tb), blockIdx.x, part ? part + (int64_t)tb * nr : NULL, nr,
+    tc_rows<F, NT, dense_map, E>(w, r0, nr, m.at(tb), min(TB, T - tb), blockIdx.x, part ? part + (int64_t)tb * nr : NULL, nr,
                    (int64_t)T * nr, (int)blockIdx.z, (int)gridDim.z);
 }
 
@@ -231,8 +231,8 @@ static bool reads_x4(const dsv4_weight *w)
 }
 
 /* A tensor-core launch of J, NT n-tiles a pass, each job split into slice partials where
- * tc_split says so, then folded into its y. */
-template <int F, int NT>
+ * tc_split says so, then folded into its y; E terms of x (one: a single job whose x is bf16). */
+template <int F, int NT, int E>
 static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
 {
     const int TB = 8 * NT, threads = TC_TW * 32;
@@ -262,6 +262,10 @@ static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
             p += (size_t)J.w[j].tcs * T * nrj[j];
     }
     dim3 grid(0, ty, (unsigned)Z);
+    if (E != TC_X3 && (J.multi || J.n > 1)) {
+        fail(DSV4_E_ARG, "cuda: one-term tensor-core launches take a single job");
+        return;
+    }
     if (J.multi) {
         J.b0[0] = 0;
         for (int j = 0; j < J.n; j++)
@@ -275,7 +279,7 @@ static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
     } else {
         dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy};
         grid.x = (unsigned)tc_blocks(J.nr);
-        launch_k(k_tc_linear<F, NT>, grid, threads, 0, st, J.w[0], J.r0[0], J.nr, m, T, TB, J.part[0]);
+        launch_k(k_tc_linear<F, NT, E>, grid, threads, 0, st, J.w[0], J.r0[0], J.nr, m, T, TB, J.part[0]);
     }
     for (int j = 0; j < J.n; j++)
         if (J.part[j])
@@ -283,14 +287,23 @@ static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
                     J.multi ? nrj[j] : J.ldy, st);
 }
 
+template <int F, int E>
+static void launch_tc_e(lin_jobs &J, int T, cudaStream_t st)
+{
+    switch (tc_nt(T)) {
+    case 1: launch_tc_nt<F, 1, E>(J, T, st); break;
+    case 2: launch_tc_nt<F, 2, E>(J, T, st); break;
+    default: launch_tc_nt<F, TC_TN / 8, E>(J, T, st); break;
+    }
+}
+
 template <int F>
 static void launch_tc(lin_jobs &J, int T, cudaStream_t st)
 {
-    switch (tc_nt(T)) {
-    case 1: launch_tc_nt<F, 1>(J, T, st); break;
-    case 2: launch_tc_nt<F, 2>(J, T, st); break;
-    default: launch_tc_nt<F, TC_TN / 8>(J, T, st); break;
-    }
+    if (J.x1)
+        launch_tc_e<F, TC_X1>(J, T, st);
+    else
+        launch_tc_e<F, TC_X3>(J, T, st);
 }
 
 /* Whether the 8-element chunk path tiles this weight's rows (and its scale blocks). */
@@ -475,6 +488,12 @@ static void exl3_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const floa
 void dsv4cu::cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                       int64_t ldy)
 {
+    linear_x(w, r0, r1, x, T, ldx, y, ldy, 0);
+}
+
+void dsv4cu::linear_x(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                      int64_t ldy, int x1)
+{
     int64_t nr = r1 - r0;
     if (T <= 0 || nr <= 0)
         return;
@@ -520,6 +539,7 @@ void dsv4cu::cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float
         lin_jobs J = one_job(wdev_of(w, q, s), r0, (int)nr, dx, dy);
         J.ldx = dldx;
         J.ldy = dldy;
+        J.x1 = x1;
         launch_linear(w, J, T, stream);
     }
     finish_rows(ran, "linear", y, dy, T, nr, ldy);

@@ -24,6 +24,7 @@ struct lin_jobs {
     float *part[DSV4_CUDA_GROUP_MAX]; /* tensor-core path: the job's slice partials, or NULL (mma.cuh) */
     int zj[DSV4_CUDA_GROUP_MAX];      /* and its slice groups */
     int n, nr, bpj, multi;
+    int x1;                     /* x holds bf16 values: the tensor-core path takes one term (mma.cuh) */
     int64_t ldx, ldy;           /* a single job's row strides (groups are dense), x's in a multi launch */
 };
 

@@ -7,7 +7,9 @@
  * cleared, r = x - hi (exact in fp32, at most 16 significant bits), mid = r truncated the same
  * way, lo = r - mid (at most 8 significant bits, so a bf16 value). x = hi + mid + lo exactly,
  * each product w * term is exact in the fp32 accumulator's input, and the sum is an fp32 sum.
- * (Inf and NaN inputs give NaN.)
+ * (Inf and NaN inputs give NaN.) An x known to hold bf16 values (REF's e4m3-quantized inputs)
+ * is its own hi: such calls take one term (E = 1, a third of the MMAs), and their sums are the
+ * three-term sums less products that are zero.
  *
  * Batch invariance. In m16n8k16 the weight rows are the M side (16) and the tokens the N side
  * (8), so an output depends only on its weight row, its token's x and the sequence of k-steps,
@@ -43,6 +45,18 @@ __device__ __forceinline__ void split3(float x0, float x1, uint32_t p[3])
     p[0] = hi_pair(u0, u1);
     p[1] = hi_pair(v0, v1);
     p[2] = hi_pair(__float_as_uint(l0), __float_as_uint(l1));
+}
+/* The terms an activation takes: 3 for any fp32 x (split3), 1 for x whose values are bf16
+ * values already (REF's quantized inputs: their hi is all of them, so the one product is the
+ * three-term sum's, whose mid and lo products are zeros). */
+enum { TC_X3 = 3, TC_X1 = 1 };
+template <int E>
+__device__ __forceinline__ void split_terms(float x0, float x1, uint32_t p[E])
+{
+    if constexpr (E == 1)
+        p[0] = hi_pair(__float_as_uint(x0), __float_as_uint(x1));
+    else
+        split3(x0, x1, p);
 }
 
 /* A form's runs: a run is 16 G elements of a row (G k-steps); thread t of a warp holds the chunk
@@ -164,10 +178,10 @@ __device__ __forceinline__ int64_t tc_srow(const wdev &w, int64_t r)
 }
 
 /* One run of one n-tile, its G k-steps' weight fragments a[u] decoded: acc += W_run x_run.
- * BF16 chains every product into acc; a scaled form sums the run from zero (the three terms of
+ * BF16 chains every product into acc; a scaled form sums the run from zero (the E terms of
  * each k-step in turn, the k-steps in order) and adds it with one fma by each row's block scale
  * (s0 for row g, s1 for row g + 8). */
-template <int F, class XF>
+template <int F, int E, class XF>
 __device__ __forceinline__ void tc_run(float acc[4], const uint32_t (*a)[4], const XF &xfrag, float s0, float s1)
 {
     enum { G = tcf<F>::G };
@@ -175,7 +189,7 @@ __device__ __forceinline__ void tc_run(float acc[4], const uint32_t (*a)[4], con
 #pragma unroll
         for (int u = 0; u < G; u++)
 #pragma unroll
-            for (int e = 0; e < 3; e++) {
+            for (int e = 0; e < E; e++) {
                 uint2 b = xfrag(u, e);
                 mma_bf16(d, a[u], b.x, b.y, d);
             }
@@ -226,7 +240,7 @@ struct tc_tile {
  * (xs[buffer][term][n-tile][step][lane]: one 8-byte read a fragment). In few-token passes the
  * next tile's x copies and weight loads are issued before the current tile is computed, so they
  * are in flight while it runs (tc_prefetch). */
-template <int F, int NT, class M>
+template <int F, int NT, class M, int E = TC_X3>
 __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const M &m, int T, int blk, float *part,
                                         int64_t pld, int64_t slab, int z, int Z)
 {
@@ -239,7 +253,7 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
      * independent chains already */
     constexpr int IL = scaled && NT <= 2 ? TC_IL : 1;
     static_assert(RT % IL == 0, "a tile is whole groups of interleaved runs");
-    __shared__ uint2 xs[XB][3][NT][KS][32];
+    __shared__ uint2 xs[XB][E][NT][KS][32];
     __shared__ float4 xr[PF ? XV : 1][TC_TW * 32];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int S = w.tcs, i0 = (blk * TC_TW + wid) * 16;
@@ -366,12 +380,12 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                     xv = xq && c0 * 16 * G + xoff < k ? __ldg((const float4 *)(xq + c0 * 16 * G))
                                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
                 }
-                uint32_t b01[3], b23[3];
-                split3(xv.x, xv.y, b01);
-                split3(xv.z, xv.w, b23);
+                uint32_t b01[E], b23[E];
+                split_terms<E>(xv.x, xv.y, b01);
+                split_terms<E>(xv.z, xv.w, b23);
                 int tok = ((int)threadIdx.x + v * TC_TW * 32) / XT;
 #pragma unroll
-                for (int e = 0; e < 3; e++)
+                for (int e = 0; e < E; e++)
                     (&xs[buf][e][tok >> 3][0][0])[xslot] = make_uint2(b01[e], b23[e]);
             }
             __syncthreads();
@@ -407,7 +421,7 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
 #pragma unroll
                     for (int u = 0; u < G; u++)
 #pragma unroll
-                        for (int e = 0; e < 3; e++)
+                        for (int e = 0; e < E; e++)
 #pragma unroll
                             for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -446,7 +460,7 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                     }
 #pragma unroll
                     for (int j = 0; j < NT; j++)
-                        tc_run<F>(acc[j], a, [&](int u, int e) { return xs[buf][e][j][v * G + u][lane]; }, s0, s1);
+                        tc_run<F, E>(acc[j], a, [&](int u, int e) { return xs[buf][e][j][v * G + u][lane]; }, s0, s1);
                 }
             if (more)
                 cur = nx;

@@ -116,6 +116,6 @@ void dsv4cu::cu_linear_q(const dsv4_weight *w, int64_t r0, int64_t r1, const flo
     if (!ran)
         fail_rows(y, T, r1 - r0, ldy);
     op_end();
-    if (ran)
-        cu_linear(w, r0, r1, xq, T, w->k, y, ldy);
+    if (ran) /* xq holds bf16 values (e4m3 times a power of two): one tensor-core term */
+        linear_x(w, r0, r1, xq, T, w->k, y, ldy, 1);
 }
