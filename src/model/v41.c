@@ -175,7 +175,7 @@ int dsv4_v41_attn_out(dsv4_model *m, const dsv4_layer *L, float *o, int R, const
 {
     const dsv4_config *c = &m->cfg;
     int H = c->n_heads, d = c->head_dim, G = c->o_groups, rk = c->o_lora;
-    int64_t Hd = (int64_t)H * d, gw = Hd / G;
+    int64_t Hd = (int64_t)H * d;
     size_t mk = m->arena.off;
     float *t = dsv4_ftake(m, (size_t)R * G * rk, err);
     if (!t)
@@ -183,9 +183,10 @@ int dsv4_v41_attn_out(dsv4_model *m, const dsv4_layer *L, float *o, int R, const
     dsv4_rnd(m, o, (int64_t)R * Hd);
     m->be->rope(o, R, Hd, H, d, c->rope_dim, freq_of(m, L), pos, 1);
     dsv4_rnd(m, o, (int64_t)R * Hd);
-    for (int g = 0; g < G; g++) /* the reference's grouped einsum runs on wo_a dequantized to bf16 */
-        dsv4_lin(m, &L->wo_a, (int64_t)g * rk, (int64_t)(g + 1) * rk, o + g * gw, R, Hd, t + (int64_t)g * rk,
-                 (int64_t)G * rk, DSV4_LIN_NOQ);
+    /* the reference's grouped einsum runs on wo_a dequantized to bf16: no input quantization,
+     * each group's rows as linear computes them, then the bf16 output */
+    m->be->linear_blocks(&L->wo_a, G, o, R, t);
+    dsv4_rnd(m, t, (int64_t)R * G * rk);
     dsv4_lin(m, &L->wo_b, 0, c->dim, t, R, (int64_t)G * rk, y, c->dim, 0);
     dsv4_release(m, mk);
     return 0;
