@@ -716,16 +716,18 @@ static int dev_equal(const void *d, const void *host, size_t bytes)
  * resident, x and y on the device, every T in 1..64 and some large T (the first T rows of one
  * x, then the last T rows, so each row also runs at other positions), each row against the
  * same row run alone. One row's result also agrees with the CPU's (1e-5 * sum|w x|), and a
- * control runs a copy of the weight with one element changed: that row must change. With q,
- * the op is linear_q (REF's quantized input, which the tensor cores take as one term). */
+ * control runs a copy of the weight with one element changed: that row must change. With
+ * q = 1, the op is linear_q (REF's quantized input, which the tensor cores take as one term);
+ * with q = 2, every other row of x holds bf16 values (REF's activations), so its tensor-core
+ * tiles skip the mid and lo products alone and take them beside the other rows. */
 static void test_invariance(const lin_case *c, int Tmax, int q)
 {
     char what[128];
-    snprintf(what, sizeof what, "invariance %s%s [%lld,%lld]%s%s T=1..64,%d", q ? "linear_q " : "",
+    snprintf(what, sizeof what, "invariance %s%s [%lld,%lld]%s%s T=1..64,%d", q == 1 ? "linear_q " : q == 2 ? "bf16 rows " : "",
              dsv4_wform_name(c->form), (long long)c->n, (long long)c->k, c->bn && !c->e8m0 ? " f32 scales" : "",
              c->form == DSV4_WF_FP8 && c->bk == 32 ? " bk 32" : "", Tmax);
     void (*lin)(const dsv4_weight *, int64_t, int64_t, const float *, int, int64_t, float *, int64_t) =
-        q ? gpu->linear_q : gpu->linear;
+        q == 1 ? gpu->linear_q : gpu->linear;
     dsv4_weight w;
     lin_weight(c, &w);
     dsv4_err err = {0};
@@ -734,6 +736,13 @@ static void test_invariance(const lin_case *c, int Tmax, int q)
     size_t xb = (size_t)Tmax * k * sizeof(float), yb = (size_t)Tmax * n * sizeof(float);
     float *x = falloc((size_t)Tmax * k), *solo = falloc((size_t)Tmax * n);
     fill(x, (size_t)Tmax * k, -1, 1);
+    for (int t = 0; q == 2 && t < Tmax; t += 2)
+        for (int64_t j = 0; j < k; j++) {
+            uint32_t u;
+            memcpy(&u, &x[(size_t)t * k + j], 4);
+            u &= 0xffff0000u;
+            memcpy(&x[(size_t)t * k + j], &u, 4);
+        }
     float *dx = to_dev(x, xb), *dy = to_dev(NULL, yb);
     for (int t = 0; t < Tmax; t++)
         lin(&w, 0, n, dx + (size_t)t * k, 1, k, dy + (size_t)t * n, n);
@@ -743,7 +752,7 @@ static void test_invariance(const lin_case *c, int Tmax, int q)
     float *ref = falloc(n), *row = falloc(k);
     double *mag = malloc(n * sizeof(double));
     int t1 = Tmax / 3;
-    (q ? cpu->linear_q : cpu->linear)(&w, 0, n, x + (size_t)t1 * k, 1, k, ref, n);
+    (q == 1 ? cpu->linear_q : cpu->linear)(&w, 0, n, x + (size_t)t1 * k, 1, k, ref, n);
     for (int64_t i = 0; i < n; i++) {
         dsv4_weight_row(&w, i, row);
         double s = 0;
@@ -2102,9 +2111,11 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof ic / sizeof ic[0]; i++)
         test_invariance(&ic[i], i < 6 ? 4096 : 300, 0);
-    for (size_t i = 0; i < 6; i++)
+    for (size_t i = 0; i < 6; i++) {
         if (ic[i].form == DSV4_WF_FP8 || ic[i].form == DSV4_WF_FP4)
             test_invariance(&ic[i], 4096, 1);
+        test_invariance(&ic[i], 4096, 2);
+    }
     test_linear_group(DSV4_WF_FP4, 96, 512, 1, 32, 6, 1);
     test_linear_group(DSV4_WF_FP8, 128, 384, 128, 128, 3, 3);
     test_linear_blocks(DSV4_WF_FP8, 8, 128, 512, 1);

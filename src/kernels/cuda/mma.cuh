@@ -7,9 +7,11 @@
  * cleared, r = x - hi (exact in fp32, at most 16 significant bits), mid = r truncated the same
  * way, lo = r - mid (at most 8 significant bits, so a bf16 value). x = hi + mid + lo exactly,
  * each product w * term is exact in the fp32 accumulator's input, and the sum is an fp32 sum.
- * (Inf and NaN inputs give NaN.) An x known to hold bf16 values (REF's e4m3-quantized inputs)
- * is its own hi: such calls take one term (E = 1, a third of the MMAs), and their sums are the
- * three-term sums less products that are zero.
+ * (Inf and NaN inputs give NaN.) An x that holds bf16 values (REF's activations) is its own
+ * hi, and its mid and lo products are zeros, which leave an fp32 sum as it was: so a k-tile
+ * whose staged x has no mid or lo term anywhere skips their MMAs (a block-uniform test at the
+ * tile's barrier), and calls whose x is known to hold bf16 values (REF's quantized inputs) are
+ * built with one term (E = 1). Either way a token's sum is the three-term sum's value.
  *
  * Batch invariance. In m16n8k16 the weight rows are the M side (16) and the tokens the N side
  * (8), so an output depends only on its weight row, its token's x and the sequence of k-steps,
@@ -182,7 +184,7 @@ __device__ __forceinline__ int64_t tc_srow(const wdev &w, int64_t r)
  * each k-step in turn, the k-steps in order) and adds it with one fma by each row's block scale
  * (s0 for row g, s1 for row g + 8). */
 template <int F, int E, class XF>
-__device__ __forceinline__ void tc_run(float acc[4], const uint32_t (*a)[4], const XF &xfrag, float s0, float s1)
+__device__ __forceinline__ void tc_run(float acc[4], const uint32_t (*a)[4], const XF &xfrag, float s0, float s1, bool x3)
 {
     enum { G = tcf<F>::G };
     auto chain = [&](float d[4]) {
@@ -190,6 +192,8 @@ __device__ __forceinline__ void tc_run(float acc[4], const uint32_t (*a)[4], con
         for (int u = 0; u < G; u++)
 #pragma unroll
             for (int e = 0; e < E; e++) {
+                if (e && !x3) /* the tile's mid and lo terms are all zero */
+                    break;
                 uint2 b = xfrag(u, e);
                 mma_bf16(d, a[u], b.x, b.y, d);
             }
@@ -368,6 +372,7 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                 cp_wait();
             if (XB == 1 && c0 != c_first) /* the single buffer's last readers are done */
                 __syncthreads();
+            uint32_t wide = 0; /* a mid or lo term this thread staged */
 #pragma unroll
             for (int v = 0; v < XV; v++) {
                 if (XN < TC_TW * 32 && (int)threadIdx.x >= XN)
@@ -385,10 +390,14 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                 split_terms<E>(xv.z, xv.w, b23);
                 int tok = ((int)threadIdx.x + v * TC_TW * 32) / XT;
 #pragma unroll
-                for (int e = 0; e < E; e++)
+                for (int e = 0; e < E; e++) {
                     (&xs[buf][e][tok >> 3][0][0])[xslot] = make_uint2(b01[e], b23[e]);
+                    if (e)
+                        wide |= b01[e] | b23[e];
+                }
             }
-            __syncthreads();
+            /* the tile takes its mid and lo MMAs only where some token's x needs them */
+            const bool x3 = __syncthreads_or(wide != 0) != 0;
             const bool more = PF && c0 + RT < c_end;
             TL nx;
             if (more)
@@ -421,7 +430,9 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
 #pragma unroll
                     for (int u = 0; u < G; u++)
 #pragma unroll
-                        for (int e = 0; e < E; e++)
+                        for (int e = 0; e < E; e++) {
+                            if (e && !x3)
+                                break;
 #pragma unroll
                             for (int j = 0; j < NT; j++)
 #pragma unroll
@@ -429,6 +440,7 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                                     uint2 b = xs[buf][e][j][(v0 + h) * G + u][lane];
                                     mma_bf16(p[h][j], a[h][u], b.x, b.y, p[h][j]);
                                 }
+                        }
 #pragma unroll
                     for (int h = 0; h < IL; h++) {
                         const float s0 = tc_scale_of(w, cur.sa[v0 + h]), s1 = tc_scale_of(w, cur.sb[v0 + h]);
@@ -460,7 +472,7 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                     }
 #pragma unroll
                     for (int j = 0; j < NT; j++)
-                        tc_run<F, E>(acc[j], a, [&](int u, int e) { return xs[buf][e][j][v * G + u][lane]; }, s0, s1);
+                        tc_run<F, E>(acc[j], a, [&](int u, int e) { return xs[buf][e][j][v * G + u][lane]; }, s0, s1, x3);
                 }
             if (more)
                 cur = nx;
