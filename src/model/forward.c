@@ -3,7 +3,7 @@
  * dsv4_forward checks a batch, lays it out as rows (sequence, token) with their positions,
  * uploads that layout once, embeds the rows, runs the family's layers (V4: v4.c, V4.1: v41.c)
  * and the head. Beside it: the step arena every layer takes its buffers from, the routed +
- * shared expert FFN that V4, V4.1 and the draft stages all run, and the cache of recorded V4
+ * shared expert FFN that V4, V4.1 and the draft stages all run, and the cache of recorded
  * steps, which replays a step's layers on the arena's fixed addresses. Shapes: R rows, D model
  * width, n streams. */
 #include <stdlib.h>
@@ -141,17 +141,14 @@ static uint64_t step_key(const dsv4_step *f, const dsv4_batch *b)
     return h;
 }
 
-/* Runs the V4 layers, from a recording when this step's shape has run before: the first step
- * of a shape runs the ops, the second records them, later ones replay (DSV4_GRAPHS=0: never). */
-static int v4_layers_replayed(dsv4_step *f, const dsv4_batch *b, float *X, float *h, float *y, float *pre, float *post,
-                              float *comb, dsv4_err *err)
+int dsv4_layers_replayed(dsv4_step *f, int (*layers)(void *ctx, dsv4_err *err), void *ctx, dsv4_err *err)
 {
     dsv4_model *m = f->m;
     const dsv4_backend *be = f->be;
     const char *env = getenv("DSV4_GRAPHS");
     if (!be->graph_begin || (env && !strcmp(env, "0")))
-        return dsv4_v4_layers(f, X, h, y, pre, post, comb, err);
-    uint64_t key = step_key(f, b);
+        return layers(ctx, err);
+    uint64_t key = step_key(f, f->b);
     dsv4_graphs *G = &m->graphs;
     for (int i = 0; i < DSV4_GRAPH_SLOTS; i++)
         if (G->g[i] && G->key[i] == key) {
@@ -164,13 +161,13 @@ static int v4_layers_replayed(dsv4_step *f, const dsv4_batch *b, float *X, float
         bad |= i < G->n_unrecordable && G->unrecordable[i] == key;
     if (G->last != key || m->arena.n_extra || bad) { /* seen once, buffers not at their places, or not recordable */
         G->last = key;
-        return dsv4_v4_layers(f, X, h, y, pre, post, comb, err);
+        return layers(ctx, err);
     }
     if (be->graph_begin()) {
         G->last = 0;
-        return dsv4_v4_layers(f, X, h, y, pre, post, comb, err);
+        return layers(ctx, err);
     }
-    int rc = dsv4_v4_layers(f, X, h, y, pre, post, comb, err);
+    int rc = layers(ctx, err);
     void *g = be->graph_end();
     if (rc || !g) { /* nothing ran while recording: run the ops, and do not try this shape again */
         if (g)
@@ -178,7 +175,7 @@ static int v4_layers_replayed(dsv4_step *f, const dsv4_batch *b, float *X, float
         G->last = 0;
         if (!rc)
             G->unrecordable[G->n_unrecordable++ % DSV4_GRAPH_SLOTS] = key;
-        return rc ? rc : dsv4_v4_layers(f, X, h, y, pre, post, comb, err);
+        return rc ? rc : layers(ctx, err);
     }
     int slot = 0;
     for (int i = 1; i < DSV4_GRAPH_SLOTS; i++)
@@ -191,6 +188,14 @@ static int v4_layers_replayed(dsv4_step *f, const dsv4_batch *b, float *X, float
     G->use[slot] = ++G->clock;
     be->graph_run(g);
     return 0;
+}
+
+typedef struct v4_ctx { dsv4_step *f; float *X, *h, *y, *pre, *post, *comb; } v4_ctx;
+
+static int v4_layers(void *ctx, dsv4_err *err)
+{
+    v4_ctx *v = ctx;
+    return dsv4_v4_layers(v->f, v->X, v->h, v->y, v->pre, v->post, v->comb, err);
 }
 
 void dsv4_graphs_free(dsv4_model *m)
@@ -299,7 +304,8 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
     if (c->family == DSV4_FAMILY_V41)
         rc = dsv4_v41_layers(&f, X, h, err);
     else {
-        rc = v4_layers_replayed(&f, b, X, h, y, pre, post, comb, err);
+        v4_ctx v = {&f, X, h, y, pre, post, comb};
+        rc = dsv4_layers_replayed(&f, v4_layers, &v, err);
         if (!rc && m->mtp.on) /* before the head reuses X */
             rc = dsv4_mtp_window(&f, X, err);
     }

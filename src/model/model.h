@@ -109,7 +109,7 @@ typedef struct dsv4_arena {
     int n_extra;
     uint64_t gen;
 } dsv4_arena;
-/* Recorded V4 steps by shape (forward.c), least recently used out. */
+/* Recorded steps by shape (forward.c), least recently used out. */
 #define DSV4_GRAPH_SLOTS 8
 typedef struct dsv4_graphs {
     void *g[DSV4_GRAPH_SLOTS];
@@ -240,6 +240,11 @@ void dsv4_engram_close(dsv4_model *m);
  * [R, n] and comb [R, n, n] scratch. They read only backend buffers, so a step of them can be
  * recorded and replayed. */
 int dsv4_v4_layers(dsv4_step *f, float *X, float *h, float *y, float *pre, float *post, float *comb, dsv4_err *err);
+/* Runs layers(ctx, err), a step's layers over backend buffers only, from a recording when the
+ * step's shape has run before (forward.c): the first step of a shape runs the ops, the second
+ * records them, later ones replay (DSV4_GRAPHS=0, or a backend without recording: always the
+ * ops). */
+int dsv4_layers_replayed(dsv4_step *f, int (*layers)(void *ctx, dsv4_err *err), void *ctx, dsv4_err *err);
 /* The V4.1 layers (v41.c): X [R, n, D] in, out; h [R, D] the final collapse. With DSpark
  * stages on, also writes every row's entry in each stage's window (dspark.c). */
 int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err);

@@ -112,8 +112,10 @@ static void engram_hashes(dsv4_step *f, v41_shared *sh)
 
 /* Engram at the input of its layer: the rows' table entries [cols * hd] projected to n keys
  * and one value [D]; each stream k gets value * sigmoid(signed sqrt of the normalised
- * (x_k * q_k * k_k) . key_k / sqrt(D)) added (spec §9.4). X: [R, n, D] in place. */
-static int engram_apply(dsv4_step *f, int ei, prefetch *pf, float *X, dsv4_err *err)
+ * (x_k * q_k * k_k) . key_k / sqrt(D)) added (spec §9.4). X: [R, n, D] in place. The rows
+ * come from the host's fetch (pf), uploaded here, or are in backend memory already (dev:
+ * every Engram layer's [R, cols * hd] block, uploaded before the layers). */
+static int engram_apply(dsv4_step *f, int ei, prefetch *pf, const float *dev, float *X, dsv4_err *err)
 {
     dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
@@ -121,12 +123,14 @@ static int engram_apply(dsv4_step *f, int ei, prefetch *pf, float *X, dsv4_err *
     int R = f->R, n = c->hc_mult, D = c->dim, hd = c->engram_head_dim, cols = e->cols;
     int64_t ew = (int64_t)cols * hd, kw = (int64_t)(n + 1) * D;
     size_t mk = m->arena.off;
-    const float *rows = rows_of(pf, ei, err);
-    float *E = rows ? dsv4_ftake(m, (size_t)R * ew, err) : NULL, *kv = rows ? dsv4_ftake(m, (size_t)R * kw, err) : NULL;
+    const float *rows = dev ? dev + (int64_t)ei * R * ew : rows_of(pf, ei, err);
+    float *E = rows && !dev ? dsv4_ftake(m, (size_t)R * ew, err) : (float *)rows;
+    float *kv = rows ? dsv4_ftake(m, (size_t)R * kw, err) : NULL;
     int rc = !rows || (err && err->code);
     if (!rc) {
-        /* [R, cols * hd]: each row's entries side by side, from the host's fetch */
-        m->mem->upload(E, rows, (size_t)R * ew * sizeof(float));
+        /* [R, cols * hd]: each row's entries side by side */
+        if (!dev)
+            m->mem->upload(E, rows, (size_t)R * ew * sizeof(float));
         dsv4_rnd(m, E, (int64_t)R * ew);
         dsv4_lin(m, &e->wkv, 0, kw, E, R, ew, kv, kw, 0);
         m->be->engram_gate(X, kv, e->qk, R, n, D, (float)c->norm_eps, m->numerics == DSV4_NUMERICS_REF);
@@ -308,12 +312,47 @@ out:
     return rc;
 }
 
+/* The layers of a step, over backend buffers (a step recorded and replayed when the Engram
+ * rows were uploaded before them: erows). */
+typedef struct v41_run {
+    dsv4_step *f;
+    v41_shared *sh;
+    prefetch *pf;
+    const float *erows;
+    float *X, *pin, *mh, *avg, *feat;
+} v41_run;
+
+static int v41_layer_loop(void *ctx, dsv4_err *err)
+{
+    v41_run *v = ctx;
+    dsv4_step *f = v->f;
+    dsv4_model *m = f->m;
+    const dsv4_config *c = &m->cfg;
+    const dsv4_backend *be = f->be;
+    int R = f->R, n = c->hc_mult, D = c->dim, nt = c->n_spec_target, rc = 0;
+    for (int li = 0; li < c->n_layers && !rc; li++) {
+        const dsv4_layer *L = &m->layers[li];
+        if (L->engram >= 0 && (rc = engram_apply(f, L->engram, v->pf, v->erows, v->X, err)))
+            break;
+        for (int k = 0; v->mh && k < nt; k++)
+            if (c->spec_target[k] == li) { /* the drafter's features: this block's input, averaged over the streams */
+                be->hc_collapse(v->X, R, n, D, v->avg, v->feat);
+                m->mem->copy2d(v->mh + (int64_t)k * D, (size_t)nt * D * sizeof(float), v->feat, (size_t)D * sizeof(float),
+                               (size_t)D * sizeof(float), (size_t)R);
+            }
+        layer_ctx lc = {f, li, v->sh};
+        rc = dsv4_v41_block(m, L, f->dids, R, v->X, v->pin, layer_attention, &lc, err);
+    }
+    return rc;
+}
+
 int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
 {
     dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
     const dsv4_backend *be = f->be, *mem = m->mem;
     int R = f->R, n = c->hc_mult, D = c->dim, nt = c->n_spec_target, K = c->index_topk > 0 ? c->index_topk : 1;
+    int64_t ew = c->n_engram ? (int64_t)m->engram[0].cols * c->engram_head_dim : 0;
     int CB = c->candidate_topk_blocks > 0 ? c->candidate_topk_blocks : 1;
     int cols = c->n_engram ? m->engram[0].cols : 0;
     size_t mk = m->arena.off;
@@ -357,20 +396,27 @@ int dsv4_v41_layers(dsv4_step *f, float *X, float *h, dsv4_err *err)
             pf.stall_s += pf.gather_s;
         }
     }
-    dsv4_rnd(m, X, (int64_t)R * n * D);
-    for (int li = 0; li < c->n_layers && !rc; li++) {
-        const dsv4_layer *L = &m->layers[li];
-        if (L->engram >= 0 && (rc = engram_apply(f, L->engram, &pf, X, err)))
-            break;
-        for (int k = 0; mh && k < nt; k++)
-            if (c->spec_target[k] == li) { /* the drafter's features: this block's input, averaged over the streams */
-                be->hc_collapse(X, R, n, D, avg, feat);
-                mem->copy2d(mh + (int64_t)k * D, (size_t)nt * D * sizeof(float), feat, (size_t)D * sizeof(float),
-                            (size_t)D * sizeof(float), (size_t)R);
-            }
-        layer_ctx lc = {f, li, &sh};
-        rc = dsv4_v41_block(m, L, f->dids, R, X, pin, layer_attention, &lc, err);
+    /* Rows read in line go up before the layers, so the layers read backend buffers only and a
+     * step can be recorded; streamed rows go up as each Engram layer's arrive, the layers before
+     * it computing meanwhile. */
+    v41_run run = {.f = f, .sh = &sh, .pf = &pf, .X = X, .pin = pin, .mh = mh, .avg = avg, .feat = feat};
+    if (c->n_engram && !threaded) {
+        if (pf.rc) {
+            if (err)
+                *err = pf.err;
+            rc = pf.rc;
+            goto out;
+        }
+        float *dev = dsv4_ftake(m, (size_t)c->n_engram * R * ew, err);
+        if (!dev) {
+            rc = err && err->code ? err->code : DSV4_E_NOMEM;
+            goto out;
+        }
+        mem->upload(dev, pf.rows, (size_t)c->n_engram * R * ew * sizeof(float));
+        run.erows = dev;
     }
+    dsv4_rnd(m, X, (int64_t)R * n * D);
+    rc = threaded ? v41_layer_loop(&run, err) : dsv4_layers_replayed(f, v41_layer_loop, &run, err);
     if (!rc && mh) {
         dsv4_rnd(m, mh, (int64_t)R * nt * D);
         rc = dsv4_spec_window(f, mh, err);
