@@ -109,7 +109,7 @@ static void ref_compare(const char *what, const float *got, const float *ref, co
                 break;
             }
     double md = 0, sum = 0;
-    int agree = 0;
+    int agree = 0, dep = T; /* dep: the first position where got departs from ref by more than the gate */
     for (int t = 0; t < T; t++) {
         int ag = 0, ar = 0;
         for (int v = 0; v < V; v++) {
@@ -118,6 +118,8 @@ static void ref_compare(const char *what, const float *got, const float *ref, co
             sum += dd;
             if (t < first && dd > md)
                 md = dd;
+            if (dd > 2e-2 && dep == T)
+                dep = t;
             if (got[i] > got[(size_t)t * V + ag])
                 ag = v;
             if (ref[i] > ref[(size_t)t * V + ar])
@@ -129,7 +131,8 @@ static void ref_compare(const char *what, const float *got, const float *ref, co
     CHECK(md <= 2e-2, "%s: max|diff| %.3g > 2e-2 before position %d", what, md, first);
     CHECK(agree >= 0.75 * T, "%s: argmax agrees at %d of %d positions (< 75%%)", what, agree, T);
     CHECK(mean <= 0.1, "%s: mean|diff| %.3g > 0.1", what, mean);
-    printf("  %-40s max|diff| %.2e before pos %d/%d, argmax %d/%d, mean|diff| %.3g\n", what, md, first, T, agree, T, mean);
+    printf("  %-40s max|diff| %.2e before pos %d/%d (departs at %d), argmax %d/%d, mean|diff| %.3g\n", what, md, first,
+           T, dep, agree, T, mean);
 }
 
 /* Streamed tables (pread by row address, fetched ahead on a thread) give the resident

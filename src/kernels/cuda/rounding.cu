@@ -26,25 +26,34 @@ __global__ void k_roundtrip(float *x, int64_t n, int block, int code)
         rt_block(x + b0, x + b0, (int)(n - b0 < block ? n - b0 : block), code);
 }
 
-/* Thread per (row, block of 32) of x [rows, k] (stride ldx) into xq [rows, k] (the thread reads
- * its block whole before writing it, so xq may be x). */
+/* Warp per (row, block of 32) of x [rows, k] (stride ldx) into xq [rows, k]: lane j holds
+ * element j, the block's largest magnitude comes from a shuffle tree (a maximum, so its order
+ * does not matter), and each lane codes its element at the block's scale: rt_block's values
+ * (every lane reads before any writes, so xq may be x). */
 __global__ void k_quant_rows(const float *x, int64_t rows, int k, int64_t ldx, float *xq)
 {
     PDL_WAIT();
-    int nb = (k + 31) / 32;
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    int nb = (k + 31) / 32, lane = threadIdx.x & 31;
+    int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (i >= rows * nb)
         return;
     int64_t r = i / nb;
-    int c0 = (int)(i % nb) * 32;
-    rt_block(x + r * ldx + c0, xq + r * k + c0, k - c0 < 32 ? k - c0 : 32, DSV4_RT_FP8);
+    int c = (int)(i % nb) * 32 + lane;
+    bool in = c < k;
+    float v = in ? x[r * ldx + c] : 0.0f, amax = fmaxf(1e-4f, fabsf(v));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float sc = rt_pow2_ceil(amax * (1.0f / 448.0f));
+    if (in)
+        xq[r * k + c] = rt_e4m3(fminf(fmaxf(v / sc, -448.0f), 448.0f)) * sc;
 }
 
 void dsv4cu::quant_rows(const float *x, int64_t rows, int k, int64_t ldx, float *xq)
 {
-    int64_t nt = rows * ((k + 31) / 32);
+    int64_t nt = rows * ((k + 31) / 32) * 32;
     if (nt > 0)
-        launch_k(k_quant_rows, (unsigned)cdiv(nt, 128), 128, 0, stream, x, rows, k, ldx, xq);
+        launch_k(k_quant_rows, (unsigned)cdiv(nt, 256), 256, 0, stream, x, rows, k, ldx, xq);
 }
 
 void dsv4cu::round_bf16_launch(float *x, int64_t n)
