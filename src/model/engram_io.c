@@ -151,7 +151,8 @@ int dsv4_etable_rows(const dsv4_etable *t, const int64_t *rows, int n, float *ou
         if (rows[i] < 0 || rows[i] >= t->w.n)
             return dsv4_fail(err, DSV4_E_STATE, "%s: row %lld outside the table of %lld rows", t->w.name, (long long)rows[i],
                              (long long)t->w.n);
-    if (!t->streamed) {
+    if (!t->streamed) { /* each row decoded on its own: a prefill's thousands spread over the cores */
+#pragma omp parallel for schedule(static) if (n >= 256)
         for (int i = 0; i < n; i++)
             dsv4_weight_row(&t->w, rows[i], out + (int64_t)i * hd);
         *bytes += (uint64_t)n * (hd + sb);
