@@ -2047,6 +2047,20 @@ static void experts_ref(const experts_case *c, double *const *W1, double *const 
     free(h), free(dh);
 }
 
+/* Whether each row of a (host arguments) run alone gives y's row, bit for bit. */
+static int experts_rows_alone(const target *t, const dsv4_experts_args *a, const float *y)
+{
+    int same = 1, K = a->K, D = a->D;
+    for (int r = 0; r < a->R; r++) {
+        dsv4_experts_args one = *a;
+        one.R = 1, one.eid = a->eid + r * K, one.wts = a->wts + r * K, one.x = a->x + (size_t)r * D;
+        float *y1 = run_experts(t, &one);
+        same &= rows_equal(y1, y + (size_t)r * D, D);
+        free(y1);
+    }
+    return same;
+}
+
 /* Control: the last pair's expert one off. Rows: each alone, also with the V4.1 REF numerics
  * (ref = 1, whose values are the fixtures' business: test_v41_fixtures), where the tensor cores
  * take the quantized x and h as one term. */
@@ -2100,29 +2114,13 @@ static void test_experts(const experts_case *c)
         control_within(what, y, b, tol, (size_t)R * D, s);
         if (o >= 0)
             free(b);
-        int same = 1;
-        for (int r = 0; r < R; r++) {
-            dsv4_experts_args one = a;
-            one.R = 1, one.eid = eid + r * K, one.wts = wts + r * K, one.x = x + (size_t)r * D;
-            float *y1 = run_experts(t, &one);
-            same &= rows_equal(y1, y + (size_t)r * D, D);
-            free(y1);
-        }
-        report_rows(c->name, t->be->name, same, R);
+        report_rows(c->name, t->be->name, experts_rows_alone(t, &a, y), R);
         if (c->form == DSV4_WF_FP8 || c->form == DSV4_WF_FP4) {
             dsv4_experts_args ar = a;
             ar.ref = 1;
             float *yr = run_experts(t, &ar);
-            int rsame = 1;
-            for (int r = 0; r < R; r++) {
-                dsv4_experts_args one = ar;
-                one.R = 1, one.eid = eid + r * K, one.wts = wts + r * K, one.x = x + (size_t)r * D;
-                float *y1 = run_experts(t, &one);
-                rsame &= rows_equal(y1, yr + (size_t)r * D, D);
-                free(y1);
-            }
             snprintf(what, sizeof what, "%s, ref", c->name);
-            report_rows(what, t->be->name, rsame, R);
+            report_rows(what, t->be->name, experts_rows_alone(t, &ar, yr), R);
             free(yr);
         }
         drop_weights(t, w, 3 * E);
