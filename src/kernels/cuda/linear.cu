@@ -497,7 +497,7 @@ void dsv4cu::linear_x(const dsv4_weight *w, int64_t r0, int64_t r1, const float 
     int64_t nr = r1 - r0;
     if (T <= 0 || nr <= 0)
         return;
-    op_begin();
+    op_begin_at("cu_linear"); /* the op it serves, in the profile */
     if (w->form == DSV4_WF_EXL3) {
         exl3_linear(w, r0, r1, x, T, ldx, y, ldy);
         op_end();
