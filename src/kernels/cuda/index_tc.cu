@@ -183,7 +183,7 @@ size_t tc_qbytes(int nI, int ci) { return (size_t)3 * ((nI + 15) / 16) * (ci / 1
 
 bool dsv4cu::iscore_tc_fits(int nI, int ci, int64_t vis_cap)
 {
-    if (!dsv4_cuda_tensor_cores() || nI <= 0 || ci <= 0 || ci % 16 || cdiv(vis_cap, IT_EPB) > 65535)
+    if (!tc_family("index") || nI <= 0 || ci <= 0 || ci % 16 || cdiv(vis_cap, IT_EPB) > 65535)
         return false;
     if (!g_optin) {
         int dev = 0;

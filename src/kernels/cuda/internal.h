@@ -281,6 +281,8 @@ int cu_graph_begin(void);
 void *cu_graph_end(void);
 void cu_graph_run(void *g);
 void cu_graph_free(void *g);
+/* Whether a kernel family ("linear", "attn", "index") takes the tensor cores (linear.cu). */
+bool tc_family(const char *fam);
 void cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
 /* cu_linear, told whether x holds bf16 values (x1: the tensor-core path takes one term, mma.cuh). */
 void linear_x(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy,

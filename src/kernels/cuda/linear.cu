@@ -202,11 +202,33 @@ extern "C" int dsv4_cuda_tensor_cores(void)
     return g_tc;
 }
 
+/* Whether a kernel family ("linear": the linear and expert kernels; "attn": the attention;
+ * "index": the indexer scores) takes the tensor cores: the switch on, and the family named in
+ * DSV4_CUDA_TC_ONLY when that is set (a comma list, to find which family a difference of
+ * numerics comes from). */
+bool dsv4cu::tc_family(const char *fam)
+{
+    if (!dsv4_cuda_tensor_cores())
+        return false;
+    const char *only = getenv("DSV4_CUDA_TC_ONLY");
+    if (!only)
+        return true;
+    size_t n = strlen(fam);
+    for (const char *p = only; *p;) {
+        const char *q = strchr(p, ',');
+        size_t len = q ? (size_t)(q - p) : strlen(p);
+        if (len == n && !strncmp(p, fam, n))
+            return true;
+        p = q ? q + 1 : p + len;
+    }
+    return false;
+}
+
 /* Whether a weight takes the tensor-core path: the switch on, a form exact in bf16, rows whose
  * thread chunks (4 G elements) tile them, and a power-of-two number of whole runs a scale block. */
 bool dsv4cu::tc_ok(const dsv4_weight *w)
 {
-    if (!dsv4_cuda_tensor_cores())
+    if (!tc_family("linear"))
         return false;
     if (w->form != DSV4_WF_BF16 && w->form != DSV4_WF_FP8 && w->form != DSV4_WF_FP4)
         return false;

@@ -291,7 +291,7 @@ size_t dsv4cu::attn_work(const dsv4_attn_args *a)
 {
     int64_t vis = a->ratio ? a->vis_cap : 0;
     size_t base = DSV4_ATTN_WORK(a->rows.R, vis, a->topk);
-    if (!dsv4_cuda_tensor_cores() || !attn_tc_fits(a->H, a->d))
+    if (!tc_family("attn") || !attn_tc_fits(a->H, a->d))
         return base;
     return base + attn_tc_part(a->rows.R, a->H, a->d, attn_nkmax(a));
 }
@@ -350,7 +350,7 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
     }
     /* k_attn's score array: every key a row may have */
     int64_t nkmax = attn_nkmax(a);
-    bool tc = dsv4_cuda_tensor_cores() && attn_tc_fits(H, d);
+    bool tc = tc_family("attn") && attn_tc_fits(H, d);
     size_t asmem = (size_t)(nkmax > 0 ? nkmax : 1) * sizeof(float);
     if (ok && !g_smem_optin) {
         int dev = 0;

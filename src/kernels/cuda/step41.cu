@@ -259,7 +259,7 @@ bool dev41(const void *p, const char *what)
 }
 
 /* The attention runs on the tensor cores (attn_tc.cu) when they are on and the heads suit them. */
-bool tc41(const dsv4_attn41_args *a) { return dsv4_cuda_tensor_cores() && attn_tc_fits(a->H, a->d); }
+bool tc41(const dsv4_attn41_args *a) { return tc_family("attn") && attn_tc_fits(a->H, a->d); }
 
 /* Keys a row may attend: its selection and the window. */
 int64_t nkmax41(const dsv4_attn41_args *a)
