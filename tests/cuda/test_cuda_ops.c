@@ -719,7 +719,7 @@ static int dev_equal(const void *d, const void *host, size_t bytes)
  * control runs a copy of the weight with one element changed: that row must change. With
  * q = 1, the op is linear_q (REF's quantized input, which the tensor cores take as one term);
  * with q = 2, every other row of x holds bf16 values (REF's activations), so its tensor-core
- * tiles skip the mid and lo products alone and take them beside the other rows. */
+ * tiles leave out the mid and lo products alone and take them beside the other rows. */
 static void test_invariance(const lin_case *c, int Tmax, int q)
 {
     char what[128];
@@ -1316,7 +1316,7 @@ static void test_experts(dsv4_wform form, int fp8_block, int R, int E, int K, in
     printf("  concurrent == solo (%d rows, %d pairs): %s\n", R, RK, same ? "bitwise equal" : "DIFFERENT");
     /* REF numerics (x and h through e4m3 blocks of 32, products and outputs through bf16): the
      * GPU's against the CPU's within 2^-6 of the largest |y|, since a bf16 rounding may fall the
-     * other way where the fp32 sums' orders differ; a wrong quantization or a skipped rounding
+     * other way where the fp32 sums' orders differ; a wrong quantization or a missing rounding
      * moves y by far more. Control: the fp32 result is not within it. And each row alone. */
     dsv4_experts_args ca = a;
     ca.ref = 1, ca.y = yw;

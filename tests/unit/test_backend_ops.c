@@ -600,7 +600,7 @@ static void test_linear_q(const lin_case *c)
         float *yb = run_linear(t, &w, 0, n, xq, T, k, n);
         xq[k / 2] = keepv;
         int caught = !rows_equal(yb, y, ny);
-        CHECK(caught, "%s: control (a quantized value one ulp off) not caught", what);
+        CHECK(caught, "%s: control (a quantized value moved by 2^-6 of itself) not caught", what);
         printf("  %-52s == linear(x') bitwise %s; control %s\n", what, eq ? "ok" : "FAIL", caught ? "caught" : "NOT CAUGHT");
         free(yl), free(yb);
         drop_weights(t, &w, 1);
