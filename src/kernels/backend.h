@@ -106,7 +106,10 @@ typedef struct dsv4_attn_args {
  *     remaining go to sel[r] in ascending order, nsel[r] of them; ties to the lower index;
  *  4. o[r] = attend(q[r]) over est[s]'s entries sel[r][0..nsel[r]) (a layer that is no index
  *     source reads the selection an earlier layer of the step left) then the window rows
- *     p-W+1..p from the ring, with the sink.
+ *     p-W+1..p from the ring, with the sink. REF: the scores, the softmax and the weighted sum
+ *     in double, o[r] rounded to float once, as the reference's attention (float64, one
+ *     rounding): an fp32 sum may leave o on the other side of a bf16 rounding, and REF's later
+ *     roundings and index selections turn one such flip into a different trajectory.
  * A row reads only entries and keys complete at its position, written by this step or before,
  * so its result does not depend on the step it is in. st, est and ist may be the same arrays
  * (a layer that owns its entries and keys); sel, nsel, cand, ncand are the step's slots shared
@@ -142,8 +145,9 @@ typedef struct dsv4_attn41_args {
 } dsv4_attn41_args;
 /* Production index keys are unpacked this many at a time. */
 #define DSV4_ATTN41_TILE 1024
-#define DSV4_ATTN41_WORK(vis_cap, topk, window, d, ci)                                                      \
-    (2 * ((size_t)(window) + ((topk) > 0 ? (size_t)(topk) : 1) + 1) + 8 * ((size_t)(vis_cap) + 1) +        \
+#define DSV4_ATTN41_WORK(vis_cap, topk, window, H, d, ci)                                                   \
+    ((2 + 2 * (size_t)(H)) * ((size_t)(window) + ((topk) > 0 ? (size_t)(topk) : 1) + 1) +                 \
+     2 * (size_t)(H) * (size_t)(d) + 8 * ((size_t)(vis_cap) + 1) +                                         \
      ((size_t)(window) + ((topk) > 0 ? (size_t)(topk) : 1) + 2) * (size_t)(d) +                           \
      (DSV4_ATTN41_TILE + 1) * ((ci) > 0 ? (size_t)(ci) : 1) + ((size_t)(vis_cap) + 4) / 4 + 1)
 

@@ -234,7 +234,7 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
         wt = dsv4_ftake(m, (size_t)R * nI, err);
     }
     A.q = q, A.kv = kv, A.cc = cc, A.zz = zz, A.qi = qi, A.wt = wt, A.o = o;
-    A.work = dsv4_ftake(m, be->attn41_work ? be->attn41_work(&A) : DSV4_ATTN41_WORK(A.vis_cap, A.topk, A.window, d, ci), err);
+    A.work = dsv4_ftake(m, be->attn41_work ? be->attn41_work(&A) : DSV4_ATTN41_WORK(A.vis_cap, A.topk, A.window, A.H, d, ci), err);
     int rc = err && err->code;
     if (rc)
         goto out;

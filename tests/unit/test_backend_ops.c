@@ -3028,7 +3028,7 @@ static void step41(const target *t, const attn41_case *c, const in41 *in, dsv4_l
                               .cand_bs = c->cand_bs, .cand_k = CB, .q = dq, .kv = dkv, .cc = dcc, .zz = dzz, .qi = dqi,
                               .wt = dwt, .sel = sel, .cand = cand, .nsel = nsel, .ncand = ncand,
                               .o = bpoison(be, (size_t)R * Hd)};
-        size_t wn = be->attn41_work ? be->attn41_work(&a) : DSV4_ATTN41_WORK(vis, K, c->W, d, c->ci);
+        size_t wn = be->attn41_work ? be->attn41_work(&a) : DSV4_ATTN41_WORK(vis, K, c->W, c->H, d, c->ci);
         a.work = bpoison(be, wn);
         be->attn_step41(&a);
         bok(be, "attn_step41");
@@ -3397,6 +3397,70 @@ static const attn41_case attn41_cases[] = {
      .topk = 5, .cand_bs = 3, .cand_k = 3, .ape = 0, .cut = 7},
 };
 
+/* REF's attention (backend.h, attn_step41 step 4): the sums in double and o rounded to float
+ * once, so every backend's o is the double attention rounded to float, bit for bit (a double
+ * sum's error moves that rounding only where the value lies within about 1e-16 of a boundary
+ * between floats: about 1e-8 of the elements). A sliding layer (ratio 0) of two sequences,
+ * where REF rounds nothing else: the window's rows alone. Control: the same step without ref
+ * (fp32 sums) leaves some elements off the rounded double. */
+static void test_attn41_ref(const target *t)
+{
+    enum { S = 2, P = 24, H = 8, d = 128, W = 16, R = S * P, KV_CAP = W + 2 };
+    const dsv4_backend *be = t->be;
+    float *q = falloc((size_t)R * H * d), *kv = falloc((size_t)R * d), *sink = falloc(H), *want = falloc((size_t)R * H * d);
+    double *tol = malloc((size_t)R * H * d * sizeof(double));
+    fill(q, (size_t)R * H * d, -1, 1);
+    fill(kv, (size_t)R * d, -1, 1);
+    fill(sink, H, -1, 1);
+    for (int s = 0; s < S; s++)
+        for (int p = 0; p < P; p++) {
+            const float *rows[W];
+            int nk = 0;
+            for (int j = p - W + 1 < 0 ? 0 : p - W + 1; j <= p; j++)
+                rows[nk++] = kv + ((size_t)s * P + j) * d;
+            size_t g = (size_t)s * P + p;
+            attend_ref(q + g * H * d, H, d, rows, nk, 1.0f / sqrtf((float)d), sink, want + g * H * d, tol + g * H * d);
+        }
+    int64_t pos[R], start[S] = {0, 0};
+    int32_t seq[R], first[S] = {0, P};
+    for (int r = 0; r < R; r++)
+        pos[r] = r % P, seq[r] = r / P;
+    int off[2] = {0, 0};
+    for (int ref = 1; ref >= 0; ref--) {
+        dsv4_lbufs st[S] = {{0}};
+        for (int s = 0; s < S; s++)
+            st[s].kv = bput(be, NULL, (size_t)KV_CAP * d * sizeof(float));
+        dsv4_lbufs *dst = bput(be, st, sizeof st);
+        int64_t *dpos = bput(be, pos, sizeof pos), *dstart = bput(be, start, sizeof start);
+        int32_t *dseq = bput(be, seq, sizeof seq), *dfirst = bput(be, first, sizeof first);
+        float *dq = bput(be, q, (size_t)R * H * d * sizeof(float)), *dkv = bput(be, kv, (size_t)R * d * sizeof(float));
+        dsv4_attn41_args a = {.rows = {.R = R, .S = S, .pos = dpos, .seq = dseq, .start = dstart, .first = dfirst},
+                              .st = dst, .est = dst, .ist = dst, .kv_cap = KV_CAP, .c_cap = 1, .H = H, .d = d,
+                              .window = W, .scale = 1.0f / sqrtf((float)d), .eps = 1e-6f, .sink = sink, .ref = ref,
+                              .q = dq, .kv = dkv, .o = bpoison(be, (size_t)R * H * d)};
+        size_t wn = be->attn41_work ? be->attn41_work(&a) : DSV4_ATTN41_WORK(0, 0, W, H, d, 0);
+        a.work = bpoison(be, wn);
+        be->attn_step41(&a);
+        bok(be, "attn_step41 (REF attention)");
+        float *got = bget(be, a.o, (size_t)R * H * d * sizeof(float));
+        for (size_t i = 0; i < (size_t)R * H * d; i++)
+            off[ref] += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+        free(got);
+        be->free(a.o), be->free(a.work), be->free(dq), be->free(dkv), be->free(dpos), be->free(dstart), be->free(dseq);
+        be->free(dfirst), be->free(dst);
+        for (int s = 0; s < S; s++)
+            be->free(st[s].kv);
+    }
+    CHECK(!off[1], "attn_step41 REF attention on %s: %d of %d elements are not the double attention rounded once",
+          be->name, off[1], R * H * d);
+    printf("  %-52s %d elements off  %s\n", "attn_step41 REF attention == double, rounded once", off[1],
+           off[1] ? "FAIL" : "ok");
+    CHECK(off[0] > 0, "control attn_step41 on %s: the fp32 attention also equals the rounded double everywhere", be->name);
+    printf("  control %-44s %s (%d elements off)\n", "fp32 sums are not the rounded double", off[0] ? "caught" : "NOT CAUGHT",
+           off[0]);
+    free(q), free(kv), free(sink), free(want), free(tol);
+}
+
 /* ---- the cases ---------------------------------------------------------------------------------- */
 
 static const lin_case linq_cases[] = {
@@ -3601,5 +3665,8 @@ int main(void)
         test_attn_step(&attn_cases[i]);
     for (size_t i = 0; i < N_OF(attn41_cases); i++)
         test_attn_step41(&attn41_cases[i]);
+    test_attn41_ref(&cpu_t);
+    for (int o = 0; o < n_others; o++)
+        test_attn41_ref(&others[o]);
     return check_summary("backend ops");
 }

@@ -70,6 +70,47 @@ static int candidate_blocks(const dsv4_attn41_args *a, const dsv4_scored *sc, in
     return k;
 }
 
+/* REF's attention of one row (backend.h, attn_step41 step 4): for each head h, scores
+ * s_i = scale q_h . k_i, m = max(sink_h, s), o_h = sum_i e^(s_i - m) k_i / (sum_i e^(s_i - m)
+ * + e^(sink_h - m)), all in double, o rounded to float once. q [H, d], keys nk rows of d;
+ * p [H, nk] and acc [H, d] scratch. Heads are independent, so threads split them. The dot
+ * keeps 8 running sums (column j to sum j % 8, then added in order) so that it vectorizes;
+ * in double the order leaves the float result as it is but in the rarest ties. */
+static void attend_f64(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink,
+                       double *p_all, double *acc_all, float *out)
+{
+#pragma omp parallel for schedule(static) if ((int64_t)H * nk * d > 262144)
+    for (int h = 0; h < H; h++) {
+        const float *qh = q + (int64_t)h * d;
+        double *p = p_all + (int64_t)h * nk, *acc = acc_all + (int64_t)h * d, mx = sink[h];
+        for (int i = 0; i < nk; i++) {
+            double s8[8] = {0};
+            int j = 0;
+            for (; j + 8 <= d; j += 8)
+                for (int u = 0; u < 8; u++)
+                    s8[u] += (double)qh[j + u] * keys[i][j + u];
+            for (; j < d; j++)
+                s8[j % 8] += (double)qh[j] * keys[i][j];
+            double s = s8[0];
+            for (int u = 1; u < 8; u++)
+                s += s8[u];
+            p[i] = s * scale;
+            mx = p[i] > mx ? p[i] : mx;
+        }
+        double den = 0;
+        for (int i = 0; i < nk; i++)
+            den += p[i] = exp(p[i] - mx);
+        den += exp(sink[h] - mx);
+        for (int j = 0; j < d; j++)
+            acc[j] = 0;
+        for (int i = 0; i < nk; i++)
+            for (int j = 0; j < d; j++)
+                acc[j] += p[i] * keys[i][j];
+        for (int j = 0; j < d; j++)
+            out[(int64_t)h * d + j] = (float)(acc[j] / den);
+    }
+}
+
 /* A compressed entry's rope at its group's first position, then (REF) its cache round trip. */
 static void rope_at(const dsv4_backend *be, const dsv4_attn41_args *a, float *x, int width, int64_t p)
 {
@@ -135,6 +176,8 @@ void dsv4_cpu_attn_step41(const dsv4_attn41_args *a)
     float *wp = a->work;
     const float **keys = (const float **)(void *)wp;
     wp += 2 * (size_t)(W + K1 + 1);
+    double *pf = (double *)(void *)wp, *accf = pf + (size_t)H * (W + K1 + 1); /* REF's attention */
+    wp += 2 * (size_t)H * (W + K1 + 1) + 2 * (size_t)H * d;
     dsv4_scored *tmp = (dsv4_scored *)(void *)wp;
     wp += 4 * (size_t)(vis + 1);
     dsv4_scored *btmp = (dsv4_scored *)(void *)wp;
@@ -196,7 +239,10 @@ void dsv4_cpu_attn_step41(const dsv4_attn41_args *a)
                 dsv4_kv_unpack(DSV4_KV_WINDOW, ls->pkv + (j % a->kv_cap) * wrb, d, wk + (int64_t)nw * d);
             keys[nk++] = a->kv_prod ? wk + (int64_t)nw * d : ls->kv + (j % a->kv_cap) * d;
         }
-        be->attend(a->q + (int64_t)r * Hd, H, d, keys, nk, a->scale, a->sink, a->o + (int64_t)r * Hd);
+        if (a->ref)
+            attend_f64(a->q + (int64_t)r * Hd, H, d, keys, nk, a->scale, a->sink, pf, accf, a->o + (int64_t)r * Hd);
+        else
+            be->attend(a->q + (int64_t)r * Hd, H, d, keys, nk, a->scale, a->sink, a->o + (int64_t)r * Hd);
     }
 }
 

@@ -18,7 +18,8 @@
  *   k41_filter a candidate filter: scores outside the kept blocks to -inf;
  *   k41_topk   the topk best entries in ascending order (all of them when there are no more);
  *   k41_attn   attention per (row, head) over the selected entries, then the window (on the
- *              tensor cores instead, attn_tc.cu, when they are on and the heads suit them);
+ *              tensor cores instead, attn_tc.cu, when they are on and the heads suit them;
+ *              REF's in double, k41_attn_f64, as the reference's);
  *   k_ring     the rings take the step's rows (step.cu).
  * Each row's result comes from one block in an order fixed by the shapes: batch invariant, and
  * a row gives the same bits in any step. REF (ref) rounds where the CPU's walk does: the
@@ -247,7 +248,90 @@ __global__ void __launch_bounds__(A41_NW * 32) k41_attn(geo41 g, int H, int d, f
     attend_head<A41_NW>(q + ((int64_t)r * H + h) * d, key, row.nk, d, scale, sink[h], pr, sh, part, orow);
 }
 
-int g41_smem_set;               /* what k41_attn was allowed so far */
+/* A double sum over the block's A41_NW warps in a fixed order (each warp's tree, then the warps
+ * in index order); every thread gets it. sh: [A41_NW + 1] doubles. */
+__device__ __forceinline__ double block_sum_f64(double v, double *sh)
+{
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0)
+        sh[wid] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double s = sh[0];
+        for (int i = 1; i < A41_NW; i++)
+            s += sh[i];
+        sh[A41_NW] = s;
+    }
+    __syncthreads();
+    return sh[A41_NW];
+}
+
+/* REF's attention (backend.h, attn_step41 step 4): block (row r, head h) as k41_attn, every
+ * sum in double and o rounded to float once. Scores by warp (key i to warp i % A41_NW, lane l
+ * over columns l, l + 32, ... in order, then the warp's tree); the denominator by the block's
+ * fixed-order sum plus the sink's term; out_j by thread j over the keys in order, divided by
+ * the denominator at the end. pd: [nkmax] doubles of dynamic shared memory. */
+__global__ void __launch_bounds__(A41_NW * 32) k41_attn_f64(geo41 g, int H, int d, float scale, const float *sink,
+                                                            const float *q, float *o)
+{
+    PDL_WAIT();
+    extern __shared__ double pd[];
+    __shared__ double sh[A41_NW + 1];
+    const int NT = A41_NW * 32;
+    int r = blockIdx.x, h = blockIdx.y, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    geo41::Row row(g, r, d);
+    float *orow = o + ((int64_t)r * H + h) * d;
+    if (!row.ok) {
+        for (int j = threadIdx.x; j < d; j += NT)
+            orow[j] = __int_as_float(0x7fc00000);
+        return;
+    }
+    const float *qh = q + ((int64_t)r * H + h) * d;
+    int nk = row.nk;
+    for (int i = wid; i < nk; i += A41_NW) {
+        const float *k = row.key(i);
+        double a = 0.0;
+        for (int j = lane; j < d; j += 32)
+            a = fma((double)qh[j], (double)k[j], a);
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1)
+            a += __shfl_xor_sync(0xffffffffu, a, off);
+        if (lane == 0)
+            pd[i] = a * (double)scale;
+    }
+    __syncthreads();
+    double mx = sink[h];
+    for (int i = threadIdx.x; i < nk; i += NT)
+        mx = fmax(mx, pd[i]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if (lane == 0)
+        sh[wid] = mx;
+    __syncthreads();
+    mx = sh[0];
+    for (int i = 1; i < A41_NW; i++)
+        mx = fmax(mx, sh[i]);
+    double sum = 0.0;
+    for (int i = threadIdx.x; i < nk; i += NT) {
+        double e = exp(pd[i] - mx);
+        pd[i] = e;
+        sum += e;
+    }
+    double den = block_sum_f64(sum, sh) + exp((double)sink[h] - mx);
+    for (int j = threadIdx.x; j < d; j += NT) {
+        double acc = 0.0;
+        for (int i = 0; i < nk; i++)
+            acc = fma(pd[i], (double)row.key(i)[j], acc);
+        orow[j] = (float)(acc / den);
+    }
+}
+
+int g41_smem_set, g41_smem64_set; /* what k41_attn and k41_attn_f64 were allowed so far */
 
 /* A buffer attn_step41 reads or writes: device memory, or the op fails. */
 bool dev41(const void *p, const char *what)
@@ -258,8 +342,9 @@ bool dev41(const void *p, const char *what)
     return false;
 }
 
-/* The attention runs on the tensor cores (attn_tc.cu) when they are on and the heads suit them. */
-bool tc41(const dsv4_attn41_args *a) { return tc_family("attn") && attn_tc_fits(a->H, a->d); }
+/* The attention runs on the tensor cores (attn_tc.cu) when they are on and the heads suit them;
+ * REF's runs in double (k41_attn_f64). */
+bool tc41(const dsv4_attn41_args *a) { return !a->ref && tc_family("attn") && attn_tc_fits(a->H, a->d); }
 
 /* Keys a row may attend: its selection and the window. */
 int64_t nkmax41(const dsv4_attn41_args *a)
@@ -389,9 +474,11 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
     run = run && sink && (ifr || !a->own_ent || !a->rd) && (ikn || !a->own_ikey || !a->ik_norm);
     int64_t nkmax = nkmax41(a);
     bool tc = tc41(a);
-    size_t asmem = (size_t)(nkmax > 0 ? nkmax : 1) * sizeof(float);
-    size_t static_smem = (A41_NW + 1 + A41_NW * ATT_MAXD) * sizeof(float);
-    if (run && !tc && asmem + static_smem > 48 * 1024 && (int)asmem > g41_smem_set) {
+    bool f64 = a->ref;
+    size_t asmem = (size_t)(nkmax > 0 ? nkmax : 1) * (f64 ? sizeof(double) : sizeof(float));
+    size_t static_smem = f64 ? (A41_NW + 1) * sizeof(double) : (A41_NW + 1 + A41_NW * ATT_MAXD) * sizeof(float);
+    int *smem_set = f64 ? &g41_smem64_set : &g41_smem_set;
+    if (run && !tc && asmem + static_smem > 48 * 1024 && (int)asmem > *smem_set) {
         int dev = 0, optin = 0;
         if (CK(cudaGetDevice(&dev)) || CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)))
             run = false;
@@ -399,10 +486,11 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
             fail(DSV4_E_UNSUPPORTED, "cuda: attn_step41: %lld keys a row do not fit shared memory (%d bytes)",
                  (long long)nkmax, optin);
             run = false;
-        } else if (CK(cudaFuncSetAttribute(k41_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)))
+        } else if (CK(f64 ? cudaFuncSetAttribute(k41_attn_f64, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)
+                          : cudaFuncSetAttribute(k41_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)))
             run = false;
         else
-            g41_smem_set = (int)asmem;
+            *smem_set = (int)asmem;
     }
     if (run && dsv4cu::poison)
         CK(cudaMemsetAsync(a->o, 0xff, bo, stream));
@@ -437,8 +525,12 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
     if (run && tc)
         run = attn41_tc_launch(geo, H, d, a->scale, sink, a->q, a->o, w.part, w.part_n);
     else if (run) {
-        launch_k(k41_attn, dim3((unsigned)R, (unsigned)H), A41_NW * 32, asmem, stream, geo, H, d, a->scale, sink, a->q,
-                 a->o);
+        if (f64)
+            launch_k(k41_attn_f64, dim3((unsigned)R, (unsigned)H), A41_NW * 32, asmem, stream, geo, H, d, a->scale, sink,
+                     a->q, a->o);
+        else
+            launch_k(k41_attn, dim3((unsigned)R, (unsigned)H), A41_NW * 32, asmem, stream, geo, H, d, a->scale, sink,
+                     a->q, a->o);
         run = launched("attn_step41 attention");
     }
     if (run) {
