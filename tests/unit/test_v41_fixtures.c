@@ -135,6 +135,38 @@ static void ref_compare(const char *what, const float *got, const float *ref, co
            T, dep, agree, T, mean);
 }
 
+/* REF against exact (fp32) on the same case, teacher-forced: per position the KL divergence of
+ * REF's next-token distribution from fp32's, KL(fp32 || ref) in nats, and whether the top-1
+ * tokens agree. A measurement (docs/v41.md records it), not a gate: the gate is ref_compare's. */
+static void kl_report(const char *what, const float *exact, const float *ref, int T, int V)
+{
+    double kl_sum = 0, kl_max = 0;
+    int agree = 0;
+    for (int t = 0; t < T; t++) {
+        const float *a = exact + (size_t)t * V, *b = ref + (size_t)t * V;
+        double ma = a[0], mb = b[0], za = 0, zb = 0, kl = 0;
+        int ta = 0, tb = 0;
+        for (int v = 1; v < V; v++) {
+            if (a[v] > a[ta])
+                ta = v;
+            if (b[v] > b[tb])
+                tb = v;
+        }
+        ma = a[ta], mb = b[tb];
+        for (int v = 0; v < V; v++)
+            za += exp((double)a[v] - ma), zb += exp((double)b[v] - mb);
+        for (int v = 0; v < V; v++) { /* p log p/q with log p = a - ma - log za */
+            double la = a[v] - ma - log(za), lb = b[v] - mb - log(zb);
+            kl += exp(la) * (la - lb);
+        }
+        kl_sum += kl;
+        kl_max = kl > kl_max ? kl : kl_max;
+        agree += ta == tb;
+    }
+    CHECK(isfinite(kl_sum), "%s: KL is not finite", what);
+    printf("  %-40s KL(fp32 || ref) mean %.3g max %.3g nats, top-1 %d/%d\n", what, kl_sum / T, kl_max, agree, T);
+}
+
 /* Streamed tables (pread by row address, fetched ahead on a thread) give the resident
  * tables' logits bit for bit, and the byte counter covers every row of every token. */
 static void streamed_check(const char *dir, const int32_t *ids, int T, int P, int V)
@@ -291,6 +323,8 @@ int main(int argc, char **argv)
         engram_checks(name, cJSON_GetObjectItem(cfg, "text_config"), tm, ttxt, dsv4_st_find(ex, "case0.engram_hash"),
                       cJSON_GetObjectItem(jc->child, "ids"));
 
+        enum { NKEEP = 8 };
+        float *exact[NKEEP] = {0}; /* fp32's prefill logits of the first cases, for kl_report */
         for (int mode = 0; mode < 2; mode++) {
             /* DSV4_TEST_DEVICE=cuda (make test-cuda): the same checks through the CUDA backend */
             dsv4_load_opts lo = {.numerics = mode ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32, .device = getenv("DSV4_TEST_DEVICE")};
@@ -323,6 +357,12 @@ int main(int argc, char **argv)
                         ref_compare(what, got, rt->data, r2->data, T, V);
                     else
                         compare(what, got, rt->data, T, V);
+                    if (!mode && ci < NKEEP && (exact[ci] = malloc((size_t)T * V * sizeof(float))))
+                        memcpy(exact[ci], got, (size_t)T * V * sizeof(float));
+                    if (mode && ci < NKEEP && exact[ci]) {
+                        snprintf(what, sizeof what, "case%d T=%d prefill, ref vs fp32", ci, T);
+                        kl_report(what, exact[ci], got, T, V);
+                    }
                     CHECK(!run_decode(m, ids, T, P, got, V), "%s case%d decode failed", name, ci);
                     snprintf(what, sizeof what, "%s case%d T=%d prefill %d + decode", mn, ci, T, P);
                     if (mode)
@@ -358,6 +398,8 @@ int main(int argc, char **argv)
             }
             dsv4_model_free(m);
         }
+        for (int k = 0; k < NKEEP; k++)
+            free(exact[k]);
         cJSON_Delete(cases);
         cJSON_Delete(cfg);
         cJSON_Delete(tm);
