@@ -815,12 +815,11 @@ static int model_check(dsv4_model *m, const dsv4_load_opts *o, dsv4_err *err)
     const dsv4_backend *be = dsv4_backend_named(o->device, err);
     if (!be || model_kv(m, o, be, err))
         return err->code;
-    /* V4.1 defaults to its release reference's rounding (REF) on the CPU, where it passes the
-     * fixture's gate; a device backend runs it when asked, and fp32 by default until its REF
-     * run has passed that gate on the device (docs/cuda.md) */
-    int cpu = be == dsv4_backend_cpu();
+    /* V4.1 defaults to its release reference's rounding (REF) on every backend that has the
+     * rounding ops; V4 has no REF rules and runs fp32 */
+    int rounds = be->linear_q && be->round_bf16 && be->roundtrip;
     m->numerics = o->numerics ? o->numerics
-                              : (c->family == DSV4_FAMILY_V41 && cpu ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32);
+                              : (c->family == DSV4_FAMILY_V41 && rounds ? DSV4_NUMERICS_REF : DSV4_NUMERICS_FP32);
     if (m->numerics == DSV4_NUMERICS_REF && (!be->linear_q || !be->round_bf16 || !be->roundtrip))
         return dsv4_fail(err, DSV4_E_UNSUPPORTED, "numerics 'ref': the %s backend has no REF rounding ops", be->name);
     if (c->family == DSV4_FAMILY_V4 && m->numerics != DSV4_NUMERICS_FP32)
