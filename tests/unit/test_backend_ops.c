@@ -3401,12 +3401,12 @@ static const attn41_case attn41_cases[] = {
  * once, so every backend's o is the double attention rounded to float, bit for bit (a double
  * sum's error moves that rounding only where the value lies within about 1e-16 of a boundary
  * between floats: about 1e-8 of the elements). A sliding layer (ratio 0) of two sequences,
- * where REF rounds nothing else: the window's rows alone, at 48 rows and at 1024 (the device
- * may then share a block's key loads among heads, not changing any head's sums). Control: the same step without ref
+ * where REF rounds nothing else: the window's rows alone, at 48 and 1024 rows and two head
+ * widths, so that every form a device has runs. Control: the same step without ref
  * (fp32 sums) leaves some elements off the rounded double. */
-static void test_attn41_ref(const target *t, int P)
+static void test_attn41_ref(const target *t, int P, int d)
 {
-    enum { S = 2, H = 8, d = 128, W = 16, KV_CAP = W + 2 };
+    enum { S = 2, H = 8, W = 16, KV_CAP = W + 2 };
     int R = S * P;
     const dsv4_backend *be = t->be;
     float *q = falloc((size_t)R * H * d), *kv = falloc((size_t)R * d), *sink = falloc(H), *want = falloc((size_t)R * H * d);
@@ -3454,7 +3454,7 @@ static void test_attn41_ref(const target *t, int P)
             be->free(st[s].kv);
     }
     char what[96];
-    snprintf(what, sizeof what, "attn_step41 REF attention, %d rows, on %s", R, be->name);
+    snprintf(what, sizeof what, "attn_step41 REF attention, %d rows, d %d, on %s", R, d, be->name);
     CHECK(!off[1], "%s: %d of %d elements are not the double attention rounded once", what, off[1], R * H * d);
     printf("  %-52s == double, rounded once: %d elements off  %s\n", what, off[1], off[1] ? "FAIL" : "ok");
     CHECK(off[0] > 0, "control attn_step41 on %s: the fp32 attention also equals the rounded double everywhere", be->name);
@@ -3667,9 +3667,11 @@ int main(void)
         test_attn_step(&attn_cases[i]);
     for (size_t i = 0; i < N_OF(attn41_cases); i++)
         test_attn_step41(&attn41_cases[i]);
-    /* 48 rows; 1024, where a device may share a block's key loads among heads */
+    /* 48 rows and 1024 (a device may split a small step's columns over blocks, or share a large
+     * step's key loads among heads); d 128 and 72 (a device may have a form for multiples of 16) */
     for (int o = -1; o < n_others; o++)
         for (int P = 24; P <= 512; P += 488)
-            test_attn41_ref(o < 0 ? &cpu_t : &others[o], P);
+            for (int d = 128; d >= 72; d -= 56)
+                test_attn41_ref(o < 0 ? &cpu_t : &others[o], P, d);
     return check_summary("backend ops");
 }

@@ -248,6 +248,12 @@ size_t attn_tc_part(int R, int H, int d, int64_t nkmax);
 bool attn_tc_launch(const rows_dev &rd, int ratio, int csa, int topk, int64_t vis_cap, int kv_cap, int H, int d,
                     int window, int64_t nkmax, float scale, const float *sink, const float *q, const float *kv,
                     const int *sel, float *o, float *part, size_t part_n);
+/* REF's attention for V4.1's rows (attn41_f64.cu, backend.h attn_step41 step 4): every sum in
+ * double, o rounded to float once. nkbound: the most keys any row of the model can have (topk +
+ * window), which with H and d alone picks the kernel, so a row's bits never depend on the step.
+ * False when a launch failed (recorded). */
+bool attn41_f64_launch(const geo41 &g, int H, int d, int64_t nkbound, float scale, const float *sink, const float *q,
+                       float *o);
 /* The same for V4.1's rows (step41.cu). */
 bool attn41_tc_launch(const geo41 &g, int H, int d, float scale, const float *sink, const float *q, float *o,
                       float *part, size_t part_n);

@@ -248,135 +248,7 @@ __global__ void __launch_bounds__(A41_NW * 32) k41_attn(geo41 g, int H, int d, f
     attend_head<A41_NW>(q + ((int64_t)r * H + h) * d, key, row.nk, d, scale, sink[h], pr, sh, part, orow);
 }
 
-/* A double sum over the block's A41_NW warps in a fixed order (each warp's tree, then the warps
- * in index order); every thread gets it. sh: [A41_NW + 1] doubles. */
-__device__ __forceinline__ double block_sum_f64(double v, double *sh)
-{
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0)
-        sh[wid] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double s = sh[0];
-        for (int i = 1; i < A41_NW; i++)
-            s += sh[i];
-        sh[A41_NW] = s;
-    }
-    __syncthreads();
-    return sh[A41_NW];
-}
-
-/* REF's attention (backend.h, attn_step41 step 4): block (row r, heads h0 .. h0 + G - 1),
- * every sum in double and o rounded to float once. For each head: scores by warp (key i to
- * warp i % A41_NW, lane l over columns l, l + 32, ... in order, then the warp's tree); the
- * denominator by the block's fixed-order sum plus the sink's term; out_j by thread j over the
- * keys in order, divided by the denominator at the end. A head's order is the same for every
- * G (G only shares the key loads among heads), so a row's bits do not depend on the launch.
- * Dynamic shared memory: pd [G, nkmax] doubles, kp [nkmax] key pointers, qs [G, d] floats. */
-template <int G>
-__global__ void __launch_bounds__(A41_NW * 32) k41_attn_f64(geo41 g, int H, int d, int nkmax, float scale,
-                                                            const float *sink, const float *q, float *o)
-{
-    PDL_WAIT();
-    extern __shared__ double pd[];
-    __shared__ double sh[A41_NW + 1], dens[G];
-    const float **kp = (const float **)(pd + (size_t)G * nkmax);
-    float *qs = (float *)(kp + nkmax);
-    const int NT = A41_NW * 32;
-    int r = blockIdx.x, h0 = blockIdx.y * G, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    geo41::Row row(g, r, d);
-    if (!row.ok) {
-        for (int x = threadIdx.x; x < G * d; x += NT)
-            o[((int64_t)r * H + h0) * d + x] = __int_as_float(0x7fc00000);
-        return;
-    }
-    int nk = row.nk;
-    for (int i = threadIdx.x; i < nk; i += NT)
-        kp[i] = row.key(i);
-    for (int x = threadIdx.x; x < G * d; x += NT)
-        qs[x] = q[((int64_t)r * H + h0) * d + x];
-    __syncthreads();
-    for (int i = wid; i < nk; i += A41_NW) {
-        const float *k = kp[i];
-        float kr[ATT_C];
-#pragma unroll
-        for (int c = 0; c < ATT_C; c++)
-            kr[c] = lane + 32 * c < d ? k[lane + 32 * c] : 0.0f;
-        for (int hh = 0; hh < G; hh++) {
-            double a = 0.0;
-#pragma unroll
-            for (int c = 0; c < ATT_C; c++)
-                if (lane + 32 * c < d)
-                    a = fma((double)qs[hh * d + lane + 32 * c], (double)kr[c], a);
-#pragma unroll
-            for (int off = 16; off > 0; off >>= 1)
-                a += __shfl_xor_sync(0xffffffffu, a, off);
-            if (lane == 0)
-                pd[(size_t)hh * nkmax + i] = a * (double)scale;
-        }
-    }
-    __syncthreads();
-    for (int hh = 0; hh < G; hh++) {
-        double *p = pd + (size_t)hh * nkmax, mx = sink[h0 + hh];
-        for (int i = threadIdx.x; i < nk; i += NT)
-            mx = fmax(mx, p[i]);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        if (lane == 0)
-            sh[wid] = mx;
-        __syncthreads();
-        mx = sh[0];
-        for (int w = 1; w < A41_NW; w++)
-            mx = fmax(mx, sh[w]);
-        double sum = 0.0;
-        for (int i = threadIdx.x; i < nk; i += NT) {
-            double e = exp(p[i] - mx);
-            p[i] = e;
-            sum += e;
-        }
-        double den = block_sum_f64(sum, sh) + exp((double)sink[h0 + hh] - mx);
-        if (threadIdx.x == 0)
-            dens[hh] = den;
-    }
-    __syncthreads();
-    for (int j = threadIdx.x; j < d; j += NT) {
-        double acc[G];
-#pragma unroll
-        for (int hh = 0; hh < G; hh++)
-            acc[hh] = 0.0;
-#pragma unroll 8
-        for (int i = 0; i < nk; i++) {
-            double kv = kp[i][j];
-#pragma unroll
-            for (int hh = 0; hh < G; hh++)
-                acc[hh] = fma(pd[(size_t)hh * nkmax + i], kv, acc[hh]);
-        }
-#pragma unroll
-        for (int hh = 0; hh < G; hh++)
-            o[((int64_t)r * H + h0 + hh) * d + j] = (float)(acc[hh] / dens[hh]);
-    }
-}
-
-/* k41_attn_f64's dynamic shared memory for G heads a block. */
-size_t f64_smem(int G, int64_t nkmax, int d)
-{
-    size_t n = (size_t)(nkmax > 0 ? nkmax : 1);
-    return n * G * sizeof(double) + n * sizeof(float *) + (size_t)G * d * sizeof(float);
-}
-
-/* Heads a block of k41_attn_f64 takes: 8 when they divide H, the step has rows enough to fill
- * the device and the block's scores fit 160 KiB (every head's sums are the same either way). */
-int f64_group(int R, int H, int64_t nkmax, int d)
-{
-    return H % 8 == 0 && (int64_t)R * H / 8 >= 1024 && f64_smem(8, nkmax, d) <= 160 * 1024 ? 8 : 1;
-}
-
-int g41_smem_set, g41_smem64_set[2]; /* what k41_attn and k41_attn_f64<1>, <8> were allowed so far */
+int g41_smem_set;               /* what k41_attn was allowed so far */
 
 /* A buffer attn_step41 reads or writes: device memory, or the op fails. */
 bool dev41(const void *p, const char *what)
@@ -520,11 +392,9 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
     int64_t nkmax = nkmax41(a);
     bool tc = tc41(a);
     bool f64 = a->ref;
-    int G = f64 ? f64_group(R, H, nkmax, d) : 1;
-    size_t asmem = f64 ? f64_smem(G, nkmax, d) : (size_t)(nkmax > 0 ? nkmax : 1) * sizeof(float);
-    size_t static_smem = f64 ? (A41_NW + 1 + 8) * sizeof(double) : (A41_NW + 1 + A41_NW * ATT_MAXD) * sizeof(float);
-    int *smem_set = f64 ? (G == 8 ? &g41_smem64_set[1] : &g41_smem64_set[0]) : &g41_smem_set;
-    if (run && !tc && asmem + static_smem > 48 * 1024 && (int)asmem > *smem_set) {
+    size_t asmem = (size_t)(nkmax > 0 ? nkmax : 1) * sizeof(float);
+    size_t static_smem = (A41_NW + 1 + A41_NW * ATT_MAXD) * sizeof(float);
+    if (run && !tc && !f64 && asmem + static_smem > 48 * 1024 && (int)asmem > g41_smem_set) {
         int dev = 0, optin = 0;
         if (CK(cudaGetDevice(&dev)) || CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)))
             run = false;
@@ -532,12 +402,10 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
             fail(DSV4_E_UNSUPPORTED, "cuda: attn_step41: %lld keys a row do not fit shared memory (%d bytes)",
                  (long long)nkmax, optin);
             run = false;
-        } else if (CK(!f64 ? cudaFuncSetAttribute(k41_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)
-                      : G == 8 ? cudaFuncSetAttribute(k41_attn_f64<8>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)
-                               : cudaFuncSetAttribute(k41_attn_f64<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)))
+        } else if (CK(cudaFuncSetAttribute(k41_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)))
             run = false;
         else
-            *smem_set = (int)asmem;
+            g41_smem_set = (int)asmem;
     }
     if (run && dsv4cu::poison)
         CK(cudaMemsetAsync(a->o, 0xff, bo, stream));
@@ -569,18 +437,13 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
         }
     }
     geo41 geo = {rdv, a->est, m, K, a->kv_cap, a->window, (int)nkmax, a->kv, a->sel, a->nsel};
-    if (run && tc)
+    if (run && f64)
+        run = attn41_f64_launch(geo, H, d, (m ? K : 0) + a->window, a->scale, sink, a->q, a->o);
+    else if (run && tc)
         run = attn41_tc_launch(geo, H, d, a->scale, sink, a->q, a->o, w.part, w.part_n);
     else if (run) {
-        if (f64 && G == 8)
-            launch_k(k41_attn_f64<8>, dim3((unsigned)R, (unsigned)(H / 8)), A41_NW * 32, asmem, stream, geo, H, d,
-                     (int)nkmax, a->scale, sink, a->q, a->o);
-        else if (f64)
-            launch_k(k41_attn_f64<1>, dim3((unsigned)R, (unsigned)H), A41_NW * 32, asmem, stream, geo, H, d, (int)nkmax,
-                     a->scale, sink, a->q, a->o);
-        else
-            launch_k(k41_attn, dim3((unsigned)R, (unsigned)H), A41_NW * 32, asmem, stream, geo, H, d, a->scale, sink,
-                     a->q, a->o);
+        launch_k(k41_attn, dim3((unsigned)R, (unsigned)H), A41_NW * 32, asmem, stream, geo, H, d, a->scale, sink, a->q,
+                 a->o);
         run = launched("attn_step41 attention");
     }
     if (run) {
