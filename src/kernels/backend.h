@@ -197,6 +197,12 @@ typedef struct dsv4_backend {
      * row is what linear gives for that x' row. */
     void (*linear_q)(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                      int64_t ldy);
+    /* REF's product and its output rounding in one op: linear (quant 0) or linear_q (quant 1),
+     * then every written y value through bf16 as round_bf16 does; bit for bit those ops in
+     * turn (a device writes each value rounded, saving a launch a product). Optional: without it
+     * the model calls the two ops. */
+    void (*linear_rb)(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                      int64_t ldy, int quant);
     /* V4's grouped output projection: G row blocks of W [n, k], block g times its own slice of
      * x: y[t, g n/G + i] = sum_j W[g n/G + i, j] x[t, g k + j]; x [T, G k], y [T, n]. Each
      * block's rows as linear computes them. */

@@ -22,7 +22,12 @@ void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1,
         m->be->linear(w, r0, r1, x, T, ldx, y, ldy);
         return;
     }
-    if ((w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4) && !(flags & DSV4_LIN_NOQ))
+    int q = (w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4) && !(flags & DSV4_LIN_NOQ);
+    if (!(flags & DSV4_LIN_F32OUT) && m->be->linear_rb) {
+        m->be->linear_rb(w, r0, r1, x, T, ldx, y, ldy, q);
+        return;
+    }
+    if (q)
         m->be->linear_q(w, r0, r1, x, T, ldx, y, ldy);
     else
         m->be->linear(w, r0, r1, x, T, ldx, y, ldy);

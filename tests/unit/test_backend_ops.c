@@ -613,6 +613,81 @@ static void test_linear_q(const lin_case *c)
     free(x), free(xq), free(ref), free(bad), free(tol), free(tb), free(W), free(cpu_y);
 }
 
+/* linear_rb on each backend that has it, against the same backend's linear (quant 0) or linear_q
+ * (quant 1) followed by its round_bf16, bit for bit: rows [r0, r1) of W into y with row stride
+ * ldy (the pad columns keep their mark). Control: the product unrounded differs somewhere.
+ * Rows: each alone gives the same bits. */
+static void test_linear_rb(const lin_case *c)
+{
+    dsv4_weight w;
+    make_weight(c->form, c->n, c->k, c->bn, c->bk, c->e8m0, &w);
+    int64_t k = c->k, ldx = k + c->padx, r0 = c->r0, r1 = c->r1 ? c->r1 : c->n, nr = r1 - r0, ldy = nr + c->pady;
+    int T = c->T;
+    float *x = falloc((size_t)T * ldx);
+    fill(x, (size_t)T * ldx, -1, 1);
+    for (int o = 0; o < n_others; o++) {
+        const target *t = &others[o];
+        const dsv4_backend *be = t->be;
+        if (!be->linear_rb)
+            continue;
+        put_weights(t, &w, 1);
+        for (int quant = 0; quant < 2; quant++) {
+            if (quant && c->form != DSV4_WF_FP8 && c->form != DSV4_WF_FP4)
+                continue;
+            size_t ny = (size_t)T * ldy;
+            float *hy = falloc(ny), *h2 = falloc(ny), *hone = falloc((size_t)ldy);
+            for (size_t i = 0; i < ny; i++)
+                hy[i] = PAD;
+            float *dx = bput(be, x, (size_t)T * ldx * sizeof(float)), *dy = bput(be, hy, ny * sizeof(float));
+            float *dy2 = bput(be, hy, ny * sizeof(float));
+            be->linear_rb(&w, r0, r1, dx, T, ldx, dy, ldy, quant);
+            if (quant)
+                be->linear_q(&w, r0, r1, dx, T, ldx, dy2, ldy);
+            else
+                be->linear(&w, r0, r1, dx, T, ldx, dy2, ldy);
+            be->download(h2, dy2, ny * sizeof(float));
+            for (int r = 0; r < T; r++)
+                be->round_bf16(dy2 + (size_t)r * ldy, nr);
+            be->download(hy, dy, ny * sizeof(float));
+            bok(be, "linear_rb");
+            int rounded = 0, same = 1;
+            for (size_t i = 0; i < ny; i++)
+                rounded |= memcmp(&hy[i], &h2[i], sizeof(float)) != 0; /* h2: the product unrounded */
+            be->download(h2, dy2, ny * sizeof(float));
+            int eq = !memcmp(hy, h2, ny * sizeof(float));
+            for (int r = 0; r < T; r++) { /* each row alone */
+                float *d1 = bput(be, hy, (size_t)ldy * sizeof(float));
+                be->linear_rb(&w, r0, r1, dx + (size_t)r * ldx, 1, ldx, d1, ldy, quant);
+                be->download(hone, d1, (size_t)ldy * sizeof(float));
+                be->free(d1);
+                same &= rows_equal(hone, hy + (size_t)r * ldy, nr);
+            }
+            char what[160];
+            snprintf(what, sizeof what, "%s on %s, linear_rb quant %d", c->name, be->name, quant);
+            CHECK(eq, "%s: differs from the product then round_bf16", what);
+            CHECK(rounded, "control %s: the unrounded product equals it", what);
+            CHECK(same, "%s: a row alone differs from the batch", what);
+            printf("  %-52s == product + round_bf16 %s; rows alone %s; control %s\n", what, eq ? "bitwise" : "DIFFER",
+                   same ? "bitwise" : "DIFFER", rounded ? "caught" : "NOT CAUGHT");
+            be->free(dx), be->free(dy), be->free(dy2);
+            free(hy), free(h2), free(hone);
+        }
+        drop_weights(t, &w, 1);
+    }
+    free_weight(&w);
+    free(x);
+}
+
+static const lin_case rb_cases[] = {
+    {.name = "rb fp8 [32, 32] rows 16..144 T=5", .form = DSV4_WF_FP8, .n = 160, .k = 768, .bn = 32, .bk = 32, .e8m0 = 1,
+     .r0 = 16, .r1 = 144, .T = 5, .padx = 4, .pady = 3},
+    {.name = "rb fp8 [128, 128] T=70", .form = DSV4_WF_FP8, .n = 256, .k = 512, .bn = 128, .bk = 128, .e8m0 = 1, .T = 70},
+    {.name = "rb fp4 T=1, k 4096 (split sums)", .form = DSV4_WF_FP4, .n = 64, .k = 4096, .bn = 1, .bk = 32, .e8m0 = 1,
+     .T = 1},
+    {.name = "rb fp4 T=33", .form = DSV4_WF_FP4, .n = 96, .k = 1024, .bn = 1, .bk = 32, .e8m0 = 1, .T = 33},
+    {.name = "rb bf16 T=9", .form = DSV4_WF_BF16, .n = 128, .k = 512, .T = 9},
+};
+
 /* ---- linear_blocks ---------------------------------------------------------------------------- */
 
 typedef struct {
@@ -3667,6 +3742,8 @@ int main(void)
         test_attn_step(&attn_cases[i]);
     for (size_t i = 0; i < N_OF(attn41_cases); i++)
         test_attn_step41(&attn41_cases[i]);
+    for (size_t i = 0; i < N_OF(rb_cases); i++)
+        test_linear_rb(&rb_cases[i]);
     /* 48 rows and 1024 (a device may split a small step's columns over blocks, or share a large
      * step's key loads among heads); d 128 and 72 (a device may have a form for multiples of 16) */
     for (int o = -1; o < n_others; o++)

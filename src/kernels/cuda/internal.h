@@ -284,11 +284,17 @@ void cu_graph_free(void *g);
 /* Whether a kernel family ("linear", "attn", "index") takes the tensor cores (linear.cu). */
 bool tc_family(const char *fam);
 void cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
-/* cu_linear, told whether x holds bf16 values (x1: the tensor-core path takes one term, mma.cuh). */
+/* cu_linear, told whether x holds bf16 values (x1: the tensor-core path takes one term, mma.cuh)
+ * and whether each output is rounded to bf16 as the kernel writes it (rb). */
 void linear_x(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy,
-              int x1);
+              int x1, int rb);
 void cu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T, float *y);
 void cu_linear_q(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
+/* cu_linear_q with its outputs rounded to bf16 as they are written when rb. */
+void linear_q_x(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy,
+                int rb);
+void cu_linear_rb(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                  int64_t ldy, int quant);
 void cu_round_bf16(float *x, int64_t n);
 void cu_roundtrip(float *x, int64_t n, int block, int code);
 void cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx, float *const *y);

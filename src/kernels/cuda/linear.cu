@@ -91,7 +91,7 @@ __global__ void TC_BOUNDS(NT) k_tc_multi(lin_jobs J, int T, int TB)
 
 /* y = the left-to-right sum of S slabs (mma.cuh, tc_fold). */
 __global__ void k_tc_fold(const float *part, int S, int64_t rows, int nr, int64_t pld, int64_t slab, float *y,
-                          int64_t ldy)
+                          int64_t ldy, int rb)
 {
     PDL_WAIT();
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -102,13 +102,13 @@ __global__ void k_tc_fold(const float *part, int S, int64_t rows, int nr, int64_
     float v = p[0];
     for (int s = 1; s < S; s++)
         v += p[s * slab];
-    y[r * ldy + i] = v;
+    y[r * ldy + i] = rb ? rt_bf16(v) : v;
 }
 
 void dsv4cu::tc_fold(const float *part, int S, int64_t rows, int nr, int64_t pld, int64_t slab, float *y, int64_t ldy,
-                     cudaStream_t st)
+                     cudaStream_t st, int rb)
 {
-    launch_k(k_tc_fold, (unsigned)cdiv(rows * nr, 256), 256, 0, st, part, S, rows, nr, pld, slab, y, ldy);
+    launch_k(k_tc_fold, (unsigned)cdiv(rows * nr, 256), 256, 0, st, part, S, rows, nr, pld, slab, y, ldy, rb);
 }
 
 int dsv4cu::tc_blocks(int64_t nr)
@@ -284,8 +284,8 @@ static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
             p += (size_t)J.w[j].tcs * T * nrj[j];
     }
     dim3 grid(0, ty, (unsigned)Z);
-    if (E != TC_X3 && (J.multi || J.n > 1)) {
-        fail(DSV4_E_ARG, "cuda: one-term tensor-core launches take a single job");
+    if ((E != TC_X3 || J.rb) && (J.multi || J.n > 1)) {
+        fail(DSV4_E_ARG, "cuda: one-term and rounded tensor-core launches take a single job");
         return;
     }
     if (J.multi) {
@@ -299,14 +299,14 @@ static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
         grid.x = (unsigned)(J.bpj * J.n);
         launch_k(k_tc_group<F, NT>, grid, threads, 0, st, J, T, TB);
     } else {
-        dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy};
+        dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};
         grid.x = (unsigned)tc_blocks(J.nr);
         launch_k(k_tc_linear<F, NT, E>, grid, threads, 0, st, J.w[0], J.r0[0], J.nr, m, T, TB, J.part[0]);
     }
     for (int j = 0; j < J.n; j++)
         if (J.part[j])
             tc_fold(J.part[j], J.w[j].tcs, T, (int)nrj[j], nrj[j], (int64_t)T * nrj[j], J.y[j],
-                    J.multi ? nrj[j] : J.ldy, st);
+                    J.multi ? nrj[j] : J.ldy, st, J.rb);
 }
 
 template <int F, int E>
@@ -367,6 +367,10 @@ static void launch_build(K k1, K kc, K ke, bool vec, int T, dim3 grid, cudaStrea
 template <int F>
 static void launch_form(lin_jobs &J, bool vec, int T, cudaStream_t st)
 {
+    if (J.rb && (J.multi || J.n > 1)) {
+        fail(DSV4_E_ARG, "cuda: rounded linear launches take a single job");
+        return;
+    }
     if (J.multi) {
         J.b0[0] = 0;
         for (int j = 0; j < J.n; j++)
@@ -382,7 +386,7 @@ static void launch_form(lin_jobs &J, bool vec, int T, cudaStream_t st)
                      grid, st, J, T);
         return;
     }
-    dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy};
+    dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};
     launch_build(k_linear<F, true, 1>, k_linear<F, true, LIN_TT>, k_linear<F, false, LIN_TT>, vec, T, grid, st, J.w[0],
                  J.r0[0], J.nr, m, T);
 }
@@ -510,19 +514,30 @@ static void exl3_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const floa
 void dsv4cu::cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                       int64_t ldy)
 {
-    linear_x(w, r0, r1, x, T, ldx, y, ldy, 0);
+    linear_x(w, r0, r1, x, T, ldx, y, ldy, 0, 0);
+}
+
+void dsv4cu::cu_linear_rb(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                         int64_t ldy, int quant)
+{
+    if (quant)
+        linear_q_x(w, r0, r1, x, T, ldx, y, ldy, 1);
+    else
+        linear_x(w, r0, r1, x, T, ldx, y, ldy, 0, 1);
 }
 
 void dsv4cu::linear_x(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
-                      int64_t ldy, int x1)
+                      int64_t ldy, int x1, int rb)
 {
     int64_t nr = r1 - r0;
     if (T <= 0 || nr <= 0)
         return;
     op_begin_at("cu_linear"); /* the op it serves, in the profile */
-    if (w->form == DSV4_WF_EXL3) {
+    if (w->form == DSV4_WF_EXL3) { /* EXL3's kernels write as they are: the rounding follows */
         exl3_linear(w, r0, r1, x, T, ldx, y, ldy);
         op_end();
+        for (int t = 0; rb && t < T; t++)
+            cu_round_bf16(y + (int64_t)t * ldy, nr);
         return;
     }
     int ok = w->form < DSV4_WF_EXL3;
@@ -562,6 +577,7 @@ void dsv4cu::linear_x(const dsv4_weight *w, int64_t r0, int64_t r1, const float 
         J.ldx = dldx;
         J.ldy = dldy;
         J.x1 = x1;
+        J.rb = rb;
         launch_linear(w, J, T, stream);
     }
     finish_rows(ran, "linear", y, dy, T, nr, ldy);

@@ -5,6 +5,7 @@
 #define DSV4_CUDA_LINEAR_CUH
 
 #include "kernels/cuda/forms.cuh"
+#include "kernels/cuda/rounding.cuh"
 
 namespace dsv4cu {
 
@@ -25,6 +26,7 @@ struct lin_jobs {
     int zj[DSV4_CUDA_GROUP_MAX];      /* and its slice groups */
     int n, nr, bpj, multi;
     int x1;                     /* x holds bf16 values: the tensor-core path takes one term (mma.cuh) */
+    int rb;                     /* a single job's outputs rounded to bf16 as they are written (REF) */
     int64_t ldx, ldy;           /* a single job's row strides (groups are dense), x's in a multi launch */
 };
 
@@ -44,12 +46,17 @@ struct dense_map {
     const float *x;
     float *y;
     int64_t ldx, ldy;
+    int rb; /* put rounds each value to bf16 (REF's output rounding) */
     /* the map of tokens t0, t0 + 1, ... */
-    __device__ __forceinline__ dense_map at(int t0) const { return dense_map{x + (int64_t)t0 * ldx, y + (int64_t)t0 * ldy, ldx, ldy}; }
-    /* the same rows written to p with row stride ld */
-    __device__ __forceinline__ dense_map with_y(float *p, int64_t ld) const { return dense_map{x, p, ldx, ld}; }
+    __device__ __forceinline__ dense_map at(int t0) const
+    {
+        return dense_map{x + (int64_t)t0 * ldx, y + (int64_t)t0 * ldy, ldx, ldy, rb};
+    }
+    /* the same rows written to p with row stride ld, as they are (a split's partial sums) */
+    __device__ __forceinline__ dense_map with_y(float *p, int64_t ld) const { return dense_map{x, p, ldx, ld, 0}; }
     __device__ __forceinline__ const float *xr(int t) const { return x + (int64_t)t * ldx; }
     __device__ __forceinline__ float *yr(int t) const { return y + (int64_t)t * ldy; }
+    __device__ __forceinline__ void put(int t, int64_t i, float v) const { yr(t)[i] = rb ? rt_bf16(v) : v; }
 };
 
 struct pair_map {
@@ -61,6 +68,7 @@ struct pair_map {
     __device__ __forceinline__ const float *xr(int t) const { return x + (int64_t)(__ldg(ord + t) / xdiv) * ldx; }
     __device__ __forceinline__ float *yr(int t) const { return y + (int64_t)__ldg(ord + t) * ldy; }
     __device__ __forceinline__ pair_map with_y(float *p, int64_t ld) const { return pair_map{x, p, ord, xdiv, ldx, ld}; }
+    __device__ __forceinline__ void put(int t, int64_t i, float v) const { yr(t)[i] = v; }
 };
 
 template <int F, bool VEC, int TT, class M>
@@ -193,7 +201,7 @@ __device__ __forceinline__ void linear_rows(const wdev &w, int64_t r0, int nr, c
                 float sum = part[wid][rr][tt];
                 for (int j = 1; j < wpr; j++)
                     sum += part[wid + j][rr][tt];
-                m.yr(t0 + tt)[i0 + rr] = sum;
+                m.put(t0 + tt, i0 + rr, sum);
             }
         }
         __syncthreads();

@@ -342,7 +342,7 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                 for (int q = 0; q < 4; q++) {
                     int tk = t0 + 8 * j + 2 * t + (q & 1), i = i0 + g + (q >> 1) * 8;
                     if (tk < T && i < nr)
-                        om.yr(tk)[i] = acc[j][q];
+                        om.put(tk, i, acc[j][q]);
                 }
         };
         int slice = s_beg, next = tc_slice(nrun, S, s_beg + 1);
@@ -488,7 +488,7 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                     float v = slice ? tot[j][q] + acc[j][q] : acc[j][q];
                     int tk = t0 + 8 * j + 2 * t + (q & 1), i = i0 + g + (q >> 1) * 8;
                     if (tk < T && i < nr)
-                        m.yr(tk)[i] = v;
+                        m.put(tk, i, v);
                 }
         /* the next pass restages both buffers */
         __syncthreads();
@@ -511,9 +511,9 @@ int tc_groups(int S, int64_t blocks, int nt);
 /* A device buffer of n floats for slice partials (grows, never freed: recordings may read it). */
 float *tc_part_buf(size_t n);
 /* y[r, i] = part[0][r, i] + part[1][r, i] + ... + part[S-1][r, i] (left to right), r < rows,
- * i < nr: slab s at part + s slab, row stride pld; y row stride ldy. */
+ * i < nr: slab s at part + s slab, row stride pld; y row stride ldy; rounded to bf16 when rb. */
 void tc_fold(const float *part, int S, int64_t rows, int nr, int64_t pld, int64_t slab, float *y, int64_t ldy,
-             cudaStream_t st);
+             cudaStream_t st, int rb = 0);
 
 } // namespace dsv4cu
 

@@ -51,6 +51,7 @@ static dsv4_backend make_table(void)
     t.copy2d = cu_copy2d;
     t.linear = cu_linear;
     t.linear_q = cu_linear_q;
+    t.linear_rb = cu_linear_rb;
     t.linear_blocks = cu_linear_blocks;
     t.linear_multi = cu_linear_multi;
     t.embed = cu_embed;

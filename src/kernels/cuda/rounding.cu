@@ -113,6 +113,12 @@ float *dsv4cu::ref_buf(size_t n)
 void dsv4cu::cu_linear_q(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                          int64_t ldy)
 {
+    linear_q_x(w, r0, r1, x, T, ldx, y, ldy, 0);
+}
+
+void dsv4cu::linear_q_x(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
+                        int64_t ldy, int rb)
+{
     if (T <= 0 || r1 <= r0)
         return;
     op_begin_at("linear_q");
@@ -126,5 +132,5 @@ void dsv4cu::cu_linear_q(const dsv4_weight *w, int64_t r0, int64_t r1, const flo
         fail_rows(y, T, r1 - r0, ldy);
     op_end();
     if (ran) /* xq holds bf16 values (e4m3 times a power of two): one tensor-core term */
-        linear_x(w, r0, r1, xq, T, w->k, y, ldy, 1);
+        linear_x(w, r0, r1, xq, T, w->k, y, ldy, 1, rb);
 }
