@@ -28,28 +28,6 @@ namespace {
 
 enum { F_NW = 16, D_NW = 8 }; /* warps of a k41_attn_f64 and of a k41_attn_dmma block */
 
-/* A double sum over the block's F_NW warps in a fixed order (each warp's tree, then the warps
- * in index order); every thread gets it. sh: [F_NW + 1] doubles. */
-__device__ __forceinline__ double block_sum_f64(double v, double *sh)
-{
-    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0)
-        sh[wid] = v;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        double s = sh[0];
-        for (int i = 1; i < F_NW; i++)
-            s += sh[i];
-        sh[F_NW] = s;
-    }
-    __syncthreads();
-    return sh[F_NW];
-}
-
 /* REF's attention (backend.h, attn_step41 step 4): block (row r, heads h0 .. h0 + G - 1),
  * every sum in double and o rounded to float once. For each head: scores by warp (key i to
  * warp i % F_NW, lane l over columns l, l + 32, ... in order, then the warp's tree); the
@@ -101,25 +79,7 @@ __global__ void __launch_bounds__(F_NW * 32) k41_attn_f64(geo41 g, int H, int d,
     }
     __syncthreads();
     for (int hh = 0; hh < G; hh++) {
-        double *p = pd + (size_t)hh * nkmax, mx = sink[h0 + hh];
-        for (int i = threadIdx.x; i < nk; i += NT)
-            mx = fmax(mx, p[i]);
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1)
-            mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-        if (lane == 0)
-            sh[wid] = mx;
-        __syncthreads();
-        mx = sh[0];
-        for (int w = 1; w < F_NW; w++)
-            mx = fmax(mx, sh[w]);
-        double sum = 0.0;
-        for (int i = threadIdx.x; i < nk; i += NT) {
-            double e = exp(p[i] - mx);
-            p[i] = e;
-            sum += e;
-        }
-        double den = block_sum_f64(sum, sh) + exp((double)sink[h0 + hh] - mx);
+        double den = block_softmax<F_NW>(pd + (size_t)hh * nkmax, nk, (double)sink[h0 + hh], sh);
         if (threadIdx.x == 0)
             dens[hh] = den;
     }

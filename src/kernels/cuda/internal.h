@@ -96,7 +96,9 @@ static inline void launch_k(void (*k)(P...), dim3 grid, dim3 block, size_t smem,
 
 enum { NB = 256, NW = NB / 32 };
 
-__device__ __forceinline__ float warp_sum(float v)
+/* A warp's xor tree (float or double). */
+template <class T>
+__device__ __forceinline__ T warp_sum(T v)
 {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
@@ -105,9 +107,9 @@ __device__ __forceinline__ float warp_sum(float v)
 }
 
 /* Sum over a block of NWARP warps in a fixed order (each warp's tree, then thread 0 adds the
- * warps' partials in index order); every thread gets the result. sh: [NWARP + 1] floats. */
-template <int NWARP>
-__device__ __forceinline__ float block_sum(float v, float *sh)
+ * warps' partials in index order); every thread gets the result. sh: [NWARP + 1] of T. */
+template <int NWARP, class T>
+__device__ __forceinline__ T block_sum(T v, T *sh)
 {
     int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     v = warp_sum(v);
@@ -116,13 +118,46 @@ __device__ __forceinline__ float block_sum(float v, float *sh)
         sh[wid] = v;
     __syncthreads();
     if (threadIdx.x == 0) {
-        float s = sh[0];
+        T s = sh[0];
         for (int i = 1; i < NWARP; i++)
             s += sh[i];
         sh[NWARP] = s;
     }
     __syncthreads();
     return sh[NWARP];
+}
+
+__device__ __forceinline__ float ex(float v) { return expf(v); }
+__device__ __forceinline__ double ex(double v) { return exp(v); }
+
+/* The softmax of scores p[0..nk) beside a sink logit, in place, by a block of NWARP warps:
+ * m = max(sink, p), p_i = e^(p_i - m); returns the denominator sum_i p_i + e^(sink - m), the
+ * sum by threads t over i = t, t + 32 NWARP, ... in order, then block_sum. The order depends on
+ * nk and NWARP only. sh: [NWARP + 1] of T. */
+template <int NWARP, class T>
+__device__ __forceinline__ T block_softmax(T *p, int nk, T sink, T *sh)
+{
+    const int NT = NWARP * 32;
+    int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    T mx = sink;
+    for (int i = threadIdx.x; i < nk; i += NT)
+        mx = fmax(mx, p[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        mx = fmax(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    if (lane == 0)
+        sh[wid] = mx;
+    __syncthreads();
+    mx = sh[0];
+    for (int i = 1; i < NWARP; i++)
+        mx = fmax(mx, sh[i]);
+    T sum = 0;
+    for (int i = threadIdx.x; i < nk; i += NT) {
+        T e = ex(p[i] - mx);
+        p[i] = e;
+        sum += e;
+    }
+    return block_sum<NWARP>(sum, sh) + ex(sink - mx);
 }
 
 /* The RMS norm of one row of dim values by a block of NB threads: the squares summed per
@@ -186,25 +221,7 @@ __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, in
             p[i] = a * scale;
     }
     __syncthreads();
-    float mx = sink;
-    for (int i = threadIdx.x; i < nk; i += NT)
-        mx = fmaxf(mx, p[i]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    if (lane == 0)
-        sh[wid] = mx;
-    __syncthreads();
-    mx = sh[0];
-    for (int i = 1; i < NWARP; i++)
-        mx = fmaxf(mx, sh[i]);
-    float sum = 0.0f;
-    for (int i = threadIdx.x; i < nk; i += NT) {
-        float e = expf(p[i] - mx);
-        p[i] = e;
-        sum += e;
-    }
-    float den = expf(sink - mx) + block_sum<NWARP>(sum, sh);
+    float den = block_softmax<NWARP>(p, nk, sink, sh);
     if (!narrow) {
         for (int j = threadIdx.x; j < d; j += NT) {
             float acc = 0.0f;
