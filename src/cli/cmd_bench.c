@@ -154,8 +154,9 @@ static int time_decode(dsv4_model *m, int P, int N, int lanes, int V, const char
 
 /* At each depth D: a sequence whose caches hold D tokens of random rows (the fill is not timed),
  * then a prompt chunk of C tokens (prefill tok/s at D) and N decode steps after two untimed ones
- * (ms/token at D + C), with the indexer's share of each. */
-static int depth_runs(dsv4_model *m, const int *Ds, int nD, int C, int N, int V, dsv4_err *err)
+ * (ms/token at D + C), with the indexer's share of each where it is counted (the CPU backend
+ * times its index scoring; on a device the columns say "-"). */
+static int depth_runs(dsv4_model *m, const int *Ds, int nD, int C, int N, int V, int counted, dsv4_err *err)
 {
     float *lg = malloc((size_t)V * sizeof(float));
     int32_t *ids = malloc((size_t)C * sizeof *ids);
@@ -196,9 +197,14 @@ static int depth_runs(dsv4_model *m, const int *Ds, int nD, int C, int N, int V,
         }
         td = (dsv4_now() - t0) / N;
         id = (dsv4_index_seconds() - i0) / N;
+        char ipc[16] = "-", idc[16] = "-";
+        if (counted) {
+            snprintf(ipc, sizeof ipc, "%.1f", 100.0 * ip / tp);
+            snprintf(idc, sizeof idc, "%.1f", 100.0 * id / td);
+        }
         if (!rc)
-            printf("  %9d %12.1f %14.1f %10.1f %12.2f %10.1f %12.3f\n", Ds[k], dsv4_seq_bytes(s) / 1e6, C / tp,
-                   100.0 * ip / tp, td * 1e3, 100.0 * id / td, 1.0 / td);
+            printf("  %9d %12.1f %14.1f %10s %12.2f %10s %12.3f\n", Ds[k], dsv4_seq_bytes(s) / 1e6, C / tp, ipc, td * 1e3,
+                   idc, 1.0 / td);
         fflush(stdout);
         dsv4_seq_free(s);
     }
@@ -354,7 +360,7 @@ int dsv4_cmd_bench(int argc, char **argv)
                "caches\n", info.n_layers, px, pp, dsv4_model_kv(m));
     }
     if (nD) {
-        int rc = depth_runs(m, Ds, nD, Ps[0], N, V, &err);
+        int rc = depth_runs(m, Ds, nD, Ps[0], N, V, !o.load.device || !strcmp(o.load.device, "cpu"), &err);
         if (rc)
             fprintf(stderr, "dsv4 bench: %s\n", err.msg);
         dsv4_model_free(m);
