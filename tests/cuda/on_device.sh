@@ -11,7 +11,8 @@
 # `on_device.sh peers`: the transformers and PyTorch peers beside ours on the same 2 layers;
 # `on_device.sh ncu`: the hardware counters of each kernel of one decode step;
 # `on_device.sh profile`: the op profile of a 4k prefill and of an 8-lane step (tensor cores on);
-# `on_device.sh v41`: V4.1-Flash's rows at 40 layers, REF and fp32, tensor cores and FMA kernels.
+# `on_device.sh v41`: V4.1-Flash's rows at 40 layers, REF and fp32, tensor cores and FMA kernels, a resumed
+# 20k-token turn and the Engram tables streamed.
 # Logs go to $OUT; the exit status is that of the correctness runs.
 set -u
 cd "$(dirname "$0")/../.."
@@ -50,6 +51,14 @@ if [ "$mode" = v41 ]; then
     done
     run $B/dsv4 bench --synthetic v4.1-flash --device cuda --layers 40 --expert-layers 8 --prefill 64 --decode 16 \
         --lanes 1,8 --numerics ref
+    # a resumed long turn: a 78-token suffix on a 20,480-token state, both kernel families
+    run $B/dsv4 bench --synthetic v4.1-flash --device cuda --layers 40 --expert-layers 8 --depths 20480 --prefill 78 \
+        --decode 8
+    DSV4_CUDA_TC=1 run $B/dsv4 bench --synthetic v4.1-flash --device cuda --layers 40 --expert-layers 8 \
+        --depths 20480 --prefill 78 --decode 8
+    # the Engram tables streamed from disk (written to /tmp, read by row)
+    DSV4_CUDA_TC=1 run $B/dsv4 bench --synthetic v4.1-flash --device cuda --layers 40 --expert-layers 8 \
+        --engram-tables streamed --engram-dir /tmp --prefill 3072 --decode 8
     exit 0
 fi
 if [ "$mode" = profile ]; then
