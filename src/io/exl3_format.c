@@ -1,5 +1,5 @@
 /* io/exl3_format — an EXL3 trellis-coded linear layer as stored: binding and validating its
- * tensors (the format: ../shared/spec/exl3.md; decode and multiply: kernels/cpu/exl3.h). */
+ * tensors (the format: ExLlamaV3's, as docs/exl3.md reads it; decode and multiply: kernels/cpu/exl3.h). */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>

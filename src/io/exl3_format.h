@@ -1,5 +1,5 @@
 /* io/exl3_format — EXL3 trellis-coded linear layers as stored, and their binding (the format:
- * ../shared/spec/exl3.md; decode, multiply and the quantizer: kernels/cpu/exl3.h).
+ * ExLlamaV3's, as docs/exl3.md reads it; decode, multiply and the quantizer: kernels/cpu/exl3.h).
  *
  * Stored form of one layer (prefix = the module key), padded dims kp, np (multiples of 128):
  *   prefix.trellis  I16 [kp/16, np/16, 16*K]  tile (i, j) = inputs 16i.., outputs 16j.., K bits/weight

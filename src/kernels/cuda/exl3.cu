@@ -1,6 +1,6 @@
 /* kernels/cuda/exl3 — EXL3 linear layers on the GPU (interface and numerics: exl3_cuda.h).
  *
- * Facts used (the format: ../shared/spec/exl3.md §2; the CPU twin: kernels/cpu/exl3.c):
+ * Facts used (the format: ExLlamaV3's, as docs/exl3.md reads it; the CPU twin: kernels/cpu/exl3.c):
  * - trellis [kp/16][np/16][16K] uint16: tile (i, j) = input rows 16i.., output columns 16j..,
  *   16K words; read as 8K little-endian u32 (word 2m low, 2m+1 high), stream bit 0 = MSB of
  *   u32 0. The state of trellis position p is the 16 stream bits starting at (p+1)K - 16
