@@ -74,8 +74,9 @@ static int candidate_blocks(const dsv4_attn41_args *a, const dsv4_scored *sc, in
  * s_i = scale q_h . k_i, m = max(sink_h, s), o_h = sum_i e^(s_i - m) k_i / (sum_i e^(s_i - m)
  * + e^(sink_h - m)), all in double, o rounded to float once. q [H, d], keys nk rows of d;
  * p [H, nk] and acc [H, d] scratch. Heads are independent, so threads split them. The dot
- * keeps 8 running sums (column j to sum j % 8, then added in order) so that it vectorizes;
- * in double the order leaves the float result as it is but in the rarest ties. */
+ * keeps 8 independent running sums (column j to sum j % 8, then added in order), which the
+ * compiler may run in vector lanes; in double the order moves the float result only in the
+ * rarest ties. */
 static void attend_f64(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink,
                        double *p_all, double *acc_all, float *out)
 {

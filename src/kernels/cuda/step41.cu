@@ -19,7 +19,7 @@
  *   k41_topk   the topk best entries in ascending order (all of them when there are no more);
  *   k41_attn   attention per (row, head) over the selected entries, then the window (on the
  *              tensor cores instead, attn_tc.cu, when they are on and the heads suit them;
- *              REF's in double, k41_attn_f64, as the reference's);
+ *              REF's in double, as the reference's, attn41_f64.cu);
  *   k_ring     the rings take the step's rows (step.cu).
  * Each row's result comes from one block in an order fixed by the shapes: batch invariant, and
  * a row gives the same bits in any step. REF (ref) rounds where the CPU's walk does: the
@@ -260,7 +260,7 @@ bool dev41(const void *p, const char *what)
 }
 
 /* The attention runs on the tensor cores (attn_tc.cu) when they are on and the heads suit them;
- * REF's runs in double (k41_attn_f64). */
+ * REF's runs in double (attn41_f64.cu). */
 bool tc41(const dsv4_attn41_args *a) { return !a->ref && tc_family("attn") && attn_tc_fits(a->H, a->d); }
 
 /* Keys a row may attend: its selection and the window. */
