@@ -101,6 +101,8 @@ test-cuda: all
 	DSV4_TEST_DEVICE=cuda $(BUILD)/tests/test_lanes
 	DSV4_TEST_DEVICE=cuda $(BUILD)/tests/test_mini
 	DSV4_TEST_DEVICE=cuda $(BUILD)/tests/test_draft
+	DSV4_TEST_DEVICE=cuda $(BUILD)/tests/test_kv
+	DSV4_TEST_DEVICE=cuda DSV4_TEST_KV=production $(BUILD)/tests/test_lanes
 	DSV4_CUDA_TC=1 $(BUILD)/tests/cuda/test_cuda_ops
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v4_fixtures
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v41_fixtures
@@ -108,12 +110,12 @@ test-cuda: all
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 $(BUILD)/tests/test_lanes
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 $(BUILD)/tests/test_mini
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 $(BUILD)/tests/test_draft
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 $(BUILD)/tests/test_kv
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=2.45M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-a
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=1.85M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-b
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=9.004M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-v
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=2.2M $(BUILD)/tests/test_v41_fixtures $(FIX)/v41/v41-tiny-a
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=1M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-a 2>&1 | grep "the hot path does not fit"
-	$(BUILD)/dsv4 generate -m models/mini --ids 0,3 -n 1 --device cuda --kv production 2>&1 | grep "does not keep production KV caches"
 
 bench-cuda: all
 	$(BUILD)/tests/cuda/bench_cuda

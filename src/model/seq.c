@@ -362,18 +362,29 @@ int dsv4_seq_truncate(dsv4_seq *s, int64_t n, dsv4_err *err)
     return 0;
 }
 
-/* Random rows of width n (uniform in [-1, 1)) stored as the model keeps them at dst (backend memory). */
-static void fill_rows(const dsv4_model *m, void *dst, int64_t rows, int n, int fmt, float *tmp, uint8_t *pk, uint64_t *x)
+/* Bytes of host staging fill_rows gathers rows in before one upload (a long context's rows go up
+ * in a few hundred copies, not one a row). */
+#define FILL_STAGE ((size_t)4 << 20)
+
+/* Random rows of width n (uniform in [-1, 1)) stored as the model keeps them at dst (backend
+ * memory), gathered in stage (FILL_STAGE bytes, at least one row). */
+static void fill_rows(const dsv4_model *m, void *dst, int64_t rows, int n, int fmt, float *tmp, uint8_t *stage, uint64_t *x)
 {
     size_t rb = fmt < 0 ? (size_t)n * sizeof(float) : (size_t)dsv4_kv_row_bytes(fmt, n);
-    for (int64_t r = 0; r < rows; r++) {
-        for (int i = 0; i < n; i++) {
-            *x = *x * 6364136223846793005ull + 1442695040888963407ull;
-            tmp[i] = (float)((*x >> 40) * 0x1p-23 - 1.0);
+    int64_t per = (int64_t)(FILL_STAGE / rb) > 0 ? (int64_t)(FILL_STAGE / rb) : 1;
+    for (int64_t r0 = 0; r0 < rows; r0 += per) {
+        int64_t nr = rows - r0 < per ? rows - r0 : per;
+        for (int64_t r = 0; r < nr; r++) {
+            uint8_t *row = stage + (size_t)r * rb;
+            float *v = fmt >= 0 ? tmp : (float *)(void *)row;
+            for (int i = 0; i < n; i++) {
+                *x = *x * 6364136223846793005ull + 1442695040888963407ull;
+                v[i] = (float)((*x >> 40) * 0x1p-23 - 1.0);
+            }
+            if (fmt >= 0)
+                dsv4_kv_pack(fmt, tmp, n, row);
         }
-        if (fmt >= 0)
-            dsv4_kv_pack(fmt, tmp, n, pk);
-        m->mem->upload((uint8_t *)dst + (size_t)r * rb, fmt >= 0 ? (void *)pk : (void *)tmp, rb);
+        m->mem->upload((uint8_t *)dst + (size_t)r0 * rb, stage, (size_t)nr * rb);
     }
 }
 
@@ -385,7 +396,7 @@ int dsv4_seq_fill_synthetic(dsv4_seq *s, int64_t n, uint64_t seed, dsv4_err *err
         return err->code;
     int w = 2 * (c->head_dim > c->index_dim ? c->head_dim : c->index_dim); /* the widest row: a CSA compressor's 2 d */
     float *tmp = dsv4_fbuf((size_t)w, err);
-    uint8_t *pk = dsv4_xmalloc((size_t)w * sizeof(float), err);
+    uint8_t *pk = dsv4_xmalloc(FILL_STAGE > (size_t)w * sizeof(float) ? FILL_STAGE : (size_t)w * sizeof(float), err);
     if (!tmp || !pk) {
         free(tmp);
         free(pk);

@@ -61,6 +61,20 @@ if [ "$mode" = v41 ]; then
         --engram-tables streamed --engram-dir /tmp --prefill 3072 --decode 8
     exit 0
 fi
+if [ "$mode" = depths ]; then
+    # long context (issue 15, docs/bench.md): all 43 layers at V4-Flash shapes, each state filled
+    # with random rows to the depth, a 16-token chunk and batch-1 decode, production then exact
+    # caches; then the share of attn_step's indexer at each depth (op profile, each op waited for)
+    for kv in production exact; do
+        DSV4_CUDA_TC=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --kv $kv \
+            --depths 4096,4096,16384,131072,524288,1048576 --prefill 16 --decode 8
+    done
+    for D in 4096 131072 1048576; do
+        DSV4_CUDA_TC=1 DSV4_CUDA_PROFILE=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 \
+            --expert-layers 8 --kv production --graphs off --depths $D --prefill 16 --decode 4
+    done
+    exit 0
+fi
 if [ "$mode" = profile ]; then
     # where a 4k prefill's and an 8-lane step's time goes, op by op (each op waited for), with
     # the tensor cores on: 4 layers at V4-Flash shapes (2 CSA, 2 HCA)
@@ -116,6 +130,8 @@ ok draft $B/tests/test_draft
 ok mtp $B/tests/test_mtp
 ok dspark $B/tests/test_dspark
 ok drafts bash tests/cuda/draft_cuda.sh $B
+ok kv $B/tests/test_kv
+ok lanes-prod env DSV4_TEST_KV=production $B/tests/test_lanes
 # the tensor-core path (DSV4_CUDA_TC=1): the op test and the end-to-end contracts again
 ok ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ops
 ok backend-ops-tc env DSV4_CUDA_TC=1 $B/tests/test_backend_ops
@@ -127,6 +143,7 @@ ok mini-tc env DSV4_CUDA_TC=1 $B/tests/test_mini
 ok draft-tc env DSV4_CUDA_TC=1 $B/tests/test_draft
 ok mtp-tc env DSV4_CUDA_TC=1 $B/tests/test_mtp
 ok dspark-tc env DSV4_CUDA_TC=1 $B/tests/test_dspark
+ok kv-tc env DSV4_CUDA_TC=1 $B/tests/test_kv
 ok spill-v4a env DSV4_CUDA_BUDGET=2.45M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
 ok spill-v4b env DSV4_CUDA_BUDGET=1.85M $B/tests/test_v4_fixtures $F/v4/v4-tiny-b
 ok spill-v4v env DSV4_CUDA_BUDGET=9.004M $B/tests/test_v4_fixtures $F/v4/v4-tiny-v
@@ -135,7 +152,7 @@ ok refuse bash -c "DSV4_CUDA_BUDGET=1M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
 ok refuse-host bash -c "DSV4_CUDA_BUDGET=2.45M DSV4_HOST_BUDGET=64K $B/tests/test_v4_fixtures $F/v4/v4-tiny-a 2>&1 | grep 'do not fit the host'"
 unset DSV4_TEST_DEVICE
 [ -s "$T/failed" ] && rc=1
-for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft mtp dspark drafts ops-tc backend-ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc mtp-tc dspark-tc spill-v4a spill-v4b spill-v4v spill-v41 refuse refuse-host; do
+for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft mtp dspark drafts kv lanes-prod ops-tc backend-ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc mtp-tc dspark-tc kv-tc spill-v4a spill-v4b spill-v4v spill-v41 refuse refuse-host; do
     echo "== $n"
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done

@@ -8,7 +8,8 @@
  * caches as the formats store them: production == exact there, bit for bit. Then, with
  * production caches: prefill == decode bit for bit, the seams (chunked prefill, copy,
  * save/restore == fresh, rollback == uninterrupted), concurrent == solo, and the state's size
- * and admission arithmetic. Saved bytes do not cross formats. */
+ * and admission arithmetic. Saved bytes do not cross formats. DSV4_TEST_DEVICE=cuda runs it all
+ * through the CUDA backend. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -174,8 +175,10 @@ int main(void)
                  fx[fi].numerics == DSV4_NUMERICS_REF ? " (ref)" : fx[fi].numerics ? " (fp32)" : "");
         printf("%s\n", name);
         dsv4_err err = {0};
-        dsv4_load_opts lx = {.numerics = fx[fi].numerics, .kv = DSV4_KV_EXACT};
-        dsv4_load_opts lp = {.numerics = fx[fi].numerics, .kv = DSV4_KV_PRODUCTION};
+        /* DSV4_TEST_DEVICE=cuda (make test-cuda): the same comparisons and contracts through the CUDA backend */
+        const char *dev = getenv("DSV4_TEST_DEVICE");
+        dsv4_load_opts lx = {.numerics = fx[fi].numerics, .kv = DSV4_KV_EXACT, .device = dev};
+        dsv4_load_opts lp = {.numerics = fx[fi].numerics, .kv = DSV4_KV_PRODUCTION, .device = dev};
         dsv4_model *mx = dsv4_model_load(dir, &lx, &err), *mp = mx ? dsv4_model_load(dir, &lp, &err) : NULL;
         CHECK(mx && mp, "%s: load: %s", name, err.msg);
         if (!mx || !mp) {

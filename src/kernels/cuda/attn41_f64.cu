@@ -42,7 +42,7 @@ __global__ void __launch_bounds__(F_NW * 32) k41_attn_f64(geo41 g, int H, int d,
     PDL_WAIT();
     extern __shared__ double pd[];
     __shared__ double sh[F_NW + 1], dens[G];
-    const float **kp = (const float **)(pd + (size_t)G * nkmax);
+    const void **kp = (const void **)(pd + (size_t)G * nkmax);
     float *qs = (float *)(kp + nkmax);
     const int NT = F_NW * 32;
     int r = blockIdx.x, h0 = blockIdx.y * G, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -54,12 +54,12 @@ __global__ void __launch_bounds__(F_NW * 32) k41_attn_f64(geo41 g, int H, int d,
     }
     int nk = row.nk;
     for (int i = threadIdx.x; i < nk; i += NT)
-        kp[i] = row.key(i);
+        kp[i] = row.key(i).p;
     for (int x = threadIdx.x; x < G * d; x += NT)
         qs[x] = q[((int64_t)r * H + h0) * d + x];
     __syncthreads();
     for (int i = wid; i < nk; i += F_NW) {
-        const float *k = kp[i];
+        const crow k = {kp[i], row.kfmt(i), d};
         float kr[ATT_C];
 #pragma unroll
         for (int c = 0; c < ATT_C; c++)
@@ -91,7 +91,7 @@ __global__ void __launch_bounds__(F_NW * 32) k41_attn_f64(geo41 g, int H, int d,
             acc[hh] = 0.0;
 #pragma unroll 8
         for (int i = 0; i < nk; i++) {
-            double kv = kp[i][j];
+            double kv = crow{kp[i], row.kfmt(i), d}[j];
 #pragma unroll
             for (int hh = 0; hh < G; hh++)
                 acc[hh] = fma(pd[(size_t)hh * nkmax + i], kv, acc[hh]);
@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(D_NW * 32) k41_attn_dmma(geo41 g, int H, int d
     PDL_WAIT();
     extern __shared__ double pd[];
     __shared__ double dens[8];
-    const float **kp = (const float **)(pd + (size_t)8 * nkpad);
+    const void **kp = (const void **)(pd + (size_t)8 * nkpad);
     float *qs = (float *)(kp + nkpad);
     const int NT = D_NW * 32;
     int r = blockIdx.x, h0 = blockIdx.y * 8, c_lo = blockIdx.z * sw;
@@ -155,16 +155,16 @@ __global__ void __launch_bounds__(D_NW * 32) k41_attn_dmma(geo41 g, int H, int d
     }
     int nk = row.nk;
     for (int i = threadIdx.x; i < nkpad; i += NT)
-        kp[i] = i < nk ? row.key(i) : (const float *)NULL;
+        kp[i] = i < nk ? row.key(i).p : NULL;
     for (int x = threadIdx.x; x < 8 * d; x += NT)
         qs[x] = h0 + x / d < H ? q[((int64_t)r * H + h0) * d + x] : 0.0f;
     __syncthreads();
     for (int n0 = 8 * wid; n0 < nk; n0 += 8 * D_NW) {
-        const float *kr = kp[n0 + gq];
+        const crow kr = {kp[n0 + gq], row.kfmt(n0 + gq), d};
         const float *qr = qs + gq * d + 4 * t4;
         double c[2] = {0.0, 0.0};
         for (int j = 0; j < d; j += 16) {
-            float4 k4 = kr ? *(const float4 *)(kr + j + 4 * t4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            float4 k4 = kr.p ? kr.ld4(j + 4 * t4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             float4 q4 = *(const float4 *)(qr + j);
             dmma(c, q4.x, k4.x);
             dmma(c, q4.y, k4.y);
@@ -210,8 +210,8 @@ __global__ void __launch_bounds__(D_NW * 32) k41_attn_dmma(geo41 g, int H, int d
         double c[2] = {0.0, 0.0};
 #pragma unroll 4
         for (int i0 = 0; i0 < nk4; i0 += 4) {
-            const float *kr = kp[i0 + t4];
-            double b = kr ? (double)kr[c0 + gq] : 0.0;
+            const crow kr = {kp[i0 + t4], row.kfmt(i0 + t4), d};
+            double b = kr.p ? (double)kr[c0 + gq] : 0.0;
             dmma(c, pd[gq * nkpad + i0 + t4], b);
         }
         if (h0 + gq < H)

@@ -37,17 +37,18 @@ struct geo4 {
     int kv_cap, window, nkmax;
     const float *kv;
     const int *sel;
+    int prod;
     struct Row {
         attn_row a;
         const float *kv;
         int d, kv_cap, nk;
         bool ok;
         __device__ __forceinline__ Row(const geo4 &g, int r, int d_)
-            : a(g.rd, r, g.ratio, g.csa, g.topk, g.vis_cap, g.window, g.nkmax, g.sel), kv(g.kv), d(d_),
+            : a(g.rd, r, g.ratio, g.csa, g.topk, g.vis_cap, g.window, g.nkmax, g.sel, g.prod), kv(g.kv), d(d_),
               kv_cap(g.kv_cap), nk(a.nk), ok(a.ok)
         {
         }
-        __device__ __forceinline__ const float *key(int i) const { return a.key(i, d, kv_cap, kv); }
+        __device__ __forceinline__ crow key(int i) const { return a.key(i, d, kv_cap, kv); }
     };
 };
 
@@ -85,7 +86,8 @@ __global__ void __launch_bounds__(AT_NT, 2) k_attn_tc(G geo, int H, int d, int n
 {
     PDL_WAIT();
     __shared__ float sS[AT_HG][AT_KC + 4];
-    __shared__ const float *skey[AT_KC];
+    __shared__ const void *skey[AT_KC];
+    __shared__ int sfmt[AT_KC];
     __shared__ float sm[AT_HG], sl[AT_HG];
     int r = blockIdx.x, h0 = blockIdx.y * AT_HG;
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -113,17 +115,19 @@ __global__ void __launch_bounds__(AT_NT, 2) k_attn_tc(G geo, int H, int d, int n
         int base = c * AT_KC;
         if (threadIdx.x < AT_KC) {
             int i = base + (int)threadIdx.x;
-            skey[threadIdx.x] = ar.key(i < ar.nk ? i : ar.nk - 1);
+            crow k = ar.key(i < ar.nk ? i : ar.nk - 1);
+            skey[threadIdx.x] = k.p;
+            sfmt[threadIdx.x] = k.fmt;
         }
         __syncthreads();
         /* scores of keys 8w .. 8w + 7 */
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const float *kr = skey[8 * w + g];
+        const crow kr = {skey[8 * w + g], sfmt[8 * w + g], d};
 #pragma unroll 4 /* a few k-steps' loads in flight, not one */
         for (int k0 = 0; k0 < d; k0 += 16) {
             float4 xa = va ? *(const float4 *)(qa + k0 + 4 * t) : make_float4(0.f, 0.f, 0.f, 0.f);
             float4 xb = vb ? *(const float4 *)(qb + k0 + 4 * t) : make_float4(0.f, 0.f, 0.f, 0.f);
-            float4 kk = *(const float4 *)(kr + k0 + 4 * t);
+            float4 kk = kr.ld4(k0 + 4 * t);
             uint32_t pa[2][3], pb[2][3], a[3][4], b0[3], b1[3];
             split3(xa.x, xa.y, pa[0]);
             split3(xa.z, xa.w, pa[1]);
@@ -187,8 +191,9 @@ __global__ void __launch_bounds__(AT_NT, 2) k_attn_tc(G geo, int H, int d, int n
                 a[u][2] = q2[u];
                 a[u][3] = q3[u];
             }
-            const float *k0 = skey[ks + 2 * t], *k1 = skey[ks + 2 * t + 1];
-            const float *k8 = skey[ks + 2 * t + 8], *k9 = skey[ks + 2 * t + 9];
+            const crow k0 = {skey[ks + 2 * t], sfmt[ks + 2 * t], d}, k1 = {skey[ks + 2 * t + 1], sfmt[ks + 2 * t + 1], d};
+            const crow k8 = {skey[ks + 2 * t + 8], sfmt[ks + 2 * t + 8], d};
+            const crow k9 = {skey[ks + 2 * t + 9], sfmt[ks + 2 * t + 9], d};
 #pragma unroll
             for (int j = 0; j < AT_MAXNT; j++) {
                 int nt = w + AT_NW * j;
@@ -331,9 +336,9 @@ static bool tc_launch(const G &geo, int R, int H, int d, int64_t nkmax, float sc
 
 bool dsv4cu::attn_tc_launch(const rows_dev &rd, int ratio, int csa, int topk, int64_t vis_cap, int kv_cap, int H,
                             int d, int window, int64_t nkmax, float scale, const float *sink, const float *q,
-                            const float *kv, const int *sel, float *o, float *part, size_t part_n)
+                            const float *kv, const int *sel, int prod, float *o, float *part, size_t part_n)
 {
-    geo4 g = {rd, ratio, csa, topk, vis_cap, kv_cap, window, (int)nkmax, kv, sel};
+    geo4 g = {rd, ratio, csa, topk, vis_cap, kv_cap, window, (int)nkmax, kv, sel, prod};
     return tc_launch(g, rd.R, H, d, nkmax, scale, sink, q, o, part, part_n);
 }
 

@@ -19,7 +19,7 @@
  * wt[r,h] iw_scale, 0 for a padded head), the eight threads of a column are added by a fixed
  * xor tree (lane offsets 4, 8, 16), and the sum is multiplied by post.
  *
- * Batch invariance. A block (row r, entries [64 y, 64 (y + 1))) reads only row r's q and head
+ * Batch invariance. A block (row r = r0 + x, entries [64 y, 64 (y + 1))) reads only row r's q and head
  * weights, the keys of r's sequence and the shapes (nI, ci); the k-steps, the terms, the head
  * tiles and the tree are in an order fixed by nI and ci alone, and an entry's column sits in
  * the same place of its tile whatever the block's other entries are. So a row's scores never
@@ -66,13 +66,13 @@ __device__ __forceinline__ float relu(float a) { return a > 0.0f ? a : 0.0f; }
  * shared memory in fragment order: qs[term][head tile][k-step][lane] (uint4: a0..a3), zero rows
  * for the padded heads; then warp wid takes entries w0 + 8 wid .. + 7 (its B fragments split as
  * loaded, the next k-step's keys loaded ahead) over IT_HG head tiles at a time. */
-__global__ void __launch_bounds__(NB, 4) k_iscore_tc(rows_dev rd_, int ratio, int topk, int64_t vis_cap, int nI, int ci,
-                                                  float iw_scale, float post, const float *qi, const float *wt,
-                                                  float *scores)
+__global__ void __launch_bounds__(NB, 4) k_iscore_tc(rows_dev rd_, int r0, int ratio, int topk, int64_t vis_cap, int nI,
+                                                  int ci, float iw_scale, float post, const float *qi, const float *wt,
+                                                  float *scores, int prod)
 {
     PDL_WAIT();
     extern __shared__ uint4 qs[];
-    const int r = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int r = r0 + (int)blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int64_t nvis = (rd_.pos[r] + 1) / ratio;
     const int64_t w0 = (int64_t)blockIdx.y * IT_EPB;
     if (nvis <= topk || nvis > vis_cap || w0 >= nvis)
@@ -112,10 +112,13 @@ __global__ void __launch_bounds__(NB, 4) k_iscore_tc(rows_dev rd_, int ratio, in
     const int64_t n0 = w0 + 8 * wid;
     if (n0 >= nvis)
         return; /* whole warps; no barrier below */
-    const float *ikey = rd_.st[rd_.seq[r]].ikey;
-    const bool kal = ((uintptr_t)ikey & 15) == 0;
+    const dsv4_lbufs &kb = rd_.st[rd_.seq[r]];
     const bool kin = n0 + g < nvis;
-    const float *kp = ikey + (kin ? n0 + g : n0) * ci + 4 * t;
+    const crow kc = cache_row(prod ? (const void *)kb.pikey : kb.ikey, kin ? n0 + g : n0, ci, prod, DSV4_KV_INDEX);
+    const bool kal = ((uintptr_t)kb.ikey & 15) == 0;
+    const float *kp = (const float *)kc.p + 4 * t; /* fp32 keys */
+    /* the thread's four key values of k-step ks */
+    auto kload = [&](int ks) -> float4 { return prod ? kc.ld4(ks * 16 + 4 * t) : ld4(kp + ks * 16, kal); };
     float s0 = 0.0f, s1 = 0.0f; /* entries n0 + 2t, n0 + 2t + 1 */
     for (int hg = 0; hg < HT; hg += IT_HG) {
         float ah[IT_HG][4], al[IT_HG][4];
@@ -124,11 +127,11 @@ __global__ void __launch_bounds__(NB, 4) k_iscore_tc(rows_dev rd_, int ratio, in
 #pragma unroll
             for (int c = 0; c < 4; c++)
                 ah[j][c] = al[j][c] = 0.0f;
-        float4 nx = kin ? ld4(kp, kal) : z4;
+        float4 nx = kin ? kload(0) : z4;
         for (int ks = 0; ks < KS; ks++) {
             const float4 kv = nx;
             if (ks + 1 < KS)
-                nx = kin ? ld4(kp + (ks + 1) * 16, kal) : z4;
+                nx = kin ? kload(ks + 1) : z4;
             uint32_t b01[3], b23[3];
             split3(kv.x, kv.y, b01);
             split3(kv.z, kv.w, b23);
@@ -165,7 +168,7 @@ __global__ void __launch_bounds__(NB, 4) k_iscore_tc(rows_dev rd_, int ratio, in
     }
     const int64_t e0 = n0 + 2 * t;
     if (g == 0) {
-        float *out = scores + (int64_t)r * vis_cap;
+        float *out = scores + (int64_t)blockIdx.x * vis_cap;
         if (e0 < nvis)
             out[e0] = s0 * post;
         if (e0 + 1 < nvis)
@@ -194,8 +197,8 @@ bool dsv4cu::iscore_tc_fits(int nI, int ci, int64_t vis_cap)
     return tc_qbytes(nI, ci) <= (size_t)g_optin;
 }
 
-bool dsv4cu::iscore_tc(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale,
-                       float post, const float *qi, const float *wt, float *scores)
+bool dsv4cu::iscore_tc(const rows_dev &rd, int r0, int nr, int ratio, int topk, int64_t vis_cap, int nI, int ci,
+                       float iw_scale, float post, const float *qi, const float *wt, float *scores, int prod)
 {
     size_t smem = tc_qbytes(nI, ci);
     if (smem > 48 * 1024 && (int)smem > g_smem_set) {
@@ -203,7 +206,7 @@ bool dsv4cu::iscore_tc(const rows_dev &rd, int ratio, int topk, int64_t vis_cap,
             return false;
         g_smem_set = (int)smem;
     }
-    launch_k(k_iscore_tc, dim3((unsigned)rd.R, (unsigned)cdiv(vis_cap, IT_EPB)), NB, smem, stream, rd, ratio, topk,
-             vis_cap, nI, ci, iw_scale, post, qi, wt, scores);
+    launch_k(k_iscore_tc, dim3((unsigned)nr, (unsigned)cdiv(vis_cap, IT_EPB)), NB, smem, stream, rd, r0, ratio, topk,
+             vis_cap, nI, ci, iw_scale, post, qi, wt, scores, prod);
     return launched("attn_step indexer scores (tensor cores)");
 }

@@ -192,7 +192,8 @@ enum { ATT_MAXD = 512, ATT_C = ATT_MAXD / 32 };
  * (lane l owns columns l + 32 c) and the NWARP partial rows are added in warp order, so a
  * lane's loads of one key are independent and each warp waits on nk / NWARP keys, not nk;
  * wider heads sum every key per column in order. The order depends on nk, d and NWARP only.
- * key(i) gives key i's row of d floats; p holds nk floats; sh is [NWARP + 1] shared floats,
+ * key(i) gives key i's row of d values (anything indexed by a column: a float pointer, a
+ * crow); p holds nk floats; sh is [NWARP + 1] shared floats,
  * part [NWARP, ATT_MAXD]. */
 template <int NWARP, class Key>
 __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, int d, float scale, float sink, float *p,
@@ -206,7 +207,7 @@ __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, in
     for (int c = 0; c < ATT_C; c++)
         qv[c] = narrow && lane + 32 * c < d ? qh[lane + 32 * c] : 0.0f;
     for (int i = wid; i < nk; i += NWARP) {
-        const float *k = key(i);
+        const auto k = key(i);
         float a = 0.0f;
         if (narrow) {
 #pragma unroll
@@ -236,7 +237,7 @@ __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, in
     for (int c = 0; c < ATT_C; c++)
         acc[c] = 0.0f;
     for (int i = wid; i < nk; i += NWARP) {
-        const float *k = key(i);
+        const auto k = key(i);
         float w = p[i] / den;
 #pragma unroll
         for (int c = 0; c < ATT_C; c++)

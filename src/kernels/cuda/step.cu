@@ -12,7 +12,13 @@
  *            lower index, compacted in ascending entry order by a block scan);
  *   k_attn   attention per (row, head) over the kept entries then the window;
  *   k_ring   the rings take the step's rows (writes the rings, so it runs last).
- * Each row's result is computed by one block in one fixed order: batch invariant. */
+ * Each row's result is computed by one block in one fixed order: batch invariant.
+ *
+ * Production caches (kv_prod): k_emit packs the entries and keys it completes, k_ring_pack packs
+ * the window ring's rows, every read of them decodes (kvrow.cuh), and the attention reads the
+ * step's own window rows through the same round trip (k_window_rt), so a row sees what the
+ * stored rows hold whichever step wrote them. The indexer scores its rows in passes of
+ * score_rows rows: its scratch stays bounded however long the context. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -37,7 +43,7 @@ struct pool_dev {
  * norm, then the interleaved rope of the last rd channels at position w m. */
 __global__ void __launch_bounds__(NB) k_emit(rows_dev rd_, pool_dev pc, pool_dev pi, int c_cap, int rd,
                                              const float *inv_freq, float eps, const float *cc, const float *zz,
-                                             const float *ic, const float *iz)
+                                             const float *ic, const float *iz, int prod)
 {
     PDL_WAIT();
     extern __shared__ float ev[]; /* [dim] */
@@ -54,7 +60,6 @@ __global__ void __launch_bounds__(NB) k_emit(rows_dev rd_, pool_dev pc, pool_dev
     const float *cs = which ? ic : cc, *zs = which ? iz : zz;
     const float *cr = which ? b.ic : b.c, *zr = which ? b.iz : b.z;
     int dim = cp.dim, cw = (1 + cp.overlap) * dim;
-    float *out = (which ? b.ikey : b.ent) + w * dim;
     int64_t start = rd_.start[s], first = rd_.first[s];
     auto row = [&](int64_t tok, const float *&c, const float *&z) {
         int64_t ro = tok >= start ? (first + (tok - start)) * cw : (tok % c_cap) * cw;
@@ -64,37 +69,58 @@ __global__ void __launch_bounds__(NB) k_emit(rows_dev rd_, pool_dev pc, pool_dev
     for (int ch = threadIdx.x; ch < dim; ch += NB)
         ev[ch] = pool_channel(mr, dim, cp.overlap, cp.ape, w, ch, row);
     rms_block(ev, dim, cp.norm, eps, red, ev);
-    rope_store(ev, dim, rd, inv_freq, w * mr, out);
+    if (!prod) {
+        rope_store(ev, dim, rd, inv_freq, w * mr, (which ? b.ikey : b.ent) + w * dim);
+        return;
+    }
+    int fmt = which ? DSV4_KV_INDEX : DSV4_KV_MAIN;
+    rope_store(ev, dim, rd, inv_freq, w * mr, ev);
+    __syncthreads();
+    pack_row_block(fmt, ev, dim, (which ? b.pikey : b.pent) + w * dsv4_kv_row_bytes(fmt, dim));
 }
 
 /* ---- 2. indexer scores and top-k ------------------------------------------------------- */
 
-enum { SC_EPB = 64 };           /* entries a scoring block takes (a warp per entry at a time) */
+enum { SC_EPB = 64,             /* entries a scoring block takes (a warp per entry at a time) */
+       SC_C = 8 };              /* key values a lane holds (index widths up to 256) */
 
-/* Block (row r, entries [y SC_EPB, (y + 1) SC_EPB)), rows with nvis > topk only:
+/* Block (row r = r0 + x, entries [y SC_EPB, (y + 1) SC_EPB)), rows with nvis > topk only:
  * score[w] = sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w]) * post, heads in order, each dot
- * by the warp's lanes (stride 32) and its xor tree. */
-__global__ void __launch_bounds__(NB) k_iscore(rows_dev rd_, int ratio, int topk, int64_t vis_cap, int nI, int ci,
-                                               float iw_scale, float post, const float *qi, const float *wt,
-                                               float *scores, int ref)
+ * by the warp's lanes (stride 32) and its xor tree, into scores[x * vis_cap + w]. */
+__global__ void __launch_bounds__(NB) k_iscore(rows_dev rd_, int r0, int ratio, int topk, int64_t vis_cap, int nI,
+                                               int ci, float iw_scale, float post, const float *qi, const float *wt,
+                                               float *scores, int ref, int prod)
 {
     PDL_WAIT();
-    int r = blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
+    int r = r0 + (int)blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
     int64_t nvis = (rd_.pos[r] + 1) / ratio;
     int64_t w0 = (int64_t)blockIdx.y * SC_EPB;
     if (nvis <= topk || nvis > vis_cap || w0 >= nvis)
         return;
-    const float *ikey = rd_.st[rd_.seq[r]].ikey;
+    const dsv4_lbufs &b = rd_.st[rd_.seq[r]];
+    const void *ikey = prod ? (const void *)b.pikey : b.ikey;
     const float *q = qi + (int64_t)r * nI * ci, *wr = wt + (int64_t)r * nI;
     int64_t w1 = w0 + SC_EPB < nvis ? w0 + SC_EPB : nvis;
     for (int64_t w = w0 + wid; w < w1; w += NW) {
-        const float *k = ikey + w * ci;
+        const crow k = cache_row(ikey, w, ci, prod, DSV4_KV_INDEX);
+        /* the lane's key values, read (and decoded) once for every head */
+        bool held = ci <= 32 * SC_C;
+        float kr[SC_C];
+#pragma unroll
+        for (int c = 0; c < SC_C; c++)
+            kr[c] = held && lane + 32 * c < ci ? k[lane + 32 * c] : 0.0f;
         float s = 0.0f;
         for (int h = 0; h < nI; h++) {
             const float *qh = q + (int64_t)h * ci;
             float a = 0.0f;
-            for (int j = lane; j < ci; j += 32)
-                a = fmaf(qh[j], k[j], a);
+            if (held) {
+#pragma unroll
+                for (int c = 0; c < SC_C; c++)
+                    if (lane + 32 * c < ci)
+                        a = fmaf(qh[lane + 32 * c], kr[c], a);
+            } else
+                for (int j = lane; j < ci; j += 32)
+                    a = fmaf(qh[j], k[j], a);
             a = warp_sum(a);
             if (ref) { /* V4.1 REF: the bf16 einsum's rounding of each dot and term, then of the sum */
                 a = rt_bf16(a);
@@ -103,21 +129,21 @@ __global__ void __launch_bounds__(NB) k_iscore(rows_dev rd_, int ratio, int topk
                 s += wr[h] * iw_scale * (a > 0.0f ? a : 0.0f);
         }
         if (lane == 0)
-            scores[(int64_t)r * vis_cap + w] = (ref ? rt_bf16(s) : s) * post;
+            scores[(int64_t)blockIdx.x * vis_cap + w] = (ref ? rt_bf16(s) : s) * post;
     }
 }
 
-/* Block per row with nvis > topk: the topk best of the row's scores into sel[r]
- * (topk_block). */
-__global__ void __launch_bounds__(TK_NT) k_itopk(rows_dev rd_, int ratio, int topk, int64_t vis_cap,
+/* Block per row r = r0 + x with nvis > topk: the topk best of its scores (scores[x * vis_cap ..])
+ * into sel[r] (topk_block). */
+__global__ void __launch_bounds__(TK_NT) k_itopk(rows_dev rd_, int r0, int ratio, int topk, int64_t vis_cap,
                                                  const float *scores, int *sel)
 {
     PDL_WAIT();
-    int r = blockIdx.x;
+    int r = r0 + (int)blockIdx.x;
     int64_t nvis = (rd_.pos[r] + 1) / ratio;
     if (nvis <= topk || nvis > vis_cap)
         return;
-    topk_block(scores + (int64_t)r * vis_cap, (int)nvis, topk, sel + (int64_t)r * topk);
+    topk_block(scores + (int64_t)blockIdx.x * vis_cap, (int)nvis, topk, sel + (int64_t)r * topk);
 }
 
 /* ---- 3. attention over the kept entries and the window --------------------------------- */
@@ -133,20 +159,20 @@ enum { ATT_NW = 16 };
  * needs more (its position beyond the caller's vis_cap) gets NaN. */
 __global__ void __launch_bounds__(ATT_NW * 32) k_attn(rows_dev rd_, int ratio, int csa, int topk, int64_t vis_cap, int kv_cap,
                                              int H, int d, int window, int nkmax, float scale, const float *sink,
-                                             const float *q, const float *kv, const int *sel, float *o)
+                                             const float *q, const float *kv, const int *sel, int prod, float *o)
 {
     PDL_WAIT();
     extern __shared__ float pr[];
     __shared__ float sh[ATT_NW + 1], part[ATT_NW * ATT_MAXD];
     int r = blockIdx.x, h = blockIdx.y;
-    attn_row ar(rd_, r, ratio, csa, topk, vis_cap, window, nkmax, sel);
+    attn_row ar(rd_, r, ratio, csa, topk, vis_cap, window, nkmax, sel, prod);
     float *orow = o + ((int64_t)r * H + h) * d;
     if (!ar.ok) {
         for (int j = threadIdx.x; j < d; j += ATT_NW * 32)
             orow[j] = __int_as_float(0x7fc00000);
         return;
     }
-    auto key = [&](int i) -> const float * { return ar.key(i, d, kv_cap, kv); };
+    auto key = [&](int i) -> crow { return ar.key(i, d, kv_cap, kv); };
     attend_head<ATT_NW>(q + ((int64_t)r * H + h) * d, key, ar.nk, d, scale, sink[h], pr, sh, part, orow);
 }
 
@@ -230,15 +256,24 @@ int g_attn_smem_set;            /* what k_attn was allowed so far */
 
 /* ---- 4. ring stores -------------------------------------------------------------------- */
 
+/* Whether row r at position p is among its sequence's last cap rows of the step (the rows a
+ * ring of cap slots keeps, so no two rows of a step share a slot). */
+__device__ __forceinline__ bool ring_keeps(const rows_dev &rd, int r, int64_t p, int cap)
+{
+    int s = rd.seq[r];
+    int64_t end = rd.start[s] + ((s + 1 < rd.S ? rd.first[s + 1] : rd.R) - rd.first[s]);
+    return p + cap >= end;
+}
+
 /* Thread per (row, column) of stream y (0 kv, 1 c, 2 z, 3 ic, 4 iz): a row at position p of
  * sequence s goes to slot p % cap when p + cap >= the sequence's end in this step (its last
- * cap rows only, so no two rows share a slot). */
+ * cap rows only, so no two rows share a slot). prod: the kv ring is packed (k_ring_pack). */
 __global__ void dsv4cu::k_ring(rows_dev rd_, int ratio, int csa, int d, int cw, int iw, int kv_cap, int c_cap, const float *kv,
-                       const float *cc, const float *zz, const float *ic, const float *iz)
+                       const float *cc, const float *zz, const float *ic, const float *iz, int prod)
 {
     PDL_WAIT();
     int kind = blockIdx.y;
-    if ((kind > 0 && !ratio) || (kind > 2 && !csa))
+    if ((kind > 0 && !ratio) || (kind > 2 && !csa) || (kind == 0 && prod))
         return;
     int width = kind == 0 ? d : kind < 3 ? cw : iw, cap = kind ? c_cap : kv_cap;
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -246,9 +281,8 @@ __global__ void dsv4cu::k_ring(rows_dev rd_, int ratio, int csa, int d, int cw, 
         return;
     int r = (int)(idx / width), c = (int)(idx % width);
     int s = rd_.seq[r];
-    int64_t end = rd_.start[s] + ((s + 1 < rd_.S ? rd_.first[s + 1] : rd_.R) - rd_.first[s]);
     int64_t p = rd_.pos[r];
-    if (p + cap < end)
+    if (!ring_keeps(rd_, r, p, cap))
         return;
     const float *src = kind == 0 ? kv : kind == 1 ? cc : kind == 2 ? zz : kind == 3 ? ic : iz;
     dsv4_lbufs b = rd_.st[s];
@@ -256,14 +290,59 @@ __global__ void dsv4cu::k_ring(rows_dev rd_, int ratio, int csa, int d, int cw, 
     ring[(p % cap) * width + c] = src[(int64_t)r * width + c];
 }
 
-bool dsv4cu::iscore_launch(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale,
-                           float post, const float *qi, const float *wt, float *scores, int ref)
+/* Thread per (row, block of DSV4_KV_WINDOW) of kv [R, d]: the production kv ring takes the row
+ * packed, as k_ring places fp32 rows. */
+__global__ void dsv4cu::k_ring_pack(rows_dev rd, int d, int kv_cap, const float *kv)
+{
+    PDL_WAIT();
+    int B = dsv4_kv_block(DSV4_KV_WINDOW), nb = (d + B - 1) / B;
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)rd.R * nb)
+        return;
+    int r = (int)(idx / nb), j = (int)(idx % nb);
+    int64_t p = rd.pos[r];
+    if (!ring_keeps(rd, r, p, kv_cap))
+        return;
+    uint8_t *row = rd.st[rd.seq[r]].pkv + (p % kv_cap) * dsv4_kv_row_bytes(DSV4_KV_WINDOW, d);
+    dsv4_kv_pack_block(DSV4_KV_WINDOW, kv + (int64_t)r * d + j * B, d - j * B < B ? d - j * B : B, j, d, row);
+}
+
+/* Thread per (row, block of DSV4_KV_WINDOW): kvq = kv through the production window row's
+ * packing and back (what a read of the stored row gives). */
+__global__ void dsv4cu::k_window_rt(int R, int d, const float *kv, float *kvq)
+{
+    PDL_WAIT();
+    enum { B = 32 };
+    int nb = (d + B - 1) / B;
+    int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (int64_t)R * nb)
+        return;
+    int r = (int)(idx / nb), j = (int)(idx % nb), n = d - j * B < B ? d - j * B : B;
+    uint8_t blk[B + 1]; /* the block alone as a row of n values: its codes, then its scale */
+    const float *x = kv + (int64_t)r * d + j * B;
+    float *y = kvq + (int64_t)r * d + j * B;
+    dsv4_kv_pack_block(DSV4_KV_WINDOW, x, n, 0, n, blk);
+    const crow c = {blk, DSV4_KV_WINDOW, n};
+    for (int i = 0; i < n; i++)
+        y[i] = c[i];
+}
+
+bool dsv4cu::iscore_launch(const rows_dev &rd, int r0, int nr, int ratio, int topk, int64_t vis_cap, int nI, int ci,
+                           float iw_scale, float post, const float *qi, const float *wt, float *scores, int ref, int prod)
 {
     if (!ref && iscore_tc_fits(nI, ci, vis_cap))
-        return iscore_tc(rd, ratio, topk, vis_cap, nI, ci, iw_scale, post, qi, wt, scores);
-    launch_k(k_iscore, dim3((unsigned)rd.R, (unsigned)cdiv(vis_cap, SC_EPB)), NB, 0, stream, rd, ratio, topk, vis_cap, nI,
-             ci, iw_scale, post, qi, wt, scores, ref);
+        return iscore_tc(rd, r0, nr, ratio, topk, vis_cap, nI, ci, iw_scale, post, qi, wt, scores, prod);
+    launch_k(k_iscore, dim3((unsigned)nr, (unsigned)cdiv(vis_cap, SC_EPB)), NB, 0, stream, rd, r0, ratio, topk, vis_cap,
+             nI, ci, iw_scale, post, qi, wt, scores, ref, prod);
     return launched("attn_step indexer scores");
+}
+
+int dsv4cu::score_rows(int R, int64_t vis_cap)
+{
+    if (vis_cap <= 0 || (int64_t)R * vis_cap <= SCORE_FLOATS)
+        return R;
+    int64_t n = SCORE_FLOATS / vis_cap;
+    return n < 1 ? 1 : (int)n;
 }
 
 /* ---- host side --------------------------------------------------------------------------- */
@@ -285,16 +364,55 @@ static int64_t attn_nkmax(const dsv4_attn_args *a)
     return (a->ratio ? (a->csa ? (vis < a->topk ? vis : a->topk) : vis) : 0) + a->window;
 }
 
-/* On tensor cores (when the heads suit them), few rows take partials in work past what the
- * indexer uses. */
-size_t dsv4cu::attn_work(const dsv4_attn_args *a)
+/* The scratch's pieces, in floats from work (attn_work's order): the indexer's scores of a pass
+ * of score_rows rows and right after them the selections [R, topk] (DSV4_ATTN_WORK's layout
+ * when one pass takes every row), then 16-byte aligned the step's kv rows as production caches
+ * store them [R, d] (prod), and on tensor cores (when the heads suit them) the partials of few
+ * rows, which the op goes without when work_n ends before them (need: the floats without). */
+struct work4 {
+    float *scores, *kvq, *part;
+    int *sel;
+    int srows;
+    size_t part_n, need, n;
+};
+
+static work4 layout4(const dsv4_attn_args *a, float *base)
 {
+    work4 w = {};
+    int R = a->rows.R;
     int64_t vis = a->ratio ? a->vis_cap : 0;
-    size_t base = DSV4_ATTN_WORK(a->rows.R, vis, a->topk);
-    if (!tc_family("attn") || !attn_tc_fits(a->H, a->d))
-        return base;
-    return base + attn_tc_part(a->rows.R, a->H, a->d, attn_nkmax(a));
+    bool csa = a->ratio && a->csa;
+    size_t off = 0;
+    auto take = [&](size_t n) -> float * {
+        float *p = base ? base + off : NULL;
+        off += n;
+        return p;
+    };
+    auto align = [&]() { off = (off + 3) & ~(size_t)3; };
+    w.srows = csa ? score_rows(R, vis) : 0;
+    if (csa) {
+        w.scores = take((size_t)w.srows * vis);
+        w.sel = (int *)take((size_t)R * a->topk);
+    }
+    align();
+    if (a->kv_prod)
+        w.kvq = take((size_t)R * a->d);
+    w.need = off;
+    align();
+    if (tc_family("attn") && attn_tc_fits(a->H, a->d)) {
+        w.part_n = attn_tc_part(R, a->H, a->d, attn_nkmax(a));
+        if (w.part_n)
+            w.part = take(w.part_n);
+    }
+    w.n = off ? off : 1;
+    if (base && a->work_n < w.n) { /* a caller's lean scratch: no partials */
+        w.part = NULL;
+        w.part_n = 0;
+    }
+    return w;
 }
+
+size_t dsv4cu::attn_work(const dsv4_attn_args *a) { return layout4(a, NULL).n; }
 
 void dsv4cu::attn_step(const dsv4_attn_args *a)
 {
@@ -313,8 +431,13 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
     if (ok && ratio)
         ok = need_dev(a->cc, "cc") && need_dev(a->zz, "zz");
     if (ok && csa)
-        ok = need_dev(a->ic, "ic") && need_dev(a->iz, "iz") && need_dev(a->qi, "qi") && need_dev(a->wt, "wt") &&
-             need_dev(a->work, "work");
+        ok = need_dev(a->ic, "ic") && need_dev(a->iz, "iz") && need_dev(a->qi, "qi") && need_dev(a->wt, "wt");
+    work4 wk = layout4(a, a->work);
+    if (ok && wk.need && (!need_dev(a->work, "work") || a->work_n < wk.need)) {
+        if (ok)
+            fail(DSV4_E_ARG, "cuda: attn_step: %zu floats of work, %zu needed", a->work_n, wk.need);
+        ok = false;
+    }
     if (ok && (rw->S <= 0 || a->window < 0 || a->kv_cap <= 0 || (ratio && (ratio < 0 || a->c_cap <= 0 || vis < 0)) ||
                (ratio && (a->comp.ratio != ratio || a->comp.dim != d)) ||
                (csa && (a->icomp.ratio != ratio || a->icomp.dim != a->ci || a->topk <= 0 || a->ci <= 0 ||
@@ -375,34 +498,40 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
         return;
     }
     rows_dev rdv = {rw->pos, rw->seq, rw->start, rw->first, a->st, R, rw->S};
-    float *scores = a->work;
-    int *sel = csa ? (int *)(a->work + (size_t)R * vis) : NULL;
+    int prod = a->kv_prod;
     if (dsv4cu::poison)
         CK(cudaMemsetAsync(a->o, 0xff, bo, stream));
     bool run = true;
-    if (ratio) {
+    const float *kv = a->kv; /* the step's window rows as the attention reads them */
+    if (prod) {
+        launch_k(k_window_rt, (unsigned)cdiv((int64_t)R * cdiv(d, 32), 256), 256, 0, stream, R, d, a->kv, wk.kvq);
+        run = launched("attn_step window rows' round trip");
+        kv = wk.kvq;
+    }
+    if (run && ratio) {
         int dmax = csa && a->ci > d ? a->ci : d;
-        launch_k(k_emit, dim3((unsigned)R, csa ? 2 : 1), NB, (size_t)dmax * sizeof(float), stream, 
-            rdv, pc, pi, a->c_cap, a->rd, ifr, a->eps, a->cc, a->zz, a->ic, a->iz);
+        launch_k(k_emit, dim3((unsigned)R, csa ? 2 : 1), NB, (size_t)dmax * sizeof(float), stream, rdv, pc, pi, a->c_cap,
+                 a->rd, ifr, a->eps, a->cc, a->zz, a->ic, a->iz, prod);
         run = launched("attn_step entries");
     }
-    if (run && csa && vis > a->topk) {
-        run = iscore_launch(rdv, ratio, a->topk, vis, a->nI, a->ci, a->iw_scale, 1.0f / sqrtf((float)a->ci), a->qi,
-                            a->wt, scores, 0);
+    prof_split("attn_step: entries");
+    for (int r0 = 0; run && csa && vis > a->topk && r0 < R; r0 += wk.srows) {
+        int nr = R - r0 < wk.srows ? R - r0 : wk.srows;
+        run = iscore_launch(rdv, r0, nr, ratio, a->topk, vis, a->nI, a->ci, a->iw_scale, 1.0f / sqrtf((float)a->ci),
+                            a->qi, a->wt, wk.scores, 0, prod);
         if (run) {
-            launch_k(k_itopk, (unsigned)R, TK_NT, 0, stream, rdv, ratio, a->topk, vis, scores, sel);
+            launch_k(k_itopk, (unsigned)nr, TK_NT, 0, stream, rdv, r0, ratio, a->topk, vis, (const float *)wk.scores,
+                     wk.sel);
             run = launched("attn_step indexer top-k");
         }
     }
-    size_t wbase = DSV4_ATTN_WORK(R, vis, a->topk);
+    prof_split("attn_step: indexer");
     if (run && tc) {
-        float *part = a->work && a->work_n > wbase ? a->work + wbase : NULL;
         run = attn_tc_launch(rdv, ratio, csa, a->topk, vis, a->kv_cap, H, d, a->window, nkmax, a->scale, sink, a->q,
-                             a->kv, sel, a->o, part, part ? a->work_n - wbase : 0);
+                             kv, wk.sel, prod, a->o, wk.part, wk.part_n);
     } else if (run) {
-        launch_k(k_attn, dim3((unsigned)R, (unsigned)H), ATT_NW * 32, asmem, stream, rdv, ratio, csa, a->topk, vis, a->kv_cap, H, d,
-                                                                       a->window, (int)nkmax, a->scale, sink, a->q,
-                                                                       a->kv, sel, a->o);
+        launch_k(k_attn, dim3((unsigned)R, (unsigned)H), ATT_NW * 32, asmem, stream, rdv, ratio, csa, a->topk, vis,
+                 a->kv_cap, H, d, a->window, (int)nkmax, a->scale, sink, a->q, kv, (const int *)wk.sel, prod, a->o);
         run = launched("attn_step attention");
     }
     if (run) {
@@ -411,9 +540,13 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
             wmax = cw;
         if (csa && iw > wmax)
             wmax = iw;
-        launch_k(k_ring, dim3((unsigned)cdiv((int64_t)R * wmax, 256), 5), 256, 0, stream, 
-            rdv, ratio, csa, d, cw, iw, a->kv_cap, a->c_cap, a->kv, a->cc, a->zz, a->ic, a->iz);
+        launch_k(k_ring, dim3((unsigned)cdiv((int64_t)R * wmax, 256), 5), 256, 0, stream, rdv, ratio, csa, d, cw, iw,
+                 a->kv_cap, a->c_cap, a->kv, a->cc, a->zz, a->ic, a->iz, prod);
         run = launched("attn_step rings");
+    }
+    if (run && prod) {
+        launch_k(k_ring_pack, (unsigned)cdiv((int64_t)R * cdiv(d, 32), 256), 256, 0, stream, rdv, d, a->kv_cap, a->kv);
+        run = launched("attn_step packed window ring");
     }
     if (!run)
         out_fail(a->o, bo);

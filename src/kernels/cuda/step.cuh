@@ -5,6 +5,7 @@
 #define DSV4_CUDA_STEP_CUH
 
 #include "kernels/cuda/internal.h"
+#include "kernels/cuda/kvrow.cuh"
 
 namespace dsv4cu {
 
@@ -21,17 +22,19 @@ struct rows_dev {
 /* Row r's keys: the kept entries (sel[r] when the indexer chose, else entries 0..ns-1), then
  * the window positions j0..p (the step's kv row when the step holds it, else the kv ring).
  * ok is false when the row cannot be attended within the caller's bounds (its position beyond
- * vis_cap, more than nkmax keys, or no position): its output is NaN. */
+ * vis_cap, more than nkmax keys, or no position): its output is NaN. prod: the entries and the
+ * ring are production caches (pent, pkv), and the step's kv rows given are their round trips. */
 struct attn_row {
     dsv4_lbufs b;
     int64_t p, start, first, j0;
-    int nk, ns;
+    int nk, ns, prod;
     bool use_sel, ok;
     const int *rs;
 
     __device__ __forceinline__ attn_row(const rows_dev &rd, int r, int ratio, int csa, int topk, int64_t vis_cap,
-                                        int window, int nkmax, const int *sel)
+                                        int window, int nkmax, const int *sel, int prod_)
     {
+        prod = prod_;
         p = rd.pos[r];
         int s = rd.seq[r];
         b = rd.st[s];
@@ -47,13 +50,16 @@ struct attn_row {
         ns = ok ? (int)nsel : 0;
         rs = sel ? sel + (int64_t)r * topk : NULL;
     }
-    /* Key i's row of d floats (i < nk). */
-    __device__ __forceinline__ const float *key(int i, int d, int kv_cap, const float *kv) const
+    /* Key i's row of d values (i < nk). */
+    __device__ __forceinline__ crow key(int i, int d, int kv_cap, const float *kv) const
     {
         if (i < ns)
-            return b.ent + (use_sel ? (int64_t)rs[i] : (int64_t)i) * d;
+            return cache_row(prod ? (const void *)b.pent : b.ent, use_sel ? (int64_t)rs[i] : (int64_t)i, d, prod,
+                             DSV4_KV_MAIN);
         int64_t tok = j0 + (i - ns);
-        return tok >= start ? kv + (first + (tok - start)) * d : b.kv + (tok % kv_cap) * d;
+        if (tok >= start)
+            return crow{kv + (first + (tok - start)) * d, -1, d};
+        return cache_row(prod ? (const void *)b.pkv : b.kv, tok % kv_cap, d, prod, DSV4_KV_WINDOW);
     }
 };
 
@@ -208,18 +214,20 @@ struct geo41 {
     const float *kv;
     const int64_t *sel;
     const int *nsel;
+    int prod;                   /* production caches: pent, pkv; kv holds the step's round trips */
     struct Row {
-        const float *ring, *ent, *kv;
+        const void *ring, *ent;
+        const float *kv;
         const int64_t *rs;
         int64_t start, first, j0;
-        int d, kv_cap, ns, nk;
+        int d, kv_cap, ns, nk, prod;
         bool ok;
-        __device__ __forceinline__ Row(const geo41 &g, int r, int d_) : kv(g.kv), d(d_), kv_cap(g.kv_cap)
+        __device__ __forceinline__ Row(const geo41 &g, int r, int d_) : kv(g.kv), d(d_), kv_cap(g.kv_cap), prod(g.prod)
         {
             int64_t p = g.rd.pos[r];
             int s = g.rd.seq[r];
-            ring = g.rd.st[s].kv;
-            ent = g.ratio ? g.est[s].ent : NULL;
+            ring = prod ? (const void *)g.rd.st[s].pkv : g.rd.st[s].kv;
+            ent = !g.ratio ? NULL : prod ? (const void *)g.est[s].pent : g.est[s].ent;
             start = g.rd.start[s];
             first = g.rd.first[s];
             ns = g.ratio ? g.nsel[r] : 0;
@@ -229,12 +237,21 @@ struct geo41 {
             nk = ok ? (int)n64 : 0;
             rs = g.ratio ? g.sel + (int64_t)r * g.topk : NULL;
         }
-        __device__ __forceinline__ const float *key(int i) const
+        /* Key i's format (crow::fmt), as key(i) has it. */
+        __device__ __forceinline__ int kfmt(int i) const
+        {
+            if (!prod)
+                return -1;
+            return i < ns ? DSV4_KV_MAIN : j0 + (i - ns) >= start ? -1 : DSV4_KV_WINDOW;
+        }
+        __device__ __forceinline__ crow key(int i) const
         {
             if (i < ns)
-                return ent + rs[i] * d;
+                return cache_row(ent, rs[i], d, prod, DSV4_KV_MAIN);
             int64_t tok = j0 + (i - ns);
-            return tok >= start ? kv + (first + (tok - start)) * d : ring + (tok % kv_cap) * d;
+            if (tok >= start)
+                return crow{kv + (first + (tok - start)) * d, -1, d};
+            return cache_row(ring, tok % kv_cap, d, prod, DSV4_KV_WINDOW);
         }
     };
 };
@@ -247,7 +264,7 @@ bool attn_tc_fits(int H, int d);
 size_t attn_tc_part(int R, int H, int d, int64_t nkmax);
 bool attn_tc_launch(const rows_dev &rd, int ratio, int csa, int topk, int64_t vis_cap, int kv_cap, int H, int d,
                     int window, int64_t nkmax, float scale, const float *sink, const float *q, const float *kv,
-                    const int *sel, float *o, float *part, size_t part_n);
+                    const int *sel, int prod, float *o, float *part, size_t part_n);
 /* REF's attention for V4.1's rows (attn41_f64.cu, backend.h attn_step41 step 4): every sum in
  * double, o rounded to float once. nkbound: the most keys any row of the model can have (topk +
  * window), which with H and d alone picks the kernel, so a row's bits never depend on the step.
@@ -261,25 +278,35 @@ bool attn41_tc_launch(const geo41 &g, int H, int d, float scale, const float *si
 /* The indexer's scores on the tensor cores (index_tc.cu): whether k_iscore_tc takes a step of
  * these shapes (the tensor-core switch on, ci % 16 == 0, its shared memory within the device's
  * limit: shapes and the device alone, so every step of a process scores one way), and its
- * launch on the op stream: scores[r * vis_cap + w] for the rows and entries k_iscore writes.
+ * launch on the op stream for the rows and entries k_iscore writes (iscore_launch's arguments).
  * false: the launch failed (recorded). */
 bool iscore_tc_fits(int nI, int ci, int64_t vis_cap);
-bool iscore_tc(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale, float post,
-               const float *qi, const float *wt, float *scores);
+bool iscore_tc(const rows_dev &rd, int r0, int nr, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale,
+               float post, const float *qi, const float *wt, float *scores, int prod);
 
-/* The indexer's scores of the rows that keep fewer than all their entries (nvis > topk):
- * scores[r * vis_cap + w] = sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w]) * post, the keys
- * those of rd.st's buffers; on the tensor cores when iscore_tc_fits, else k_iscore (step.cu).
- * ref (V4.1 REF): each dot, each term and the sum through bf16, always by k_iscore. false: the
- * launch failed (recorded). */
-bool iscore_launch(const rows_dev &rd, int ratio, int topk, int64_t vis_cap, int nI, int ci, float iw_scale, float post,
-                   const float *qi, const float *wt, float *scores, int ref);
+/* The indexer's scores of rows r0 .. r0 + nr - 1 that keep fewer than all their entries (nvis >
+ * topk): scores[(r - r0) * vis_cap + w] = sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w]) *
+ * post, the keys those of rd.st's buffers (prod: the packed pikey); on the tensor cores when
+ * iscore_tc_fits, else k_iscore (step.cu). ref (V4.1 REF): each dot, each term and the sum
+ * through bf16, always by k_iscore. false: the launch failed (recorded). */
+bool iscore_launch(const rows_dev &rd, int r0, int nr, int ratio, int topk, int64_t vis_cap, int nI, int ci,
+                   float iw_scale, float post, const float *qi, const float *wt, float *scores, int ref, int prod);
+
+/* The scores take at most this many floats of scratch: a step scores its rows in passes of
+ * score_rows(R, vis_cap) rows (at least one), so no buffer grows as [rows, context]. */
+enum { SCORE_FLOATS = 1 << 26 };
+int score_rows(int R, int64_t vis_cap);
 
 /* The rings take the step's rows (step.cu): thread per (row, column) of stream y (0 kv, 1 c,
  * 2 z, 3 ic, 4 iz; c and z only with ratio, ic and iz only with csa), the last cap rows of each
  * sequence at slot p % cap. */
 __global__ void k_ring(rows_dev rd_, int ratio, int csa, int d, int cw, int iw, int kv_cap, int c_cap, const float *kv,
-                       const float *cc, const float *zz, const float *ic, const float *iz);
+                       const float *cc, const float *zz, const float *ic, const float *iz, int prod);
+/* Production caches (step.cu): k_ring_pack, thread per (row, window block), packs the kept rows
+ * of kv [R, d] into the pkv ring (k_ring skips kv with prod); k_window_rt, thread per (row,
+ * window block), writes kvq [R, d] = kv through the window row's format and back. */
+__global__ void k_ring_pack(rows_dev rd, int d, int kv_cap, const float *kv);
+__global__ void k_window_rt(int R, int d, const float *kv, float *kvq);
 
 } // namespace dsv4cu
 

@@ -25,8 +25,10 @@
  * a row gives the same bits in any step. REF (ref) rounds where the CPU's walk does: the
  * pooled and normed latent, the key projection's e4m3 input and its output, the key after
  * its norm and rope, the entry after its rope, and both through their fp4 round trips
- * (rounding.cuh), and the index scores (k_iscore's ref). Exact caches only: production caches
- * are refused (they run on the CPU). */
+ * (rounding.cuh), and the index scores (k_iscore's ref). Production caches (kv_prod): the
+ * entries, keys and window rows are stored packed (kvrow.cuh) and read decoded; the attention
+ * reads this step's window rows through the same round trip (k_window_rt). The index phases
+ * run in passes of score_rows rows, so their scratch does not grow as [rows, context]. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -81,10 +83,22 @@ __global__ void __launch_bounds__(NB) k41_lat(rows_dev rd, int m, int d, int c_c
 }
 
 /* rope_store, with REF's steps between the rope and the store: the roped row through bf16,
- * then through its cache code in blocks (DSV4_RT_*). */
+ * then through its cache code in blocks (DSV4_RT_*). prod: the (REF: bf16-rounded) roped row
+ * packed in format fmt into prow instead, which is that round trip's stored form. */
 __device__ void rope_store41(float *v, int n, int rd, const float *inv_freq, int64_t p, float *dst, int ref, int block,
-                             int code)
+                             int code, int prod, int fmt, uint8_t *prow)
 {
+    if (prod) {
+        rope_store(v, n, rd, inv_freq, p, v);
+        __syncthreads();
+        if (ref) {
+            for (int i = threadIdx.x; i < n; i += NB)
+                v[i] = rt_bf16(v[i]);
+            __syncthreads();
+        }
+        pack_row_block(fmt, v, n, prow);
+        return;
+    }
     if (!ref) {
         rope_store(v, n, rd, inv_freq, p, dst);
         return;
@@ -103,10 +117,10 @@ __device__ void rope_store41(float *v, int n, int rd, const float *inv_freq, int
 
 /* Block per row that completes group w: (kk given) the index key kk[r] RMS-normed with ik_norm
  * and roped at w m into ikey[w]; the entry lat[r] roped at w m into ent[w] (the row's sequence's
- * buffers of this layer). */
+ * buffers of this layer; prod: packed into pikey[w], pent[w]). */
 __global__ void __launch_bounds__(NB) k41_store(rows_dev rd, int m, int d, int ci, int rdim, const float *inv_freq,
                                                 const float *ik_norm, float eps, const float *lat, const float *kk,
-                                                int ref)
+                                                int ref, int prod)
 {
     PDL_WAIT();
     extern __shared__ float sv[]; /* [max(d, ci)] */
@@ -124,32 +138,35 @@ __global__ void __launch_bounds__(NB) k41_store(rows_dev rd, int m, int d, int c
         if (ref)
             for (int i = threadIdx.x; i < ci; i += NB)
                 sv[i] = rt_bf16(sv[i]);
-        rope_store41(sv, ci, rdim, inv_freq, w * m, b.ikey + w * ci, ref, 32, DSV4_RT_FP4);
+        rope_store41(sv, ci, rdim, inv_freq, w * m, b.ikey + w * ci, ref, 32, DSV4_RT_FP4, prod, DSV4_KV_INDEX,
+                     prod ? b.pikey + w * dsv4_kv_row_bytes(DSV4_KV_INDEX, ci) : NULL);
         __syncthreads();
     }
     for (int i = threadIdx.x; i < d; i += NB)
         sv[i] = lat[(int64_t)r * d + i];
-    rope_store41(sv, d, rdim, inv_freq, w * m, b.ent + w * d, ref, 16, DSV4_RT_FP4_E4M3);
+    rope_store41(sv, d, rdim, inv_freq, w * m, b.ent + w * d, ref, 16, DSV4_RT_FP4_E4M3, prod, DSV4_KV_MAIN,
+                 prod ? b.pent + w * dsv4_kv_row_bytes(DSV4_KV_MAIN, d) : NULL);
 }
 
 /* Block per row with nvis >= 1 entries: block b's score is the best of its entries' (bs a
  * block), the newest block's +inf; the best k = min(cand_k, blocks of score above -inf) go to
  * cand[r] in ascending order (all of them when that is every block), ncand[r] = k; ncand = 0
- * for a row with none. bm: [R, nbc] block scores. */
-__global__ void __launch_bounds__(TK_NT) k41_cand(rows_dev rd, int ratio, int64_t vis_cap, int bs, int cand_k,
+ * for a row with none. Row r = r0 + x reads scores[x * vis_cap ..] and writes bm[x * nbc ..],
+ * its block scores. */
+__global__ void __launch_bounds__(TK_NT) k41_cand(rows_dev rd, int r0, int ratio, int64_t vis_cap, int bs, int cand_k,
                                                   int64_t nbc, const float *scores, float *bm, int64_t *cand, int *ncand)
 {
     PDL_WAIT();
     __shared__ int s_cnt;
-    int r = blockIdx.x;
+    int r = r0 + (int)blockIdx.x;
     int64_t nvis = (rd.pos[r] + 1) / ratio;
     if (nvis < 1 || nvis > vis_cap) {
         if (threadIdx.x == 0)
             ncand[r] = 0;
         return;
     }
-    const float *sc = scores + (int64_t)r * vis_cap;
-    float *bmr = bm + (int64_t)r * nbc;
+    const float *sc = scores + (int64_t)blockIdx.x * vis_cap;
+    float *bmr = bm + (int64_t)blockIdx.x * nbc;
     int nb = (int)((nvis + bs - 1) / bs), cnt = 0;
     if (threadIdx.x == 0)
         s_cnt = 0;
@@ -175,19 +192,19 @@ __global__ void __launch_bounds__(TK_NT) k41_cand(rows_dev rd, int ratio, int64_
         ncand[r] = keep;
 }
 
-/* Block per row with nvis > topk: the scores of entries whose block is not among cand[r]'s
- * ncand[r] blocks become -inf. mask: [R, nbc] bytes. */
-__global__ void __launch_bounds__(NB) k41_filter(rows_dev rd, int ratio, int topk, int64_t vis_cap, int bs, int cand_k,
-                                                 int64_t nbc, const int64_t *cand, const int *ncand, float *scores,
-                                                 unsigned char *mask)
+/* Block per row r = r0 + x with nvis > topk: the scores of entries whose block is not among
+ * cand[r]'s ncand[r] blocks become -inf (scores[x * vis_cap ..], mask[x * nbc ..] bytes). */
+__global__ void __launch_bounds__(NB) k41_filter(rows_dev rd, int r0, int ratio, int topk, int64_t vis_cap, int bs,
+                                                 int cand_k, int64_t nbc, const int64_t *cand, const int *ncand,
+                                                 float *scores, unsigned char *mask)
 {
     PDL_WAIT();
-    int r = blockIdx.x;
+    int r = r0 + (int)blockIdx.x;
     int64_t nvis = (rd.pos[r] + 1) / ratio;
     if (nvis <= topk || nvis > vis_cap)
         return;
     int64_t nb = (nvis + bs - 1) / bs;
-    unsigned char *mr = mask + (int64_t)r * nbc;
+    unsigned char *mr = mask + (int64_t)blockIdx.x * nbc;
     for (int64_t k = threadIdx.x; k < nb; k += NB)
         mr[k] = 0;
     __syncthreads();
@@ -198,20 +215,21 @@ __global__ void __launch_bounds__(NB) k41_filter(rows_dev rd, int ratio, int top
             mr[k] = 1;
     }
     __syncthreads();
-    float *sc = scores + (int64_t)r * vis_cap;
+    float *sc = scores + (int64_t)blockIdx.x * vis_cap;
     for (int64_t w = threadIdx.x; w < nvis; w += NB)
         if (!mr[w / bs])
             sc[w] = -INFINITY;
 }
 
-/* Block per row: sel[r] the topk best entries of the row's scores in ascending order and
+/* Block per row r = r0 + x: sel[r] the topk best entries of its scores (scores[x * vis_cap ..])
+ * in ascending order and
  * nsel[r] = topk; a row with nvis <= topk keeps every entry 0..nvis-1 (nsel = nvis); a row
  * beyond vis_cap keeps none (its attention is NaN). */
-__global__ void __launch_bounds__(TK_NT) k41_topk(rows_dev rd, int ratio, int topk, int64_t vis_cap,
+__global__ void __launch_bounds__(TK_NT) k41_topk(rows_dev rd, int r0, int ratio, int topk, int64_t vis_cap,
                                                   const float *scores, int64_t *sel, int *nsel)
 {
     PDL_WAIT();
-    int r = blockIdx.x;
+    int r = r0 + (int)blockIdx.x;
     int64_t nvis = (rd.pos[r] + 1) / ratio;
     int64_t *out = sel + (int64_t)r * topk;
     if (nvis > vis_cap) {
@@ -223,7 +241,7 @@ __global__ void __launch_bounds__(TK_NT) k41_topk(rows_dev rd, int ratio, int to
         for (int i = threadIdx.x; i < nvis; i += TK_NT)
             out[i] = i;
     } else
-        topk_block(scores + (int64_t)r * vis_cap, (int)nvis, topk, out);
+        topk_block(scores + (int64_t)blockIdx.x * vis_cap, (int)nvis, topk, out);
     if (threadIdx.x == 0)
         nsel[r] = (int)(nvis < topk ? nvis : topk);
 }
@@ -244,7 +262,7 @@ __global__ void __launch_bounds__(A41_NW * 32) k41_attn(geo41 g, int H, int d, f
             orow[j] = __int_as_float(0x7fc00000);
         return;
     }
-    auto key = [&](int i) -> const float * { return row.key(i); };
+    auto key = [&](int i) -> crow { return row.key(i); };
     attend_head<A41_NW>(q + ((int64_t)r * H + h) * d, key, row.nk, d, scale, sink[h], pr, sh, part, orow);
 }
 
@@ -273,9 +291,10 @@ int64_t nkmax41(const dsv4_attn41_args *a)
 /* The scratch's pieces, in floats from work (attn41_work's order); part: the tensor-core
  * attention's chunk partials (few rows). */
 struct work41 {
-    float *scores, *lat, *kk, *bm, *part;
+    float *scores, *lat, *kk, *bm, *kvq, *part;
     unsigned char *mask;
     int64_t nbc;
+    int srows;                  /* rows a pass of the index phases takes (score_rows) */
     size_t part_n, n;
 };
 
@@ -290,16 +309,19 @@ work41 layout41(const dsv4_attn41_args *a, float *base)
         off += (n + 3) & ~(size_t)3; /* 16-byte pieces */
         return p;
     };
+    w.srows = a->index_source ? score_rows((int)R, vis) : 0;
     if (a->index_source)
-        w.scores = take((size_t)R * vis);
+        w.scores = take((size_t)w.srows * vis);
     if (a->own_ent)
         w.lat = take((size_t)R * a->d);
     if (a->own_ikey)
         w.kk = take((size_t)R * a->ci);
     if (a->cand_source)
-        w.bm = take((size_t)R * w.nbc);
+        w.bm = take((size_t)w.srows * w.nbc);
     if (a->cand_filter)
-        w.mask = (unsigned char *)take(((size_t)R * w.nbc + 3) / 4);
+        w.mask = (unsigned char *)take(((size_t)w.srows * w.nbc + 3) / 4);
+    if (a->kv_prod)
+        w.kvq = take((size_t)R * a->d);
     w.part_n = tc41(a) ? attn_tc_part((int)R, a->H, a->d, nkmax41(a)) : 0;
     if (w.part_n)
         w.part = take(w.part_n);
@@ -325,10 +347,6 @@ bool check41(const dsv4_attn41_args *a)
         ok = dev41(a->cand, "cand") && dev41(a->ncand, "ncand");
     if (!ok)
         return false;
-    if (a->kv_prod) {
-        fail(DSV4_E_UNSUPPORTED, "cuda: attn_step41: production KV caches run on the CPU backend");
-        return false;
-    }
     bool bad = rw->S <= 0 || a->window < 0 || a->kv_cap <= 0 || a->H <= 0 || a->H > 65535 || a->d <= 0 ||
                a->d > ATT_MAXD || a->rd < 0 || a->rd % 2 || a->rd > a->d || m < 0 || (m && a->vis_cap < 0) ||
                (a->own_ent && (!m || a->comp.ratio != m || a->comp.dim != a->d || a->comp.overlap ||
@@ -412,31 +430,42 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
     if (run && a->own_ent) {
         int wmax = ci > d ? ci : d;
         launch_k(k41_store, (unsigned)R, NB, (size_t)wmax * sizeof(float), stream, rdv, m, d, ci, a->rd, ifr, ikn, a->eps,
-                 w.lat, a->own_ikey ? w.kk : (const float *)NULL, a->ref);
+                 w.lat, a->own_ikey ? w.kk : (const float *)NULL, a->ref, a->kv_prod);
         run = launched("attn_step41 entry stores");
     }
-    if (run && a->index_source) {
-        /* the candidate source's blocks are every row's; a plain index source scores only rows
-         * that keep fewer than all */
-        int keep = a->cand_source ? 0 : K; /* rows with more entries than this are scored */
+    prof_split("attn_step41: entries");
+    /* the candidate source's blocks are every row's; a plain index source scores only rows that
+     * keep fewer than all; in passes of w.srows rows */
+    int keep = a->cand_source ? 0 : K; /* rows with more entries than this are scored */
+    for (int r0 = 0; run && a->index_source && r0 < R; r0 += w.srows) {
+        int nr = R - r0 < w.srows ? R - r0 : w.srows;
         if (vis > keep)
-            run = iscore_launch(rdi, m, keep, vis, a->nI, ci, 1.0f, 1.0f, a->qi, a->wt, w.scores, a->ref);
+            run = iscore_launch(rdi, r0, nr, m, keep, vis, a->nI, ci, 1.0f, 1.0f, a->qi, a->wt, w.scores, a->ref,
+                                a->kv_prod);
         if (run && a->cand_source) {
-            launch_k(k41_cand, (unsigned)R, TK_NT, 0, stream, rdv, m, vis, a->cand_bs, a->cand_k, w.nbc, w.scores, w.bm,
-                     a->cand, a->ncand);
+            launch_k(k41_cand, (unsigned)nr, TK_NT, 0, stream, rdv, r0, m, vis, a->cand_bs, a->cand_k, w.nbc,
+                     (const float *)w.scores, w.bm, a->cand, a->ncand);
             run = launched("attn_step41 candidate blocks");
         }
         if (run && a->cand_filter) {
-            launch_k(k41_filter, (unsigned)R, NB, 0, stream, rdv, m, K, vis, a->cand_bs, a->cand_k, w.nbc, a->cand,
-                     a->ncand, w.scores, w.mask);
+            launch_k(k41_filter, (unsigned)nr, NB, 0, stream, rdv, r0, m, K, vis, a->cand_bs, a->cand_k, w.nbc,
+                     (const int64_t *)a->cand, (const int *)a->ncand, w.scores, w.mask);
             run = launched("attn_step41 candidate filter");
         }
         if (run) {
-            launch_k(k41_topk, (unsigned)R, TK_NT, 0, stream, rdv, m, K, vis, w.scores, a->sel, a->nsel);
+            launch_k(k41_topk, (unsigned)nr, TK_NT, 0, stream, rdv, r0, m, K, vis, (const float *)w.scores, a->sel,
+                     a->nsel);
             run = launched("attn_step41 top-k");
         }
     }
-    geo41 geo = {rdv, a->est, m, K, a->kv_cap, a->window, (int)nkmax, a->kv, a->sel, a->nsel};
+    prof_split("attn_step41: indexer");
+    const float *kv = a->kv; /* the step's window rows as the attention reads them */
+    if (run && a->kv_prod) {
+        launch_k(k_window_rt, (unsigned)cdiv((int64_t)R * cdiv(d, 32), 256), 256, 0, stream, R, d, a->kv, w.kvq);
+        run = launched("attn_step41 window rows' round trip");
+        kv = w.kvq;
+    }
+    geo41 geo = {rdv, a->est, m, K, a->kv_cap, a->window, (int)nkmax, kv, a->sel, a->nsel, a->kv_prod};
     if (run && f64)
         run = attn41_f64_launch(geo, H, d, (m ? K : 0) + a->window, a->scale, sink, a->q, a->o);
     else if (run && tc)
@@ -449,8 +478,12 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
     if (run) {
         int ring_m = a->own_ent && m > 1 ? m : 0;
         launch_k(k_ring, dim3((unsigned)cdiv((int64_t)R * d, 256), 3), 256, 0, stream, rdv, ring_m, 0, d, d, 0, a->kv_cap,
-                 a->c_cap, a->kv, a->cc, a->zz, (const float *)NULL, (const float *)NULL);
+                 a->c_cap, a->kv, a->cc, a->zz, (const float *)NULL, (const float *)NULL, a->kv_prod);
         run = launched("attn_step41 rings");
+    }
+    if (run && a->kv_prod) {
+        launch_k(k_ring_pack, (unsigned)cdiv((int64_t)R * cdiv(d, 32), 256), 256, 0, stream, rdv, d, a->kv_cap, a->kv);
+        run = launched("attn_step41 packed window ring");
     }
     if (!run)
         out_fail(a->o, bo);
