@@ -23,7 +23,7 @@ TEST_SRC := $(wildcard tests/unit/test_*.c)
 ifeq ($(CUDA),1)
 CUDA_HOME ?= /usr/local/cuda
 NVCC     ?= nvcc
-NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90,code=sm_90 -Iinclude -Isrc \
+NVFLAGS  ?= -O2 -std=c++17 -gencode arch=compute_90a,code=sm_90a -Iinclude -Isrc \
             -Xcompiler -Wall,-Wextra -MMD -MP
 CU_SRC   := $(wildcard src/kernels/cuda/*.cu)
 CU_C_SRC := $(wildcard src/kernels/cuda/*.c)
@@ -111,6 +111,10 @@ test-cuda: all
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 $(BUILD)/tests/test_mini
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 $(BUILD)/tests/test_draft
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 $(BUILD)/tests/test_kv
+	DSV4_CUDA_TC=0 $(BUILD)/tests/cuda/test_cuda_ops
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=0 $(BUILD)/tests/test_backend_ops
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=0 DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v4_fixtures
+	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=0 $(BUILD)/tests/test_kv
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=2.45M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-a
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=1.85M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-b
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_BUDGET=9.004M $(BUILD)/tests/test_v4_fixtures $(FIX)/v4/v4-tiny-v

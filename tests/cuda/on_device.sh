@@ -144,6 +144,12 @@ ok draft-tc env DSV4_CUDA_TC=1 $B/tests/test_draft
 ok mtp-tc env DSV4_CUDA_TC=1 $B/tests/test_mtp
 ok dspark-tc env DSV4_CUDA_TC=1 $B/tests/test_dspark
 ok kv-tc env DSV4_CUDA_TC=1 $B/tests/test_kv
+# every kernel on the FMA path (DSV4_CUDA_TC=0): step.cu's attention and indexer, which the
+# default leaves to the tensor cores
+ok ops-fma env DSV4_CUDA_TC=0 $B/tests/cuda/test_cuda_ops
+ok backend-ops-fma env DSV4_CUDA_TC=0 $B/tests/test_backend_ops
+ok v4-fma env DSV4_CUDA_TC=0 DSV4_CUDA_POISON=1 $B/tests/test_v4_fixtures
+ok kv-fma env DSV4_CUDA_TC=0 $B/tests/test_kv
 ok spill-v4a env DSV4_CUDA_BUDGET=2.45M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
 ok spill-v4b env DSV4_CUDA_BUDGET=1.85M $B/tests/test_v4_fixtures $F/v4/v4-tiny-b
 ok spill-v4v env DSV4_CUDA_BUDGET=9.004M $B/tests/test_v4_fixtures $F/v4/v4-tiny-v
@@ -152,7 +158,7 @@ ok refuse bash -c "DSV4_CUDA_BUDGET=1M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
 ok refuse-host bash -c "DSV4_CUDA_BUDGET=2.45M DSV4_HOST_BUDGET=64K $B/tests/test_v4_fixtures $F/v4/v4-tiny-a 2>&1 | grep 'do not fit the host'"
 unset DSV4_TEST_DEVICE
 [ -s "$T/failed" ] && rc=1
-for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft mtp dspark drafts kv lanes-prod ops-tc backend-ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc mtp-tc dspark-tc kv-tc spill-v4a spill-v4b spill-v4v spill-v41 refuse refuse-host; do
+for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft mtp dspark drafts kv lanes-prod ops-tc backend-ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc mtp-tc dspark-tc kv-tc ops-fma backend-ops-fma v4-fma kv-fma spill-v4a spill-v4b spill-v4v spill-v41 refuse refuse-host; do
     echo "== $n"
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done

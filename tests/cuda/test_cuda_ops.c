@@ -2076,7 +2076,10 @@ int main(void)
     if (!rng)
         rng = 1;
     printf("cuda ops on %s, seed %llu (DSV4_SEED to repeat), tensor cores %s (DSV4_CUDA_TC)\n", dsv4_cuda_device_name(),
-           (unsigned long long)rng, dsv4_cuda_tensor_cores() ? "on" : "off");
+           (unsigned long long)rng,
+           dsv4_cuda_tensor_cores() == DSV4_CUDA_TC_ALL    ? "on"
+           : dsv4_cuda_tensor_cores() == DSV4_CUDA_TC_ATTN ? "for the attention and indexer"
+                                                           : "off");
     cpu = dsv4_backend_cpu();
     gpu = dsv4_backend_cuda();
     dsv4_cuda_set_poison(1);

@@ -61,13 +61,17 @@ const char *dsv4_cuda_graph_why(void);
  * an element a kernel forgets to write comes back as NaN (tests). */
 void dsv4_cuda_set_poison(int on);
 
-/* on: the linear and expert ops run BF16, FP8 and FP4 weights on the tensor cores (mma.cuh), at
- * every row count, and so do attn_step's indexer scores and attention for the shapes they take
- * (index_tc.cu, attn_tc.cu); off: on the fp32 FMA kernels (linear.cuh, step.cu). Either way a
- * row's bits do not depend on the batch; the two differ from each other in rounding. Set it before the first op
- * and leave it (a process's rows must all come from one path). DSV4_CUDA_TC=1 in the
- * environment turns it on at the first op; the default is off. */
-void dsv4_cuda_set_tensor_cores(int on);
+/* Which kernels take the tensor cores. ALL: the linear and expert ops run BF16, FP8 and FP4
+ * weights on them (mma.cuh) at every row count, and so do attn_step's indexer scores and
+ * attention for the shapes they take (index_tc.cu, attn_tc.cu). ATTN (the default): the
+ * attention and the indexer scores only; the linear and expert ops on the fp32 FMA kernels
+ * (linear.cuh), which read a few rows faster. OFF: every op on the FMA kernels (step.cu's
+ * attention and indexer too). In every mode a row's bits do not depend on the batch; the modes
+ * differ from each other in rounding. Set it before the first op and leave it (a process's rows
+ * must all come from one path). DSV4_CUDA_TC in the environment sets it at the first op: 1 ALL,
+ * 0 OFF, unset ATTN. */
+enum { DSV4_CUDA_TC_OFF = 0, DSV4_CUDA_TC_ALL = 1, DSV4_CUDA_TC_ATTN = 2 };
+void dsv4_cuda_set_tensor_cores(int mode);
 int dsv4_cuda_tensor_cores(void);
 
 /* The linear op over device buffers, queued on `stream` (a cudaStream_t; NULL: the default

@@ -191,24 +191,28 @@ int dsv4cu::tc_kind(const dsv4_weight *w)
 /* The tensor-core switch (cuda.h): -1 until read from DSV4_CUDA_TC or set. */
 static int g_tc = -1;
 
-extern "C" void dsv4_cuda_set_tensor_cores(int on) { g_tc = on ? 1 : 0; }
+extern "C" void dsv4_cuda_set_tensor_cores(int mode)
+{
+    g_tc = mode == DSV4_CUDA_TC_ALL || mode == DSV4_CUDA_TC_ATTN ? mode : DSV4_CUDA_TC_OFF;
+}
 
 extern "C" int dsv4_cuda_tensor_cores(void)
 {
     if (g_tc < 0) {
         const char *e = getenv("DSV4_CUDA_TC");
-        g_tc = e && !strcmp(e, "1");
+        g_tc = !e || !*e ? DSV4_CUDA_TC_ATTN : !strcmp(e, "1") ? DSV4_CUDA_TC_ALL : DSV4_CUDA_TC_OFF;
     }
     return g_tc;
 }
 
 /* Whether a kernel family ("linear": the linear and expert kernels; "attn": the attention;
- * "index": the indexer scores) takes the tensor cores: the switch on, and the family named in
- * DSV4_CUDA_TC_ONLY when that is set (a comma list, to find which family a difference of
- * numerics comes from). */
+ * "index": the indexer scores) takes the tensor cores: the switch's mode has it (ATTN: the
+ * attention and the indexer), and it is named in DSV4_CUDA_TC_ONLY when that is set (a comma
+ * list, to find which family a difference of numerics comes from). */
 bool dsv4cu::tc_family(const char *fam)
 {
-    if (!dsv4_cuda_tensor_cores())
+    int mode = dsv4_cuda_tensor_cores();
+    if (mode == DSV4_CUDA_TC_OFF || (mode == DSV4_CUDA_TC_ATTN && strcmp(fam, "attn") && strcmp(fam, "index")))
         return false;
     const char *only = getenv("DSV4_CUDA_TC_ONLY");
     if (!only)
