@@ -8,6 +8,7 @@
 # others' use of the device). Then the timings: `dsv4 bench --synthetic v4-flash --layers 2`
 # with graph replay on and off, and with experts spilled. Last, the op test under compute-sanitizer.
 # `on_device.sh bench`: instead, our rows of the benchmark table (43 layers, lanes, 4k prefill);
+# `on_device.sh depths`: long context, decode and a chunk's prefill at depths to 1M, production and exact caches;
 # `on_device.sh peers`: the transformers and PyTorch peers beside ours on the same 2 layers;
 # `on_device.sh ncu`: the hardware counters of each kernel of one decode step;
 # `on_device.sh profile`: the op profile of a 4k prefill and of an 8-lane step (tensor cores on);
@@ -33,8 +34,12 @@ run() { echo "== $*"; stdbuf -oL timeout 500 "$@" 2>&1 | grep -v "loading\|build
 if [ "$mode" = bench ]; then
     # the benchmark table (docs/bench.md), ours: all 43 layers' shapes with the experts of 8
     # layers shared round-robin (same bytes read per token), a 64- and a 4096-token prefill,
-    # batch-1 decode with and without graph replay, 4 and 8 lanes
-    # the same with the tensor cores on (DSV4_CUDA_TC=1), also at 16k and at issue 12's lane counts
+    # batch-1 decode with and without graph replay, 4 and 8 lanes, with the default kernels
+    # (attention and indexer on the tensor cores) and with every op on the FMA kernels
+    # (DSV4_CUDA_TC=0); then every op on the tensor cores (DSV4_CUDA_TC=1), also at 16k and at
+    # issue 12's lane counts
+    DSV4_CUDA_TC=0 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 \
+        --prefill 64,4096 --decode 32 --lanes 1,4,8 --graphs on
     run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --prefill 64,4096 --decode 32 \
         --lanes 1,4,8 --graphs both
     DSV4_CUDA_TC=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 \
@@ -63,15 +68,17 @@ if [ "$mode" = v41 ]; then
 fi
 if [ "$mode" = depths ]; then
     # long context (issue 15, docs/bench.md): all 43 layers at V4-Flash shapes, each state filled
-    # with random rows to the depth, a 16-token chunk and batch-1 decode, production then exact
-    # caches; then the share of attn_step's indexer at each depth (op profile, each op waited for)
+    # with random rows to the depth (1,048,550 leaves room for the chunk and the decode steps in the
+    # 1,048,576-token context), a 16-token chunk and batch-1 decode with the default kernels,
+    # production then exact caches; then the share of attn_step's indexer of a decode step at each
+    # depth (op profile, each op waited for)
     for kv in production exact; do
-        DSV4_CUDA_TC=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --kv $kv \
-            --depths 4096,4096,16384,131072,524288,1048576 --prefill 16 --decode 8
+        run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --kv $kv \
+            --depths 4096,4096,16384,131072,524288,1048550 --prefill 16 --decode 8
     done
-    for D in 4096 131072 1048576; do
-        DSV4_CUDA_TC=1 DSV4_CUDA_PROFILE=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 \
-            --expert-layers 8 --kv production --graphs off --depths $D --prefill 16 --decode 4
+    for D in 4096 16384 131072 524288 1048550; do
+        DSV4_CUDA_PROFILE=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 \
+            --expert-layers 8 --kv production --graphs off --depths $D --prefill 1 --decode 4
     done
     exit 0
 fi

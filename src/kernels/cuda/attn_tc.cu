@@ -29,22 +29,25 @@ namespace {
 
 enum { AT_HG = 16, AT_KC = 64, AT_NW = 8, AT_NT = AT_NW * 32, AT_MAXNT = 8 };
 
-/* V4's rows (attn_step): attn_row's keys. A geometry gives a row's Row: ok, nk and key(i). */
+/* V4's rows (attn_step): attn_row's keys. A geometry gives a row's Row: ok, nk and key(i), and
+ * says whether its caches may be packed (packed; 0: every key is fp32, so the kernel's reads
+ * carry no format test). */
+template <int PROD>
 struct geo4 {
+    static constexpr int packed = PROD;
     rows_dev rd;
     int ratio, csa, topk;
     int64_t vis_cap;
     int kv_cap, window, nkmax;
     const float *kv;
     const int *sel;
-    int prod;
     struct Row {
         attn_row a;
         const float *kv;
         int d, kv_cap, nk;
         bool ok;
         __device__ __forceinline__ Row(const geo4 &g, int r, int d_)
-            : a(g.rd, r, g.ratio, g.csa, g.topk, g.vis_cap, g.window, g.nkmax, g.sel, g.prod), kv(g.kv), d(d_),
+            : a(g.rd, r, g.ratio, g.csa, g.topk, g.vis_cap, g.window, g.nkmax, g.sel, PROD), kv(g.kv), d(d_),
               kv_cap(g.kv_cap), nk(a.nk), ok(a.ok)
         {
         }
@@ -117,12 +120,12 @@ __global__ void __launch_bounds__(AT_NT, 2) k_attn_tc(G geo, int H, int d, int n
             int i = base + (int)threadIdx.x;
             crow k = ar.key(i < ar.nk ? i : ar.nk - 1);
             skey[threadIdx.x] = k.p;
-            sfmt[threadIdx.x] = k.fmt;
+            sfmt[threadIdx.x] = G::packed ? k.fmt : -1;
         }
         __syncthreads();
         /* scores of keys 8w .. 8w + 7 */
         float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        const crow kr = {skey[8 * w + g], sfmt[8 * w + g], d};
+        const crow kr = {skey[8 * w + g], G::packed ? sfmt[8 * w + g] : -1, d};
 #pragma unroll 4 /* a few k-steps' loads in flight, not one */
         for (int k0 = 0; k0 < d; k0 += 16) {
             float4 xa = va ? *(const float4 *)(qa + k0 + 4 * t) : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -191,18 +194,36 @@ __global__ void __launch_bounds__(AT_NT, 2) k_attn_tc(G geo, int H, int d, int n
                 a[u][2] = q2[u];
                 a[u][3] = q3[u];
             }
-            const crow k0 = {skey[ks + 2 * t], sfmt[ks + 2 * t], d}, k1 = {skey[ks + 2 * t + 1], sfmt[ks + 2 * t + 1], d};
-            const crow k8 = {skey[ks + 2 * t + 8], sfmt[ks + 2 * t + 8], d};
-            const crow k9 = {skey[ks + 2 * t + 9], sfmt[ks + 2 * t + 9], d};
+            auto kat = [&](int i) { return crow{skey[i], G::packed ? sfmt[i] : -1, d}; };
+            const crow k0 = kat(ks + 2 * t), k1 = kat(ks + 2 * t + 1), k8 = kat(ks + 2 * t + 8), k9 = kat(ks + 2 * t + 9);
+            if (G::packed && SPLIT) {
+                /* the thread's columns 8 nt + g of the four keys, each key's loads together
+                 * (column 8 (w + AT_NW j) + g is value j of the stride); the looping form,
+                 * whose registers hold the row's O besides, reads value by value */
+                float v0[AT_MAXNT], v1[AT_MAXNT], v8[AT_MAXNT], v9[AT_MAXNT];
+                k0.strided(8 * w + g, 8 * AT_NW, v0);
+                k1.strided(8 * w + g, 8 * AT_NW, v1);
+                k8.strided(8 * w + g, 8 * AT_NW, v8);
+                k9.strided(8 * w + g, 8 * AT_NW, v9);
 #pragma unroll
-            for (int j = 0; j < AT_MAXNT; j++) {
-                int nt = w + AT_NW * j;
-                if (nt < ntd) {
-                    int col = 8 * nt + g;
-                    uint32_t b0[3], b1[3];
-                    split3(k0[col], k1[col], b0);
-                    split3(k8[col], k9[col], b1);
-                    mma6(ac[j], a, b0, b1);
+                for (int j = 0; j < AT_MAXNT; j++)
+                    if (w + AT_NW * j < ntd) {
+                        uint32_t b0[3], b1[3];
+                        split3(v0[j], v1[j], b0);
+                        split3(v8[j], v9[j], b1);
+                        mma6(ac[j], a, b0, b1);
+                    }
+            } else {
+#pragma unroll
+                for (int j = 0; j < AT_MAXNT; j++) {
+                    int nt = w + AT_NW * j;
+                    if (nt < ntd) {
+                        int col = 8 * nt + g;
+                        uint32_t b0[3], b1[3];
+                        split3(k0[col], k1[col], b0);
+                        split3(k8[col], k9[col], b1);
+                        mma6(ac[j], a, b0, b1);
+                    }
                 }
             }
         }
@@ -338,7 +359,11 @@ bool dsv4cu::attn_tc_launch(const rows_dev &rd, int ratio, int csa, int topk, in
                             int d, int window, int64_t nkmax, float scale, const float *sink, const float *q,
                             const float *kv, const int *sel, int prod, float *o, float *part, size_t part_n)
 {
-    geo4 g = {rd, ratio, csa, topk, vis_cap, kv_cap, window, (int)nkmax, kv, sel, prod};
+    if (prod) {
+        geo4<1> g = {rd, ratio, csa, topk, vis_cap, kv_cap, window, (int)nkmax, kv, sel};
+        return tc_launch(g, rd.R, H, d, nkmax, scale, sink, q, o, part, part_n);
+    }
+    geo4<0> g = {rd, ratio, csa, topk, vis_cap, kv_cap, window, (int)nkmax, kv, sel};
     return tc_launch(g, rd.R, H, d, nkmax, scale, sink, q, o, part, part_n);
 }
 

@@ -66,9 +66,10 @@ __device__ __forceinline__ float relu(float a) { return a > 0.0f ? a : 0.0f; }
  * shared memory in fragment order: qs[term][head tile][k-step][lane] (uint4: a0..a3), zero rows
  * for the padded heads; then warp wid takes entries w0 + 8 wid .. + 7 (its B fragments split as
  * loaded, the next k-step's keys loaded ahead) over IT_HG head tiles at a time. */
+template <int PROD>
 __global__ void __launch_bounds__(NB, 4) k_iscore_tc(rows_dev rd_, int r0, int ratio, int topk, int64_t vis_cap, int nI,
                                                   int ci, float iw_scale, float post, const float *qi, const float *wt,
-                                                  float *scores, int prod)
+                                                  float *scores)
 {
     PDL_WAIT();
     extern __shared__ uint4 qs[];
@@ -114,11 +115,11 @@ __global__ void __launch_bounds__(NB, 4) k_iscore_tc(rows_dev rd_, int r0, int r
         return; /* whole warps; no barrier below */
     const dsv4_lbufs &kb = rd_.st[rd_.seq[r]];
     const bool kin = n0 + g < nvis;
-    const crow kc = cache_row(prod ? (const void *)kb.pikey : kb.ikey, kin ? n0 + g : n0, ci, prod, DSV4_KV_INDEX);
+    const crow kc = cache_row(PROD ? (const void *)kb.pikey : kb.ikey, kin ? n0 + g : n0, ci, PROD, DSV4_KV_INDEX);
     const bool kal = ((uintptr_t)kb.ikey & 15) == 0;
     const float *kp = (const float *)kc.p + 4 * t; /* fp32 keys */
     /* the thread's four key values of k-step ks */
-    auto kload = [&](int ks) -> float4 { return prod ? kc.ld4(ks * 16 + 4 * t) : ld4(kp + ks * 16, kal); };
+    auto kload = [&](int ks) -> float4 { return PROD ? kc.ld4(ks * 16 + 4 * t) : ld4(kp + ks * 16, kal); };
     float s0 = 0.0f, s1 = 0.0f; /* entries n0 + 2t, n0 + 2t + 1 */
     for (int hg = 0; hg < HT; hg += IT_HG) {
         float ah[IT_HG][4], al[IT_HG][4];
@@ -202,11 +203,12 @@ bool dsv4cu::iscore_tc(const rows_dev &rd, int r0, int nr, int ratio, int topk, 
 {
     size_t smem = tc_qbytes(nI, ci);
     if (smem > 48 * 1024 && (int)smem > g_smem_set) {
-        if (CK(cudaFuncSetAttribute(k_iscore_tc, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
+        if (CK(cudaFuncSetAttribute(k_iscore_tc<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)) ||
+            CK(cudaFuncSetAttribute(k_iscore_tc<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)))
             return false;
         g_smem_set = (int)smem;
     }
-    launch_k(k_iscore_tc, dim3((unsigned)nr, (unsigned)cdiv(vis_cap, IT_EPB)), NB, smem, stream, rd, r0, ratio, topk,
-             vis_cap, nI, ci, iw_scale, post, qi, wt, scores, prod);
+    launch_k(prod ? k_iscore_tc<1> : k_iscore_tc<0>, dim3((unsigned)nr, (unsigned)cdiv(vis_cap, IT_EPB)), NB, smem,
+             stream, rd, r0, ratio, topk, vis_cap, nI, ci, iw_scale, post, qi, wt, scores);
     return launched("attn_step indexer scores (tensor cores)");
 }

@@ -186,14 +186,24 @@ __device__ __forceinline__ float swiglu1(float a, float b, float limit)
 
 enum { ATT_MAXD = 512, ATT_C = ATT_MAXD / 32 };
 
+/* v[c] = k[lane + 32 c] (0 past n), c < C: a warp's lanes reading a row of n floats in column
+ * stripes, every load issued before any is used. kvrow.cuh overloads it for cache rows. */
+template <int C>
+__device__ __forceinline__ void row_lanes(const float *k, int n, int lane, float (&v)[C])
+{
+#pragma unroll
+    for (int c = 0; c < C; c++)
+        v[c] = lane + 32 * c < n ? k[lane + 32 * c] : 0.0f;
+}
+
 /* One head's attention over nk keys (K = V) by a block of NWARP warps: scores by warp (key i
  * to warp i % NWARP, q's slice held in registers), the softmax with the sink, then out_j =
  * sum_i (p_i / den) k_ij: for d <= ATT_MAXD warp w sums its keys i = w, w + NWARP, ... in order
  * (lane l owns columns l + 32 c) and the NWARP partial rows are added in warp order, so a
  * lane's loads of one key are independent and each warp waits on nk / NWARP keys, not nk;
  * wider heads sum every key per column in order. The order depends on nk, d and NWARP only.
- * key(i) gives key i's row of d values (anything indexed by a column: a float pointer, a
- * crow); p holds nk floats; sh is [NWARP + 1] shared floats,
+ * key(i) gives key i's row of d values (a float pointer, or a crow: anything row_lanes and
+ * an index by column read); p holds nk floats; sh is [NWARP + 1] shared floats,
  * part [NWARP, ATT_MAXD]. */
 template <int NWARP, class Key>
 __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, int d, float scale, float sink, float *p,
@@ -210,10 +220,12 @@ __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, in
         const auto k = key(i);
         float a = 0.0f;
         if (narrow) {
+            float kv[ATT_C];
+            row_lanes(k, d, lane, kv);
 #pragma unroll
             for (int c = 0; c < ATT_C; c++)
                 if (lane + 32 * c < d)
-                    a = fmaf(qv[c], k[lane + 32 * c], a);
+                    a = fmaf(qv[c], kv[c], a);
         } else
             for (int j = lane; j < d; j += 32)
                 a = fmaf(qh[j], k[j], a);
@@ -238,11 +250,12 @@ __device__ __forceinline__ void attend_head(const float *qh, Key key, int nk, in
         acc[c] = 0.0f;
     for (int i = wid; i < nk; i += NWARP) {
         const auto k = key(i);
-        float w = p[i] / den;
+        float w = p[i] / den, kv[ATT_C];
+        row_lanes(k, d, lane, kv);
 #pragma unroll
         for (int c = 0; c < ATT_C; c++)
             if (lane + 32 * c < d)
-                acc[c] = fmaf(w, k[lane + 32 * c], acc[c]);
+                acc[c] = fmaf(w, kv[c], acc[c]);
     }
 #pragma unroll
     for (int c = 0; c < ATT_C; c++)

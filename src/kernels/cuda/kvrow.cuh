@@ -42,6 +42,12 @@ struct crow {
     {
         if (fmt < 0)
             return ((const float *)p)[j];
+        return packed(j);
+    }
+    /* A packed row's value j, out of line: the kernels that read a few values at a time hold
+     * many accumulators, and an inlined decode at every read would push them out to memory. */
+    __device__ __noinline__ float packed(int j) const
+    {
         const uint8_t *row = (const uint8_t *)p;
         if (fmt == DSV4_KV_WINDOW)
             return kv_e4m3(row[j]) * kv_ue8m0(row[n + (j >> 5)]);
@@ -50,14 +56,77 @@ struct crow {
         float s = fmt == DSV4_KV_MAIN ? kv_e4m3(row[cb + (j >> 4)]) : kv_ue8m0(row[cb + (j >> 5)]);
         return kv_e2m1(c) * s;
     }
-    /* Values j .. j + 3 (j % 4 == 0; an fp32 row 16-byte aligned). */
+    /* Values j .. j + 3 (j % 4 == 0; an fp32 row 16-byte aligned): one test of the format, then
+     * every byte the four need loaded before any is decoded. */
     __device__ __forceinline__ float4 ld4(int j) const
     {
         if (fmt < 0)
             return *(const float4 *)((const float *)p + j);
-        return make_float4((*this)[j], (*this)[j + 1], (*this)[j + 2], (*this)[j + 3]);
+        const uint8_t *row = (const uint8_t *)p;
+        if (fmt == DSV4_KV_WINDOW) {
+            uint8_t c0 = row[j], c1 = row[j + 1], c2 = row[j + 2], c3 = row[j + 3], sb = row[n + (j >> 5)];
+            float s = kv_ue8m0(sb);
+            return make_float4(kv_e4m3(c0) * s, kv_e4m3(c1) * s, kv_e4m3(c2) * s, kv_e4m3(c3) * s);
+        }
+        int cb = (n + 1) >> 1;
+        uint32_t lo = row[j >> 1], hi = row[(j >> 1) + 1];
+        uint8_t sb = fmt == DSV4_KV_MAIN ? row[cb + (j >> 4)] : row[cb + (j >> 5)];
+        float s = fmt == DSV4_KV_MAIN ? kv_e4m3(sb) : kv_ue8m0(sb);
+        return make_float4(kv_e2m1(lo & 15u) * s, kv_e2m1(lo >> 4) * s, kv_e2m1(hi & 15u) * s, kv_e2m1(hi >> 4) * s);
     }
+    /* v[c] = value j0 + step c (0 past n), c < C. One test of the format, then every load
+     * issued before any value is used (a row's loads in flight together, not one after
+     * another). */
+    template <int C>
+    __device__ __forceinline__ void strided(int j0, int step, float (&v)[C]) const
+    {
+        if (fmt < 0) {
+            const float *f = (const float *)p;
+#pragma unroll
+            for (int c = 0; c < C; c++)
+                v[c] = j0 + step * c < n ? f[j0 + step * c] : 0.0f;
+            return;
+        }
+        const uint8_t *row = (const uint8_t *)p;
+        uint32_t code[C];
+        uint8_t sb[C];
+        if (fmt == DSV4_KV_WINDOW) {
+#pragma unroll
+            for (int c = 0; c < C; c++) {
+                int j = j0 + step * c;
+                code[c] = j < n ? row[j] : 0u;
+                sb[c] = j < n ? row[n + (j >> 5)] : 0;
+            }
+#pragma unroll
+            for (int c = 0; c < C; c++)
+                v[c] = j0 + step * c < n ? kv_e4m3((uint8_t)code[c]) * kv_ue8m0(sb[c]) : 0.0f;
+            return;
+        }
+        int cb = (n + 1) >> 1, sh = fmt == DSV4_KV_MAIN ? 4 : 5;
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            int j = j0 + step * c;
+            code[c] = j < n ? row[j >> 1] : 0u;
+            sb[c] = j < n ? row[cb + (j >> sh)] : 0;
+        }
+#pragma unroll
+        for (int c = 0; c < C; c++) {
+            int j = j0 + step * c;
+            float s = sh == 4 ? kv_e4m3(sb[c]) : kv_ue8m0(sb[c]);
+            v[c] = j < n ? kv_e2m1((j & 1) ? code[c] >> 4 : code[c] & 15u) * s : 0.0f;
+        }
+    }
+    /* A warp's lanes reading the row in column stripes: v[c] = value lane + 32 c. */
+    template <int C>
+    __device__ __forceinline__ void lanes(int lane, float (&v)[C]) const { strided(lane, 32, v); }
 };
+
+/* row_lanes (internal.h) of a cache row. */
+template <int C>
+__device__ __forceinline__ void row_lanes(const crow &k, int, int lane, float (&v)[C])
+{
+    k.lanes(lane, v);
+}
 
 /* Row i of a cache of n-value rows: fp32 (prod 0) or packed in fmt. */
 __device__ __forceinline__ crow cache_row(const void *base, int64_t i, int n, int prod, int fmt)

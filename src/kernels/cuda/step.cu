@@ -41,9 +41,10 @@ struct pool_dev {
  * group's slots of z (+ ape) weighting c, slots in the CPU's order (window w-1's first half,
  * then window w's second half with overlap; window w's only without); then the block's RMS
  * norm, then the interleaved rope of the last rd channels at position w m. */
+template <int PROD>
 __global__ void __launch_bounds__(NB) k_emit(rows_dev rd_, pool_dev pc, pool_dev pi, int c_cap, int rd,
                                              const float *inv_freq, float eps, const float *cc, const float *zz,
-                                             const float *ic, const float *iz, int prod)
+                                             const float *ic, const float *iz)
 {
     PDL_WAIT();
     extern __shared__ float ev[]; /* [dim] */
@@ -69,7 +70,7 @@ __global__ void __launch_bounds__(NB) k_emit(rows_dev rd_, pool_dev pc, pool_dev
     for (int ch = threadIdx.x; ch < dim; ch += NB)
         ev[ch] = pool_channel(mr, dim, cp.overlap, cp.ape, w, ch, row);
     rms_block(ev, dim, cp.norm, eps, red, ev);
-    if (!prod) {
+    if (!PROD) {
         rope_store(ev, dim, rd, inv_freq, w * mr, (which ? b.ikey : b.ent) + w * dim);
         return;
     }
@@ -87,9 +88,10 @@ enum { SC_EPB = 64,             /* entries a scoring block takes (a warp per ent
 /* Block (row r = r0 + x, entries [y SC_EPB, (y + 1) SC_EPB)), rows with nvis > topk only:
  * score[w] = sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w]) * post, heads in order, each dot
  * by the warp's lanes (stride 32) and its xor tree, into scores[x * vis_cap + w]. */
+template <int PROD>
 __global__ void __launch_bounds__(NB) k_iscore(rows_dev rd_, int r0, int ratio, int topk, int64_t vis_cap, int nI,
                                                int ci, float iw_scale, float post, const float *qi, const float *wt,
-                                               float *scores, int ref, int prod)
+                                               float *scores, int ref)
 {
     PDL_WAIT();
     int r = r0 + (int)blockIdx.x, lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
@@ -98,17 +100,16 @@ __global__ void __launch_bounds__(NB) k_iscore(rows_dev rd_, int r0, int ratio, 
     if (nvis <= topk || nvis > vis_cap || w0 >= nvis)
         return;
     const dsv4_lbufs &b = rd_.st[rd_.seq[r]];
-    const void *ikey = prod ? (const void *)b.pikey : b.ikey;
+    const void *ikey = PROD ? (const void *)b.pikey : b.ikey;
     const float *q = qi + (int64_t)r * nI * ci, *wr = wt + (int64_t)r * nI;
     int64_t w1 = w0 + SC_EPB < nvis ? w0 + SC_EPB : nvis;
     for (int64_t w = w0 + wid; w < w1; w += NW) {
-        const crow k = cache_row(ikey, w, ci, prod, DSV4_KV_INDEX);
+        const crow k = cache_row(ikey, w, ci, PROD, DSV4_KV_INDEX);
         /* the lane's key values, read (and decoded) once for every head */
         bool held = ci <= 32 * SC_C;
         float kr[SC_C];
-#pragma unroll
-        for (int c = 0; c < SC_C; c++)
-            kr[c] = held && lane + 32 * c < ci ? k[lane + 32 * c] : 0.0f;
+        if (held)
+            k.lanes(lane, kr);
         float s = 0.0f;
         for (int h = 0; h < nI; h++) {
             const float *qh = q + (int64_t)h * ci;
@@ -157,15 +158,16 @@ enum { ATT_NW = 16 };
  * indexer chose, else 0..nvis-1), then window positions j0..p (the step's kv row when the
  * step holds it, else the kv ring). p: [nkmax] floats of dynamic shared memory; a row that
  * needs more (its position beyond the caller's vis_cap) gets NaN. */
+template <int PROD>
 __global__ void __launch_bounds__(ATT_NW * 32) k_attn(rows_dev rd_, int ratio, int csa, int topk, int64_t vis_cap, int kv_cap,
                                              int H, int d, int window, int nkmax, float scale, const float *sink,
-                                             const float *q, const float *kv, const int *sel, int prod, float *o)
+                                             const float *q, const float *kv, const int *sel, float *o)
 {
     PDL_WAIT();
     extern __shared__ float pr[];
     __shared__ float sh[ATT_NW + 1], part[ATT_NW * ATT_MAXD];
     int r = blockIdx.x, h = blockIdx.y;
-    attn_row ar(rd_, r, ratio, csa, topk, vis_cap, window, nkmax, sel, prod);
+    attn_row ar(rd_, r, ratio, csa, topk, vis_cap, window, nkmax, sel, PROD);
     float *orow = o + ((int64_t)r * H + h) * d;
     if (!ar.ok) {
         for (int j = threadIdx.x; j < d; j += ATT_NW * 32)
@@ -332,8 +334,8 @@ bool dsv4cu::iscore_launch(const rows_dev &rd, int r0, int nr, int ratio, int to
 {
     if (!ref && iscore_tc_fits(nI, ci, vis_cap))
         return iscore_tc(rd, r0, nr, ratio, topk, vis_cap, nI, ci, iw_scale, post, qi, wt, scores, prod);
-    launch_k(k_iscore, dim3((unsigned)nr, (unsigned)cdiv(vis_cap, SC_EPB)), NB, 0, stream, rd, r0, ratio, topk, vis_cap,
-             nI, ci, iw_scale, post, qi, wt, scores, ref, prod);
+    launch_k(prod ? k_iscore<1> : k_iscore<0>, dim3((unsigned)nr, (unsigned)cdiv(vis_cap, SC_EPB)), NB, 0, stream, rd,
+             r0, ratio, topk, vis_cap, nI, ci, iw_scale, post, qi, wt, scores, ref);
     return launched("attn_step indexer scores");
 }
 
@@ -487,7 +489,8 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
         ok = false;
     }
     if (ok && !tc && asmem + static_smem > 48 * 1024 && (int)asmem > g_attn_smem_set) {
-        if (CK(cudaFuncSetAttribute(k_attn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)))
+        if (CK(cudaFuncSetAttribute(k_attn<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)) ||
+            CK(cudaFuncSetAttribute(k_attn<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)asmem)))
             ok = false;
         else
             g_attn_smem_set = (int)asmem;
@@ -510,8 +513,8 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
     }
     if (run && ratio) {
         int dmax = csa && a->ci > d ? a->ci : d;
-        launch_k(k_emit, dim3((unsigned)R, csa ? 2 : 1), NB, (size_t)dmax * sizeof(float), stream, rdv, pc, pi, a->c_cap,
-                 a->rd, ifr, a->eps, a->cc, a->zz, a->ic, a->iz, prod);
+        launch_k(prod ? k_emit<1> : k_emit<0>, dim3((unsigned)R, csa ? 2 : 1), NB, (size_t)dmax * sizeof(float), stream,
+                 rdv, pc, pi, a->c_cap, a->rd, ifr, a->eps, a->cc, a->zz, a->ic, a->iz);
         run = launched("attn_step entries");
     }
     prof_split("attn_step: entries");
@@ -530,8 +533,8 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
         run = attn_tc_launch(rdv, ratio, csa, a->topk, vis, a->kv_cap, H, d, a->window, nkmax, a->scale, sink, a->q,
                              kv, wk.sel, prod, a->o, wk.part, wk.part_n);
     } else if (run) {
-        launch_k(k_attn, dim3((unsigned)R, (unsigned)H), ATT_NW * 32, asmem, stream, rdv, ratio, csa, a->topk, vis,
-                 a->kv_cap, H, d, a->window, (int)nkmax, a->scale, sink, a->q, kv, (const int *)wk.sel, prod, a->o);
+        launch_k(prod ? k_attn<1> : k_attn<0>, dim3((unsigned)R, (unsigned)H), ATT_NW * 32, asmem, stream, rdv, ratio, csa,
+                 a->topk, vis, a->kv_cap, H, d, a->window, (int)nkmax, a->scale, sink, a->q, kv, (const int *)wk.sel, a->o);
         run = launched("attn_step attention");
     }
     if (run) {

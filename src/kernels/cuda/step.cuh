@@ -206,8 +206,10 @@ __device__ void topk_block(const float *sc, int n, int want, Out *out)
 /* V4.1's rows (attn_step41): row r's keys are est's entries sel[r][0..nsel[r]) (none at ratio
  * 0), then the window positions j0..p (the step's kv row when the step holds it, else this
  * layer's ring, rd.st). A geometry gives a row's Row: ok (false when the selection is missing
- * or the row needs more than nkmax keys: its output is NaN), nk and key(i). */
+ * or the row needs more than nkmax keys: its output is NaN), nk and key(i); packed: its keys'
+ * formats are read at run time (prod). */
 struct geo41 {
+    static constexpr int packed = 1;
     rows_dev rd;
     const dsv4_lbufs *est;
     int ratio, topk, kv_cap, window, nkmax;
