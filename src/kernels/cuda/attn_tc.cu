@@ -1,4 +1,5 @@
-/* CUDA backend: attn_step's attention on tensor cores (with the tensor cores on; docs/cuda.md).
+/* CUDA backend: attn_step's attention on tensor cores (when the tensor-core mode has the attention:
+ * the default and DSV4_CUDA_TC=1; docs/cuda.md).
  * The math is attend's (backend.h): o_h = sum_i p_i k_i / (e^(sink_h - M) + sum_i p_i), p_i =
  * e^(s_i - M), s_i = scale q_h . k_i, over the row's keys (the kept entries, then the window),
  * keys being the values too.

@@ -1,5 +1,6 @@
-/* CUDA backend, attn_step's indexer scores on the tensor cores (DSV4_CUDA_TC=1): k_iscore_tc,
- * which attn_step runs in place of k_iscore when the switch is on and the shapes fit.
+/* CUDA backend, attn_step's indexer scores on the tensor cores: k_iscore_tc, which attn_step
+ * runs in place of k_iscore when the tensor-core mode has the indexer (cuda.h: the default and
+ * DSV4_CUDA_TC=1) and the shapes fit; the keys fp32 or packed (kvrow.cuh).
  *
  * The math. For a row r with nvis = (p + 1) / ratio > topk, every visible entry w < nvis gets
  *   score[r][w] = (sum_h (wt[r,h] iw_scale) relu(qi[r,h] . ikey[w])) * post

@@ -228,8 +228,9 @@ bool dsv4cu::tc_family(const char *fam)
     return false;
 }
 
-/* Whether a weight takes the tensor-core path: the switch on, a form exact in bf16, rows whose
- * thread chunks (4 G elements) tile them, and a power-of-two number of whole runs a scale block. */
+/* Whether a weight takes the tensor-core path: the mode has the linears (DSV4_CUDA_TC=1), a
+ * form exact in bf16, rows whose thread chunks (4 G elements) tile them, and a power-of-two
+ * number of whole runs a scale block. */
 bool dsv4cu::tc_ok(const dsv4_weight *w)
 {
     if (!tc_family("linear"))

@@ -278,8 +278,8 @@ bool attn41_tc_launch(const geo41 &g, int H, int d, float scale, const float *si
                       float *part, size_t part_n);
 
 /* The indexer's scores on the tensor cores (index_tc.cu): whether k_iscore_tc takes a step of
- * these shapes (the tensor-core switch on, ci % 16 == 0, its shared memory within the device's
- * limit: shapes and the device alone, so every step of a process scores one way), and its
+ * these shapes (the tensor-core mode has the indexer, ci % 16 == 0, its shared memory within
+ * the device's limit: shapes and the device alone, so every step of a process scores one way), and its
  * launch on the op stream for the rows and entries k_iscore writes (iscore_launch's arguments).
  * false: the launch failed (recorded). */
 bool iscore_tc_fits(int nI, int ci, int64_t vis_cap);
