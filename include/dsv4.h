@@ -89,6 +89,10 @@ size_t dsv4_seq_bytes_at(const dsv4_model *m, int64_t n_tokens);
  * bytes of state, counting each sequence's allocation as the entry buffers grow (doubling), so
  * no allocation outgrows the budget; 0 when not even an empty sequence fits. */
 int64_t dsv4_kv_fit(const dsv4_model *m, int lanes, size_t budget);
+/* Bytes free now in the memory the model's sequences live in, where that is a device's (free
+ * device memory less what the backend keeps for its ops' scratch); 0 when the state is host
+ * memory (the CPU backend), whose share the caller chooses. */
+size_t dsv4_model_state_room(const dsv4_model *m);
 
 /* ---- forward --------------------------------------------------------------------- */
 /* One step over several sequences: sequence i appends n_ids[i] tokens ids[i][0..]. Rows are

@@ -35,8 +35,9 @@ static void serve_usage(FILE *f)
                "  rest of the context). --cors: the browser origins that may call the API: any (the\n"
                "  default, as llama.cpp and vLLM), none, or a comma-separated list (https://app.example).\n"
                "  KV caches: production formats unless --kv exact (docs/kv.md); --kv-budget-mb (default half\n"
-               "  of physical memory) bounds what the lanes' caches hold: the context each lane is admitted\n"
-               "  is what fits (logged at start); a longer request is refused with 400 context_length_exceeded.\n"
+               "  of physical memory; on a GPU the device memory the weights left, and at most that) bounds\n"
+               "  what the lanes' caches hold: the context each lane is admitted is what fits (logged at\n"
+               "  start); a longer request is refused with 400 context_length_exceeded.\n"
                "  SIGTERM or SIGINT cancels what is in flight and exits.\n%s",
             DSV4_DEFAULT_MAX_CONNECTIONS, DSV4_DEFAULT_CLIENT_CONNECTIONS, DSV4_DEFAULT_IDLE_TIMEOUT,
             DSV4_DEFAULT_MAX_SCORE_TOKENS, DSV4_DRAFT_MAX, DSV4_POLICY_ROW_COST, DSV4_DEFAULT_CHAT_MAX_TOKENS,

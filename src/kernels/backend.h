@@ -294,6 +294,9 @@ typedef struct dsv4_backend {
     /* 1 when attn_step reads and writes production caches (kv_prod); a model with production
      * caches refuses a backend without them. */
     int kv_production;
+    /* Device backends (NULL on the CPU, whose state is host memory): the bytes of its memory
+     * free now for sequence state, less what it keeps for its ops' scratch. */
+    size_t (*state_room)(void);
     /* Device backends only (NULL on the CPU, which reads the weights where they are mapped):
      * place() makes the backend hold the listed arrays (every one its ops read) as
      * kernels/place.h plans them against the device memory free now, writes that plan in words

@@ -226,6 +226,8 @@ static size_t bytes_at(const dsv4_model *m, int64_t n, int cap)
 
 size_t dsv4_seq_bytes_at(const dsv4_model *m, int64_t n_tokens) { return bytes_at(m, n_tokens < 0 ? 0 : n_tokens, 0); }
 
+size_t dsv4_model_state_room(const dsv4_model *m) { return m->mem->state_room ? m->mem->state_room() : 0; }
+
 int64_t dsv4_kv_fit(const dsv4_model *m, int lanes, size_t budget)
 {
     if (lanes < 1)

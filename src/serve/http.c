@@ -1074,10 +1074,19 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
     s.a.family = mi.family;
     { /* admission: the context each lane can reach within the KV-cache budget, before any allocation */
         int lanes = o->n_lanes ? o->n_lanes : 4;
-        size_t budget = o->kv_budget;
-        if (!budget) {
+        size_t budget = o->kv_budget, room = dsv4_model_state_room(s.m);
+        const char *where = "KV-cache budget";
+        if (!budget && room) { /* the state lives in device memory: what the weights left of it */
+            budget = room;
+            where = "the device memory free after the weights";
+        } else if (!budget) {
             long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
             budget = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 2 : (size_t)8 << 30;
+        } else if (room && budget > room) {
+            dsv4_log("dsv4 serve: --kv-budget-mb %.0f is more than the %.0f MB of device memory free after the weights: "
+                     "admitting within that", budget / 1048576.0, room / 1048576.0);
+            budget = room;
+            where = "the device memory free after the weights";
         }
         int64_t fit = dsv4_kv_fit(s.m, lanes, budget);
         if (fit < 1) {
@@ -1092,8 +1101,8 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
             s.a.ctx = fit;
             s.a.kv_limited = 1;
         }
-        dsv4_log("dsv4 serve: %s KV caches; %lld tokens of context for each of %d lanes within %.0f MB of KV-cache budget "
-                 "(%.1f B/token)", dsv4_model_kv(s.m), (long long)s.a.ctx, lanes, budget / 1048576.0,
+        dsv4_log("dsv4 serve: %s KV caches; %lld tokens of context for each of %d lanes within %.0f MB of %s "
+                 "(%.1f B/token)", dsv4_model_kv(s.m), (long long)s.a.ctx, lanes, budget / 1048576.0, where,
                  (double)(dsv4_seq_bytes_at(s.m, 1 << 20) - dsv4_seq_bytes_at(s.m, 0)) / (1 << 20));
     }
     s.api_key = o->api_key;

@@ -120,6 +120,11 @@ static void size_check(dsv4_model *mx, dsv4_model *mp, const char *name, const i
         int64_t fit = dsv4_kv_fit(ms[k], 3, budget);
         CHECK(fit >= 1 && dsv4_kv_fit(ms[k], 4, budget) <= fit && dsv4_kv_fit(ms[k], 3, 1000) == 0,
               "%s %s: admission for 3 lanes %lld tokens", name, dsv4_model_kv(ms[k]), (long long)fit);
+        /* where the state lives in device memory, admission can ask how much of it is free */
+        const char *dev = getenv("DSV4_TEST_DEVICE");
+        size_t room = dsv4_model_state_room(ms[k]);
+        CHECK(dev && !strcmp(dev, "cuda") ? room > dsv4_seq_bytes_at(ms[k], 4096) : room == 0,
+              "%s %s: state room %zu bytes on %s", name, dsv4_model_kv(ms[k]), room, dev ? dev : "cpu");
     }
     double px = (double)(dsv4_seq_bytes_at(mx, 1 << 20) - dsv4_seq_bytes_at(mx, 0)) / (1 << 20),
            pp = (double)(dsv4_seq_bytes_at(mp, 1 << 20) - dsv4_seq_bytes_at(mp, 0)) / (1 << 20);

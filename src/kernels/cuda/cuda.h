@@ -46,6 +46,9 @@ int dsv4_cuda_pin_weight(const dsv4_weight *w, dsv4_err *err);
 size_t dsv4_cuda_weight_bytes(const dsv4_weight *w);
 /* Free and total device memory now (cudaMemGetInfo). */
 int dsv4_cuda_mem(size_t *free_b, size_t *total_b, dsv4_err *err);
+/* The table's state_room: free device memory less the reserve the placement keeps (place.c),
+ * 0 when it cannot be read. */
+size_t dsv4_cuda_state_room(void);
 /* Bytes held by put copies: on the device, and pinned on the host. */
 void dsv4_cuda_usage(size_t *device_b, size_t *pinned_b);
 

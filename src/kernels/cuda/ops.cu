@@ -67,6 +67,7 @@ static dsv4_backend make_table(void)
     t.attn_step41 = cu_attn_step41;
     t.attn41_work = cu_attn41_work;
     t.kv_production = 1;
+    t.state_room = dsv4_cuda_state_room;
     t.route = cu_route;
     t.experts = cu_experts;
     t.round_bf16 = cu_round_bf16;

@@ -26,6 +26,15 @@ static double parse_bytes(const char *s)
  * prefill chunk's activations), the CUDA context's own growth. */
 #define CUDA_RESERVE ((size_t)1 << 30)
 
+size_t dsv4_cuda_state_room(void)
+{
+    size_t fr = 0, tot = 0;
+    dsv4_err err = {0};
+    if (dsv4_cuda_mem(&fr, &tot, &err))
+        return 0;
+    return fr > CUDA_RESERVE ? fr - CUDA_RESERVE : 0;
+}
+
 /* Host memory kept free at load beside the pinned weights: the process's own buffers, caches
  * that live in host memory (V4.1's), the mapped checkpoint's working pages. */
 #define HOST_RESERVE ((size_t)2 << 30)
