@@ -18,7 +18,9 @@
  * the window ring's rows, every read of them decodes (kvrow.cuh), and the attention reads the
  * step's own window rows through the same round trip (k_window_rt), so a row sees what the
  * stored rows hold whichever step wrote them. The indexer scores its rows in passes of
- * score_rows rows: its scratch stays bounded however long the context. */
+ * score_rows rows: its scratch stays bounded however long the context. k_emit, k_iscore and
+ * k_attn are built once per kind of cache (PROD), so with exact caches their reads carry no
+ * format test (a per-value test serializes a row's loads). */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
