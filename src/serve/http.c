@@ -1076,17 +1076,15 @@ int dsv4_serve(const dsv4_server_opts *o, dsv4_err *err)
         int lanes = o->n_lanes ? o->n_lanes : 4;
         size_t budget = o->kv_budget, room = dsv4_model_state_room(s.m);
         const char *where = "KV-cache budget";
-        if (!budget && room) { /* the state lives in device memory: what the weights left of it */
+        if (room && budget > room)
+            dsv4_log("dsv4 serve: --kv-budget-mb %.0f is more than the %.0f MB of device memory free after the weights: "
+                     "admitting within that", budget / 1048576.0, room / 1048576.0);
+        if (room && (!budget || budget > room)) { /* the state lives in device memory: what the weights left */
             budget = room;
             where = "the device memory free after the weights";
         } else if (!budget) {
             long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
             budget = pages > 0 && psz > 0 ? (size_t)pages * (size_t)psz / 2 : (size_t)8 << 30;
-        } else if (room && budget > room) {
-            dsv4_log("dsv4 serve: --kv-budget-mb %.0f is more than the %.0f MB of device memory free after the weights: "
-                     "admitting within that", budget / 1048576.0, room / 1048576.0);
-            budget = room;
-            where = "the device memory free after the weights";
         }
         int64_t fit = dsv4_kv_fit(s.m, lanes, budget);
         if (fit < 1) {
