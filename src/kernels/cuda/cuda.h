@@ -72,7 +72,7 @@ void dsv4_cuda_set_poison(int on);
  * attention and indexer too). In every mode a row's bits do not depend on the batch; the modes
  * differ from each other in rounding. Set it before the first op and leave it (a process's rows
  * must all come from one path). DSV4_CUDA_TC in the environment sets it at the first op: 1 ALL,
- * 0 OFF, unset ATTN. */
+ * 0 OFF, unset (or any other value, e.g. attn) ATTN. */
 enum { DSV4_CUDA_TC_OFF = 0, DSV4_CUDA_TC_ALL = 1, DSV4_CUDA_TC_ATTN = 2 };
 void dsv4_cuda_set_tensor_cores(int mode);
 int dsv4_cuda_tensor_cores(void);

@@ -200,7 +200,7 @@ extern "C" int dsv4_cuda_tensor_cores(void)
 {
     if (g_tc < 0) {
         const char *e = getenv("DSV4_CUDA_TC");
-        g_tc = !e || !*e ? DSV4_CUDA_TC_ATTN : !strcmp(e, "1") ? DSV4_CUDA_TC_ALL : DSV4_CUDA_TC_OFF;
+        g_tc = e && !strcmp(e, "1") ? DSV4_CUDA_TC_ALL : e && !strcmp(e, "0") ? DSV4_CUDA_TC_OFF : DSV4_CUDA_TC_ATTN;
     }
     return g_tc;
 }
