@@ -103,6 +103,8 @@ test-cuda: all
 	DSV4_TEST_DEVICE=cuda $(BUILD)/tests/test_draft
 	DSV4_TEST_DEVICE=cuda $(BUILD)/tests/test_kv
 	DSV4_TEST_DEVICE=cuda DSV4_TEST_KV=production $(BUILD)/tests/test_lanes
+	bash tests/cuda/draft_cuda.sh $(BUILD)
+	bash tests/cuda/serve_cuda.sh $(BUILD)
 	DSV4_CUDA_TC=1 $(BUILD)/tests/cuda/test_cuda_ops
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v4_fixtures
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v41_fixtures

@@ -137,6 +137,7 @@ ok draft $B/tests/test_draft
 ok mtp $B/tests/test_mtp
 ok dspark $B/tests/test_dspark
 ok drafts bash tests/cuda/draft_cuda.sh $B
+ok serve bash tests/cuda/serve_cuda.sh $B
 ok kv $B/tests/test_kv
 ok lanes-prod env DSV4_TEST_KV=production $B/tests/test_lanes
 # the tensor-core path (DSV4_CUDA_TC=1): the op test and the end-to-end contracts again
@@ -165,7 +166,7 @@ ok refuse bash -c "DSV4_CUDA_BUDGET=1M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
 ok refuse-host bash -c "DSV4_CUDA_BUDGET=2.45M DSV4_HOST_BUDGET=64K $B/tests/test_v4_fixtures $F/v4/v4-tiny-a 2>&1 | grep 'do not fit the host'"
 unset DSV4_TEST_DEVICE
 [ -s "$T/failed" ] && rc=1
-for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft mtp dspark drafts kv lanes-prod ops-tc backend-ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc mtp-tc dspark-tc kv-tc ops-fma backend-ops-fma v4-fma kv-fma spill-v4a spill-v4b spill-v4v spill-v41 refuse refuse-host; do
+for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft mtp dspark drafts serve kv lanes-prod ops-tc backend-ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc mtp-tc dspark-tc kv-tc ops-fma backend-ops-fma v4-fma kv-fma spill-v4a spill-v4b spill-v4v spill-v41 refuse refuse-host; do
     echo "== $n"
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done
