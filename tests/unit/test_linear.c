@@ -3,7 +3,9 @@
  * 8, partial scale blocks, sub-ranges of rows. Tolerance per element 1e-5 * sum_k |w_k x_k|.
  * Control: the GPU op test caught an FP8 tail block scaled by 2^-16 (k % 8 != 0); the planted
  * control here is a reference with one scale block changed, which must be caught. Each case also
- * checks that a row computed alone (T = 1) equals the same row in the batch, bit for bit. */
+ * checks that a row computed alone (T = 1) equals the same row in the batch, bit for bit; the
+ * batches of more than 128 inputs over ragged row counts cross the CPU kernel's input tiles and
+ * the ends of its 16-row panels and 4-row groups. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -120,5 +122,9 @@ int main(void)
     one(DSV4_WF_BF16, 40, 1024, 0, 0, 0, 0, 40, 3);
     one(DSV4_WF_F16, 20, 77, 0, 0, 0, 0, 20, 2);
     one(DSV4_WF_F32, 20, 131, 0, 0, 0, 0, 20, 3);
+    one(DSV4_WF_FP8, 37, 300, 128, 128, 1, 0, 37, 131);
+    one(DSV4_WF_FP4, 53, 256, 1, 32, 1, 2, 53, 130);
+    one(DSV4_WF_BF16, 21, 100, 0, 0, 0, 0, 21, 129);
+    one(DSV4_WF_F32, 18, 40, 0, 0, 0, 1, 18, 257);
     return check_summary("linear");
 }

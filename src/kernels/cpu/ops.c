@@ -157,6 +157,49 @@ static inline void block_fma(const float *blk, const float *x, int len, float f,
 }
 
 #ifdef __AVX2__
+/* block_fma for four rows against one x block: each row's operations and their order are
+ * block_fma's (its two 8-lane partial sums, the remainder of 8, the factor, the ragged tail),
+ * and each x vector is loaded once for the four. blk: four blocks `stride` floats apart;
+ * a: four accumulators of 9 floats, `astride` floats apart. */
+static inline void block_fma4(const float *blk, int64_t stride, const float *x, int len, const float *f, float *a,
+                              int64_t astride)
+{
+    const float *b0 = blk, *b1 = blk + stride, *b2 = blk + 2 * stride, *b3 = blk + 3 * stride;
+    __m256 p0 = _mm256_setzero_ps(), p1 = p0, p2 = p0, p3 = p0, q0 = p0, q1 = p0, q2 = p0, q3 = p0;
+    int j = 0;
+    for (; j + 16 <= len; j += 16) {
+        __m256 xa = _mm256_loadu_ps(x + j), xb = _mm256_loadu_ps(x + j + 8);
+        p0 = _mm256_fmadd_ps(_mm256_loadu_ps(b0 + j), xa, p0);
+        q0 = _mm256_fmadd_ps(_mm256_loadu_ps(b0 + j + 8), xb, q0);
+        p1 = _mm256_fmadd_ps(_mm256_loadu_ps(b1 + j), xa, p1);
+        q1 = _mm256_fmadd_ps(_mm256_loadu_ps(b1 + j + 8), xb, q1);
+        p2 = _mm256_fmadd_ps(_mm256_loadu_ps(b2 + j), xa, p2);
+        q2 = _mm256_fmadd_ps(_mm256_loadu_ps(b2 + j + 8), xb, q2);
+        p3 = _mm256_fmadd_ps(_mm256_loadu_ps(b3 + j), xa, p3);
+        q3 = _mm256_fmadd_ps(_mm256_loadu_ps(b3 + j + 8), xb, q3);
+    }
+    if (j + 8 <= len) {
+        __m256 xa = _mm256_loadu_ps(x + j);
+        p0 = _mm256_fmadd_ps(_mm256_loadu_ps(b0 + j), xa, p0);
+        p1 = _mm256_fmadd_ps(_mm256_loadu_ps(b1 + j), xa, p1);
+        p2 = _mm256_fmadd_ps(_mm256_loadu_ps(b2 + j), xa, p2);
+        p3 = _mm256_fmadd_ps(_mm256_loadu_ps(b3 + j), xa, p3);
+        j += 8;
+    }
+    __m256 p[4] = {p0, p1, p2, p3}, q[4] = {q0, q1, q2, q3};
+    for (int r = 0; r < 4; r++) {
+        float *ar = a + r * astride;
+        const float *br = blk + r * stride;
+        _mm256_storeu_ps(ar, _mm256_fmadd_ps(_mm256_add_ps(p[r], q[r]), _mm256_set1_ps(f[r]), _mm256_loadu_ps(ar)));
+        float t = 0;
+        for (int i = j; i < len; i++)
+            t += br[i] * x[i];
+        ar[8] += t * f[r];
+    }
+}
+#endif
+
+#ifdef __AVX2__
 /* One row times one input (decode): FP8 and FP4 blocks decoded in registers and multiplied
  * at once. The operations and their order are those of decode_block + block_fma, so a row
  * computed here equals the same row computed for a batch, bit for bit (BF16 gains nothing
@@ -224,8 +267,22 @@ static int can_fuse(const dsv4_weight *w, int64_t bk, int T)
 }
 #endif
 
-/* A thread owns whole output rows; for each row the blocks are decoded once and multiplied
- * into every input row's accumulator (so prefill reads each weight once per step). */
+/* Several input rows (T > 1) take panels of LIN_RB output rows: a panel's blocks are decoded
+ * once per tile of LIN_TT inputs, and each x block, read from memory once per panel and input,
+ * serves the panel's rows from L1 (a row at a time would stream all of x from memory for
+ * every output row). The tile's accumulators, LIN_RB x LIN_TT x 9 floats, stay in L2. */
+enum { LIN_RB = 16, LIN_TT = 128 };
+
+static inline float lin_sum(const float *a)
+{
+    return (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) + a[8];
+}
+
+/* y[t, i] for the rows of W from r0 (shapes as linear). T = 1: a thread owns whole output rows,
+ * each decoded and multiplied in one pass. T > 1: panels as above. Either way each (row,
+ * input) sums its blocks in order, each block as block_fma does, then lin_sum: the same
+ * operations in the same order for every batch, so a row alone equals the row in any batch,
+ * bit for bit. */
 static void cpu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                        int64_t ldy)
 {
@@ -236,31 +293,66 @@ static void cpu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float
     int64_t k = w->k, nr = r1 - r0;
     int64_t bk = w->form == DSV4_WF_FP8 ? w->bk : w->form == DSV4_WF_FP4 ? w->bk * (w->bk < 256 ? 256 / w->bk : 1) : 256;
     int64_t nb = (k + bk - 1) / bk;
+    if (T == 1) {
 #ifdef __AVX2__
-    int fuse = can_fuse(w, bk, T);
+        int fuse = can_fuse(w, bk, T);
 #endif
 #pragma omp parallel
-    {
-        float *blk = malloc(bk * sizeof(float)), *acc = malloc((size_t)T * 9 * sizeof(float));
+        {
+            float *blk = malloc(bk * sizeof(float)), acc[9];
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < nr; i++) {
-            memset(acc, 0, (size_t)T * 9 * sizeof(float));
+            for (int64_t i = 0; i < nr; i++) {
+                memset(acc, 0, sizeof acc);
 #ifdef __AVX2__
-            if (fuse) {
-                row_fused(w, r0 + i, bk, x, acc);
-                y[i] = (((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))) + acc[8];
-                continue;
-            }
+                if (fuse) {
+                    row_fused(w, r0 + i, bk, x, acc);
+                    y[i] = lin_sum(acc);
+                    continue;
+                }
 #endif
-            for (int64_t b = 0; b < nb; b++) {
-                int len = (int)(k - b * bk < bk ? k - b * bk : bk);
-                float f = decode_block(w, r0 + i, b, bk, len, blk);
-                for (int t = 0; t < T; t++)
-                    block_fma(blk, x + t * ldx + b * bk, len, f, acc + 9 * t, acc + 9 * t + 8);
+                for (int64_t b = 0; b < nb; b++) {
+                    int len = (int)(k - b * bk < bk ? k - b * bk : bk);
+                    float f = decode_block(w, r0 + i, b, bk, len, blk);
+                    block_fma(blk, x + b * bk, len, f, acc, acc + 8);
+                }
+                y[i] = lin_sum(acc);
             }
-            for (int t = 0; t < T; t++) {
-                const float *a = acc + 9 * t;
-                y[t * ldy + i] = (((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]))) + a[8];
+            free(blk);
+        }
+        return;
+    }
+    int64_t np = (nr + LIN_RB - 1) / LIN_RB;
+#pragma omp parallel
+    {
+        float *blk = malloc((size_t)LIN_RB * bk * sizeof(float)), *acc = malloc((size_t)LIN_RB * LIN_TT * 9 * sizeof(float));
+        float f[LIN_RB];
+#pragma omp for schedule(static)
+        for (int64_t p = 0; p < np; p++) {
+            int64_t i0 = p * LIN_RB;
+            int rb = (int)(nr - i0 < LIN_RB ? nr - i0 : LIN_RB);
+            for (int t0 = 0; t0 < T; t0 += LIN_TT) {
+                int tt = T - t0 < LIN_TT ? T - t0 : LIN_TT;
+                memset(acc, 0, (size_t)rb * tt * 9 * sizeof(float));
+                for (int64_t b = 0; b < nb; b++) {
+                    int len = (int)(k - b * bk < bk ? k - b * bk : bk);
+                    for (int r = 0; r < rb; r++)
+                        f[r] = decode_block(w, r0 + i0 + r, b, bk, len, blk + r * bk);
+                    for (int t = 0; t < tt; t++) {
+                        const float *xb = x + (int64_t)(t0 + t) * ldx + b * bk;
+                        int r = 0;
+#ifdef __AVX2__
+                        for (; r + 4 <= rb; r += 4)
+                            block_fma4(blk + r * bk, bk, xb, len, f + r, acc + ((int64_t)r * tt + t) * 9, (int64_t)tt * 9);
+#endif
+                        for (; r < rb; r++) {
+                            float *a = acc + ((int64_t)r * tt + t) * 9;
+                            block_fma(blk + r * bk, xb, len, f[r], a, a + 8);
+                        }
+                    }
+                }
+                for (int r = 0; r < rb; r++)
+                    for (int t = 0; t < tt; t++)
+                        y[(int64_t)(t0 + t) * ldy + i0 + r] = lin_sum(acc + ((int64_t)r * tt + t) * 9);
             }
         }
         free(blk);
