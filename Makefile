@@ -1,5 +1,6 @@
 # dsv4 — plain make. `make` builds build/libdsv4.a and build/dsv4; `make test` runs every test.
-# PORTABLE=1 drops -march=x86-64-v3 (the scalar kernels take over); CUDA=1 adds the CUDA backend.
+# PORTABLE=1 drops -march=x86-64-v3 (the scalar kernels take over); CUDA=1 adds the CUDA backend,
+# with NCCL (several GPUs) where nccl.h is found (NCCL=0: without).
 
 CC      ?= cc
 BUILD   ?= build
@@ -30,7 +31,13 @@ CU_C_SRC := $(wildcard src/kernels/cuda/*.c)
 CU_OBJ   := $(CU_SRC:%.cu=$(BUILD)/%.o) $(CU_C_SRC:%.c=$(BUILD)/%.o)
 CFLAGS   += -DDSV4_CUDA
 LDLIBS   += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++
-CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_ops $(BUILD)/tests/cuda/test_cuda_exl3 $(BUILD)/tests/cuda/bench_cuda
+# NCCL (several GPUs, docs/multigpu.md): on where its header is found; NCCL=0 leaves it out
+NCCL ?= $(shell test -f $(CUDA_HOME)/include/nccl.h && echo 1)
+ifeq ($(NCCL),1)
+NVFLAGS  += -DDSV4_NCCL
+LDLIBS   += -L$(CUDA_HOME)/lib -lnccl
+endif
+CUDA_TEST_BIN := $(BUILD)/tests/cuda/test_cuda_ops $(BUILD)/tests/cuda/test_cuda_ranks $(BUILD)/tests/cuda/test_cuda_exl3 $(BUILD)/tests/cuda/bench_cuda
 endif
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
@@ -105,7 +112,10 @@ test-cuda: all
 	DSV4_TEST_DEVICE=cuda DSV4_TEST_KV=production $(BUILD)/tests/test_lanes
 	bash tests/cuda/draft_cuda.sh $(BUILD)
 	bash tests/cuda/serve_cuda.sh $(BUILD)
+	$(BUILD)/tests/cuda/test_cuda_ranks
+	bash tests/cuda/ranks_cuda.sh $(BUILD)
 	DSV4_CUDA_TC=1 $(BUILD)/tests/cuda/test_cuda_ops
+	DSV4_CUDA_TC=1 $(BUILD)/tests/cuda/test_cuda_ranks
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v4_fixtures
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v41_fixtures
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 $(BUILD)/tests/test_batch

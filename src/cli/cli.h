@@ -49,6 +49,7 @@ int cli_json_lines(const char *cmd, int (*fn)(void *ctx, const char *s, size_t l
 typedef struct cli_model_opts {
     const char *dir;
     dsv4_load_opts load;
+    int gpus;               /* --gpus N (0: not given) */
 } cli_model_opts;
 /* The model used when no -m is given: a small DeepSeek-V4 trained to answer in English
  * (tools/train/), found beside the program or in the working directory. */
@@ -61,6 +62,18 @@ int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o);
 const char *cli_model_usage(void);
 /* Loads the model with progress, printing the error and returning NULL on failure. */
 dsv4_model *cli_load(cli_model_opts *o, const char *cmd);
+
+/* --gpus N (ranks.c, docs/multigpu.md): before the model loads, start ranks 1 .. N-1 (this
+ * process is rank 0), select each rank's GPU and join the communicator; after it loads,
+ * check every rank loaded the same model. Both return 0, or 1 after printing why. Without
+ * --gpus both do nothing. */
+int cli_ranks_start(cli_model_opts *o, const char *cmd);
+int cli_ranks_check(const dsv4_model *m, const char *cmd);
+/* This process's rank (0 without --gpus): only rank 0 writes output. */
+int cli_rank(void);
+/* At the command's end: rank r > 0 says it finished; rank 0 waits for every rank (one that
+ * fails ends the run) or, after its own failure, ends them. Returns the exit status. */
+int cli_ranks_finish(int rc);
 
 /* Shared option helpers: parse a comma-separated id list into a malloc'd array. */
 int cli_parse_ids(const char *s, int **ids, int *n);

@@ -312,10 +312,16 @@ int dsv4_cmd_bench(int argc, char **argv)
     dsv4_model *m;
     if (synth) {
         o.load.progress = 1;
+        if (cli_ranks_start(&o, "bench"))
+            return 1;
         dsv4_synth_opts so = {.n_layers = layers, .expert_layers = elayers, .engram_rows = erows, .engram_dir = edir};
         m = dsv4_model_synthetic_ext(synth, &so, &o.load, &err);
         if (!m)
             fprintf(stderr, "dsv4 bench: %s\n", err.msg);
+        else if (cli_ranks_check(m, "bench")) {
+            dsv4_model_free(m);
+            m = NULL;
+        }
     } else
         m = cli_load(&o, "bench");
     if (!m)

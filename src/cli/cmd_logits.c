@@ -63,7 +63,7 @@ int dsv4_cmd_logits(int argc, char **argv)
             fprintf(stderr, "dsv4 logits: %s\n", err.msg);
         done += n;
     }
-    if (!rc) {
+    if (!rc && cli_rank() == 0) { /* --gpus: every rank has the logits; rank 0 writes them */
         FILE *f = fopen(out, "wb");
         if (!f || fwrite(lg, sizeof(float), (size_t)T * info.vocab_size, f) != (size_t)T * info.vocab_size) {
             fprintf(stderr, "dsv4 logits: cannot write %s\n", out);

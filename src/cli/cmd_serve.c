@@ -139,6 +139,13 @@ int dsv4_cmd_serve(int argc, char **argv)
     }
     if (cli_model_default(&mo, "serve"))
         return 2;
+    if (mo.gpus > 1) {
+        fprintf(stderr, "dsv4 serve: --gpus above 1 is not built: serving from several GPUs needs rank 0 to hand "
+                        "each step to the others (docs/multigpu.md); --gpus 1 runs the one-GPU path through NCCL\n");
+        return 2;
+    }
+    if (cli_ranks_start(&mo, "serve"))
+        return 1;
     o.model_dir = mo.dir;
     if (!mo.load.kv) /* serving keeps production caches unless told otherwise */
         mo.load.kv = DSV4_KV_AUTO;

@@ -20,6 +20,15 @@ int cli_model_opt(int argc, char **argv, int *i, cli_model_opts *o)
         o->load.n_threads = atoi(argv[++*i]);
     else if (!strcmp(a, "--device"))
         o->load.device = argv[++*i];
+    else if (!strcmp(a, "--gpus")) {
+        char *end;
+        long v = strtol(argv[++*i], &end, 10);
+        if (*end || v < 1 || v > 64) {
+            fprintf(stderr, "dsv4: --gpus takes a count of GPUs from 1 to 64, not '%s'\n", argv[*i]);
+            exit(2);
+        }
+        o->gpus = (int)v;
+    }
     else if (!strcmp(a, "--numerics")) {
         const char *v = argv[++*i];
         if (!strcmp(v, "ref"))
@@ -63,6 +72,8 @@ const char *cli_model_usage(void)
            "                       the project's small English model, " CLI_DEFAULT_MODEL "\n"
            "  --threads N          CPU threads (default: all cores)\n"
            "  --device cpu|cuda    backend (default cpu)\n"
+           "  --gpus N             with --device cuda: one process a GPU, the routed experts spread over\n"
+           "                       them (NCCL; generate, logits and bench; serve with 1; docs/multigpu.md)\n"
            "  --numerics ref|fp32  V4.1 reference rounding or exact fp32 (default: ref for V4.1, fp32 for V4)\n"
            "  --engram-tables auto|resident|streamed\n"
            "                       V4.1 Engram tables through the mapping or read by row from disk\n"
@@ -119,11 +130,23 @@ dsv4_model *cli_load(cli_model_opts *o, const char *cmd)
     if (cli_model_default(o, cmd))
         return NULL;
     o->load.progress = 1;
+    if (o->gpus > 1 && strcmp(cmd, "generate") && strcmp(cmd, "logits") && strcmp(cmd, "bench")) {
+        fprintf(stderr, "dsv4 %s: --gpus above 1 runs generate, logits and bench: a server or a session on several "
+                        "GPUs needs rank 0 to hand each step to the others, which is not built (docs/multigpu.md)\n",
+                cmd);
+        return NULL;
+    }
+    if (cli_ranks_start(o, cmd))
+        return NULL;
     dsv4_err err = {0};
     dsv4_model *m = dsv4_model_load(o->dir, &o->load, &err);
     if (!m)
         fprintf(stderr, "dsv4 %s: %s\n", cmd, err.msg);
-    else if (*dsv4_model_placement(m))
+    else if (*dsv4_model_placement(m) && cli_rank() == 0)
         fprintf(stderr, "placement: %s\n", dsv4_model_placement(m));
+    if (m && cli_ranks_check(m, cmd)) {
+        dsv4_model_free(m);
+        return NULL;
+    }
     return m;
 }

@@ -121,7 +121,7 @@ int main(int argc, char **argv)
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name))
-            return commands[i].run(argc - 1, argv + 1);
+            return cli_ranks_finish(commands[i].run(argc - 1, argv + 1));
     fprintf(stderr, "dsv4: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

@@ -22,6 +22,7 @@ typedef struct dsv4_place_item {
     int64_t n;
     int64_t expert;          /* DSV4_PLACE_HOT, DSV4_PLACE_EMBED, or the expert's number */
     int shared;              /* an expert whose bytes an earlier one has: counted once */
+    int slot;                /* a routed expert's index among its layer's experts; -1 otherwise */
 } dsv4_place_item;
 
 /* Bytes the item holds as stored. */

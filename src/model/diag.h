@@ -95,6 +95,10 @@ void dsv4_device_capture(const char *device, int on);
 /* Where the weights went: the CUDA loader's plan (hot path and routed experts against the
  * device memory available, what is on the GPU, what is in pinned host memory); "" on the CPU. */
 const char *dsv4_model_placement(const dsv4_model *m);
+/* A hash of what decides the model's results (config shapes, numerics, cache format, the
+ * checkpoint's tensor directory and each tensor's first bytes): the ranks of a several-GPU
+ * run compare theirs before the first step. fingerprint.c. */
+uint64_t dsv4_model_fingerprint(const dsv4_model *m);
 
 /* Prints config, layer schedule, tensors by dtype and state cost (for `dsv4 info`). */
 void dsv4_model_print_info(const dsv4_model *m, FILE *f);

@@ -557,8 +557,17 @@ static int add_item(item_list *l, const dsv4_weight *w, const float *a, int64_t 
         l->v = v;
         l->cap = cap;
     }
-    l->v[l->n++] = (dsv4_place_item){.w = w, .a = a, .n = n, .expert = expert, .shared = shared};
+    l->v[l->n++] = (dsv4_place_item){.w = w, .a = a, .n = n, .expert = expert, .shared = shared, .slot = -1};
     return 1;
+}
+
+/* A routed expert's weight: expert number `expert` overall, `slot` within its layer. */
+static int add_expert(item_list *l, const dsv4_weight *w, int64_t expert, int shared, int slot)
+{
+    int k = add_item(l, w, NULL, 0, expert, shared);
+    if (k)
+        l->v[l->n - 1].slot = slot;
+    return k;
 }
 
 /* One layer's arrays and weights, of E routed experts (K a token) numbered from *ne on
@@ -602,9 +611,9 @@ static void layer_items(item_list *l, const dsv4_model *m, const dsv4_layer *L, 
     F(L->ik_norm, c->index_dim);
     for (int e = 0; e < E && L->w1; e++) {
         int sh = li >= 0 && expert_shared(m, li, e);
-        int k = add_item(l, &L->w1[e], NULL, 0, *ne, sh);
-        k += add_item(l, &L->w2[e], NULL, 0, *ne, sh);
-        k += add_item(l, &L->w3[e], NULL, 0, *ne, sh);
+        int k = add_expert(l, &L->w1[e], *ne, sh, e);
+        k += add_expert(l, &L->w2[e], *ne, sh, e);
+        k += add_expert(l, &L->w3[e], *ne, sh, e);
         *ne += k > 0;
     }
     if (c->n_shared > 0) {

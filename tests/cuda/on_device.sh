@@ -30,6 +30,22 @@ else
     echo "== no prebuilt/ and the build failed:"; tail -n 3 "$OUT/build.log"; exit 1
 fi
 mode=${1:-test}
+# NCCL (--gpus): the system's, else the one PyTorch carries; multicast stays off (KINDS.md)
+export NCCL_NVLS_ENABLE=0
+if ! ldconfig -p | grep -q libnccl.so.2; then
+    nd=$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) + "/lib")' 2>/dev/null) &&
+        export LD_LIBRARY_PATH=$nd:${LD_LIBRARY_PATH:-}
+fi
+if [ "$mode" = ranks ]; then
+    # expert parallelism and --gpus alone (docs/multigpu.md), with the ops they touch
+    export DSV4_TEST_DEVICE=cuda
+    r=0
+    for t in "$B/tests/cuda/test_cuda_ranks" "env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ranks" \
+             "bash tests/cuda/ranks_cuda.sh $B"; do
+        echo "== $t"; timeout 300 $t 2>&1 | tail -n 40 || r=1
+    done
+    exit $r
+fi
 run() { echo "== $*"; stdbuf -oL timeout 500 "$@" 2>&1 | grep -v "loading\|building" | tee -a "$OUT/synth.log"; }
 if [ "$mode" = bench ]; then
     # the benchmark table (docs/bench.md), ours: all 43 layers' shapes with the experts of 8
@@ -138,10 +154,13 @@ ok mtp $B/tests/test_mtp
 ok dspark $B/tests/test_dspark
 ok drafts bash tests/cuda/draft_cuda.sh $B
 ok serve bash tests/cuda/serve_cuda.sh $B
+ok ranks-ops $B/tests/cuda/test_cuda_ranks
+ok ranks bash tests/cuda/ranks_cuda.sh $B
 ok kv $B/tests/test_kv
 ok lanes-prod env DSV4_TEST_KV=production $B/tests/test_lanes
 # the tensor-core path (DSV4_CUDA_TC=1): the op test and the end-to-end contracts again
 ok ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ops
+ok ranks-ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ranks
 ok backend-ops-tc env DSV4_CUDA_TC=1 $B/tests/test_backend_ops
 ok v4-tc env DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $B/tests/test_v4_fixtures
 ok v41-tc env DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $B/tests/test_v41_fixtures
@@ -166,7 +185,7 @@ ok refuse bash -c "DSV4_CUDA_BUDGET=1M $B/tests/test_v4_fixtures $F/v4/v4-tiny-a
 ok refuse-host bash -c "DSV4_CUDA_BUDGET=2.45M DSV4_HOST_BUDGET=64K $B/tests/test_v4_fixtures $F/v4/v4-tiny-a 2>&1 | grep 'do not fit the host'"
 unset DSV4_TEST_DEVICE
 [ -s "$T/failed" ] && rc=1
-for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft mtp dspark drafts serve kv lanes-prod ops-tc backend-ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc mtp-tc dspark-tc kv-tc ops-fma backend-ops-fma v4-fma kv-fma spill-v4a spill-v4b spill-v4v spill-v41 refuse refuse-host; do
+for n in ops backend-ops exl3ops v4 v41 batch lanes mini draft mtp dspark drafts serve ranks-ops ranks kv lanes-prod ops-tc ranks-ops-tc backend-ops-tc v4-tc v41-tc batch-tc lanes-tc mini-tc draft-tc mtp-tc dspark-tc kv-tc ops-fma backend-ops-fma v4-fma kv-fma spill-v4a spill-v4b spill-v4v spill-v41 refuse refuse-host; do
     echo "== $n"
     grep -E "placement|passed|does not fit|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
 done

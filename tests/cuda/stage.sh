@@ -17,8 +17,9 @@ for f in dsv4 tests/test_backend_ops tests/test_v4_fixtures tests/test_v41_fixtu
     [ "$f" = tests/cuda/bench_cuda ] && [ "${STAGE_BENCH_CUDA:-0}" != 1 ] && continue
     [ -f "$B/$f" ] && install -s "$B/$f" "$D/prebuilt/$f"
 done
-# every library the CLI links but the C runtime's own (the image lacks libmicrohttpd and its TLS stack)
-ldd "$B/dsv4" | awk '$3 ~ /^\// {print $3}' | grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt|libcudart)\.so' |
+# every library the CLI links but the C runtime's own (the image lacks libmicrohttpd and its TLS
+# stack) and NCCL's (200 MB; on_device.sh finds the system's or PyTorch's)
+ldd "$B/dsv4" | awk '$3 ~ /^\// {print $3}' | grep -v -E '/(libc|libm|libstdc\+\+|libgcc_s|libdl|libpthread|librt|libcudart|libnccl)\.so' |
     while read -r l; do cp -L "$l" "$D/lib/"; done
 cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$D/lib/" 2>/dev/null ||
     cp -L "$(find / -name 'libcudart.so.13' 2>/dev/null | head -1)" "$D/lib/"

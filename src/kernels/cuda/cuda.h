@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-/* Selects device 0. Fails with DSV4_E_DEVICE, saying why, when no usable GPU is there.
+/* Selects the device dsv4_cuda_select named (0 unless it was called). Fails with DSV4_E_DEVICE, saying why, when no usable GPU is there.
  * DSV4_CUDA_POISON=1 in the environment turns poisoning on (see dsv4_cuda_set_poison). */
 int dsv4_cuda_init(dsv4_err *err);
 /* "NVIDIA H200, 139.8 GiB, sm_90" after a successful init. */
@@ -107,6 +107,33 @@ unsigned long dsv4_cuda_experts_staged(void);
 size_t dsv4_cuda_host_bytes(const dsv4_weight *w);
 /* cudaProfilerStart (on) or cudaProfilerStop, after the queued work finished. measure.cu. */
 void dsv4_cuda_capture(int on);
+
+/* Several GPUs, one process each (comm.cu, docs/multigpu.md). Before dsv4_cuda_init: the
+ * device this process uses. */
+int dsv4_cuda_select(int dev, dsv4_err *err);
+/* GPUs this machine has (0, with the reason in err, when none can be counted). */
+int dsv4_cuda_gpu_count(dsv4_err *err);
+/* Whether this build has NCCL (make CUDA=1 NCCL=1; on by default where nccl.h is found). */
+int dsv4_cuda_comm_built(void);
+/* Rank 0 makes the communicator's id (DSV4_CUDA_COMM_ID_BYTES) and hands it to every other
+ * rank; each joins with it (after selecting its device). A failure names NCCL's reason. */
+#define DSV4_CUDA_COMM_ID_BYTES 128
+int dsv4_cuda_comm_id(void *id, dsv4_err *err);
+int dsv4_cuda_comm_init(int world, int rank, const void *id, dsv4_err *err);
+/* out [world * bytes] = every rank's in [bytes], in rank order (host buffers; waits). */
+int dsv4_cuda_allgather(const void *in, size_t bytes, void *out, dsv4_err *err);
+void dsv4_cuda_comm_free(void);
+/* Expert parallel: of each experts op's routed experts, this process holds and computes only
+ * expert e with e % world == rank; the pairs' outputs are summed over the ranks (each pair is
+ * one rank's, the others add -0), so every rank gets the one-GPU result bit for bit. Set
+ * before loading (placement leaves the other experts off the device). */
+int dsv4_cuda_set_experts_rank(int rank, int world, dsv4_err *err);
+/* Whether expert number `slot` of its layer is this process's (negative: not an expert). */
+int dsv4_cuda_expert_owned(int64_t slot);
+/* Tests: the experts op hands its pair outputs (device [R * K * D], -0 where not this rank's)
+ * to fn before the weighted sum, instead of the all-reduce; NULL restores. */
+typedef void (*dsv4_cuda_pairs_hook)(float *dev_pairs, size_t n, void *ctx);
+void dsv4_cuda_set_pairs_hook(dsv4_cuda_pairs_hook fn, void *ctx);
 
 #ifdef __cplusplus
 }

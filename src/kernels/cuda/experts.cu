@@ -55,6 +55,10 @@ static const wdev *expert_table(const dsv4_weight *w, int E, int K, const int **
     }
     for (int e = 0; e < E; e++) {
         const dsv4_weight *b = &w[e];
+        if (!dsv4_cuda_expert_owned(e)) { /* another rank's: never read here */
+            memset(&h[e], 0, sizeof h[e]);
+            continue;
+        }
         if (b->form != a->form || b->n != a->n || b->k != a->k || b->bn != a->bn || b->bk != a->bk ||
             b->scale_e8m0 != a->scale_e8m0 || (b->scale == NULL) != (a->scale == NULL) || b->form >= DSV4_WF_EXL3) {
             fail(DSV4_E_UNSUPPORTED, "cuda: experts: weight %s differs from %s in form, shape or blocks",
@@ -107,11 +111,13 @@ static const wdev *expert_table(const dsv4_weight *w, int E, int K, const int **
 
 /* The (row, k) pairs grouped by expert, stable by pair index: cnt/off per expert, ord the
  * pairs in expert order, tiles of up to `tile` pairs of one expert as (expert, first, rows).
- * One block of EX_SORT threads, E <= EX_SORT; pairs with an expert outside 0..E-1 are left out. */
+ * One block of EX_SORT threads, E <= EX_SORT; pairs with an expert outside 0..E-1, or another
+ * rank's (e % world != rank), are left out. */
 enum { EX_SORT = 1024 };
 
-__global__ void __launch_bounds__(EX_SORT) k_ex_sort(const int32_t *eid, int RK, int E, int tile, int *cnt, int *off,
-                                                     int *ord, int *tiles, int *ntiles)
+__global__ void __launch_bounds__(EX_SORT) k_ex_sort(const int32_t *eid, int RK, int E, int tile, int rank,
+                                                     int world, int *cnt, int *off, int *ord, int *tiles,
+                                                     int *ntiles)
 {
     PDL_WAIT();
     /* counts and offsets in shared memory */
@@ -122,7 +128,7 @@ __global__ void __launch_bounds__(EX_SORT) k_ex_sort(const int32_t *eid, int RK,
     __syncthreads();
     for (int i = threadIdx.x; i < RK; i += EX_SORT) {
         int e = eid[i];
-        if (e >= 0 && e < E)
+        if (e >= 0 && e < E && e % world == rank)
             atomicAdd(&scnt[e], 1);
     }
     __syncthreads();
@@ -168,13 +174,14 @@ __global__ void __launch_bounds__(EX_SORT) k_ex_sort(const int32_t *eid, int RK,
     }
     /* thread e places expert e's pairs in pair order */
     int e = threadIdx.x, at = e < E ? soff[e] : 0;
+    bool mine = e < E && e % world == rank;
     for (int c0 = 0; c0 < RK; c0 += EX_SORT) {
         __syncthreads();
         if (c0 + threadIdx.x < RK)
             chunk[threadIdx.x] = eid[c0 + threadIdx.x];
         __syncthreads();
         int n = min(EX_SORT, RK - c0);
-        if (e < E)
+        if (mine)
             for (int i = 0; i < n; i++)
                 if (chunk[i] == e)
                     ord[at++] = c0 + i;
@@ -470,8 +477,12 @@ static void experts_by_expert(const dsv4_experts_args *a)
     ok = ok && !CK(cudaMemcpyAsync(eid, a->eid, RK * sizeof(int32_t), cudaMemcpyDefault, stream)) &&
          !CK(cudaMemcpyAsync(hw, a->wts, rkb, cudaMemcpyDefault, stream)) &&
          !CK(cudaMemcpyAsync(xd, a->x, by, cudaMemcpyDefault, stream)) && !CK(cudaStreamSynchronize(stream));
+    if (ok)
+        ep_clear(Y, (int64_t)RK * D);
     for (int e = 0; e < E && ok; e++) {
         int n = 0;
+        if (!dsv4_cuda_expert_owned(e))
+            continue;
         for (int i = 0; i < RK; i++)
             if (eid[i] == e) {
                 rows[n] = i;
@@ -495,6 +506,12 @@ static void experts_by_expert(const dsv4_experts_args *a)
         for (int i = 0; i < n && ok; i++)
             ok = !CK(cudaMemcpyAsync(Y + (size_t)rows[i] * D, yb + (size_t)i * D, D * sizeof(float),
                                      cudaMemcpyDeviceToDevice, stream));
+    }
+    if (ok) {
+        pthread_mutex_lock(&dsv4cu::lock);
+        ep_reduce(Y, (size_t)RK * D);
+        ok = !errp()->code;
+        pthread_mutex_unlock(&dsv4cu::lock);
     }
     ok = ok && !CK(cudaMemcpyAsync(de, eid, RK * sizeof(int32_t), cudaMemcpyHostToDevice, stream)) &&
          !CK(cudaMemcpyAsync(dw + RK, hw, rkb, cudaMemcpyHostToDevice, stream));
@@ -588,7 +605,9 @@ static void experts_run(const dsv4_experts_args *a)
         if (dsv4cu::poison)
             CK(cudaMemsetAsync(a->y, 0xff, by, stream));
         prof_split("experts: host part");
-        launch_k(k_ex_sort, 1, EX_SORT, (2 * (size_t)E + EX_SORT) * sizeof(int), stream, a->eid, (int)RK, E, tile, cnt, off, ord, tiles, ntiles);
+        launch_k(k_ex_sort, 1, EX_SORT, (2 * (size_t)E + EX_SORT) * sizeof(int), stream, a->eid, (int)RK, E, tile, ep_rank, ep_world, cnt, off, ord,
+                                                                                 tiles, ntiles);
+        ep_clear(Y, RK * D);
         prof_split("experts: grouping");
         /* routed experts in pinned host memory: copied in first, read from device memory */
         ex_tables xt = {{t1, t2, t3}, {h1, h2, h3}};
@@ -621,6 +640,7 @@ static void experts_run(const dsv4_experts_args *a)
             }
             if (a->ref && launched("experts"))
                 round_bf16_launch(Y, RK * D);
+            ep_reduce(Y, (size_t)RK * D);
             launch_k(k_ex_sum, (unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream, Y, a->wts, a->eid, E, K, D,
                                                                                (int64_t)R * D, a->pre_weight, a->y);
             if (launched("experts sum") && !errp()->code)

@@ -26,6 +26,16 @@ extern pthread_mutex_t lock;
 extern cudaStream_t stream;
 extern int poison;              /* NaN-fill device outputs before kernels write them */
 extern int capturing;           /* inside graph_begin .. graph_end */
+extern int ordinal;             /* the device this process uses (dsv4_cuda_select) */
+/* Expert parallel (comm.cu): this process computes routed expert e only when
+ * e % ep_world == ep_rank. */
+extern int ep_rank, ep_world;
+/* Before an experts op computes its pairs: Y [n] filled with -0 where pairs are left to other
+ * ranks (nothing when this process computes every pair and has no communicator). */
+void ep_clear(float *Y, int64_t n);
+/* After: Y [n] summed over the ranks in place on the stream (the NCCL all-reduce), or handed
+ * to the test hook (dsv4_cuda_set_pairs_hook); nothing in a world of one without NCCL. */
+void ep_reduce(float *Y, size_t n);
 
 /* Where an op records a failure: the first-error slot, or while recording the recording's
  * own slot (a failed recording returns NULL from graph_end, and the ops run again). */

@@ -120,7 +120,7 @@ int dsv4cu::tc_blocks(int64_t nr)
 static int sm_count(void)
 {
     static int n;
-    if (!n && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, 0) != cudaSuccess)
+    if (!n && cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, ordinal) != cudaSuccess)
         n = 132;
     return n;
 }

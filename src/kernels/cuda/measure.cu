@@ -75,11 +75,11 @@ extern "C" double dsv4_cuda_host_read_bandwidth(void)
     size_t n = (size_t)1 << 30;
     void *h = NULL, *d = NULL;
     unsigned *o = NULL;
-    int sms = 0;
+    int sms = 0, dev = 0;
     double r = 0;
     if (cudaHostAlloc(&h, n, cudaHostAllocMapped) == cudaSuccess && cudaHostGetDevicePointer(&d, h, 0) == cudaSuccess &&
-        cudaMalloc((void **)&o, sizeof *o) == cudaSuccess &&
-        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess) {
+        cudaMalloc((void **)&o, sizeof *o) == cudaSuccess && cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess) {
         memset(h, 1, n);
         r = best_rate([&] { k_read_words<<<sms * 8, 256>>>((const uint4 *)d, n / 16, o); }, (double)n);
     }

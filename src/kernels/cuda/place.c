@@ -81,8 +81,35 @@ static int host_avail(size_t *out, dsv4_err *err)
 /* Available for weights: free device memory less CUDA_RESERVE, or DSV4_CUDA_BUDGET when that is
  * smaller; it lets the spill path be exercised on a GPU where everything fits. What spills must
  * fit host_avail, checked before anything moves. */
+/* Whether this process holds the item: every rank holds all but the routed experts, which
+ * are spread over the ranks (dsv4_cuda_set_experts_rank). */
+static int mine(const dsv4_place_item *it) { return it->expert < 0 || dsv4_cuda_expert_owned(it->slot); }
+
+static int place_mine(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
+                      dsv4_err *err);
+
 int dsv4_cuda_place(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
                     dsv4_err *err)
+{
+    int64_t k = 0;
+    for (int64_t i = 0; i < n; i++)
+        k += mine(&items[i]);
+    if (k == n)
+        return place_mine(items, n, report, report_n, experts_host, err);
+    dsv4_place_item *v = malloc((size_t)(k ? k : 1) * sizeof *v);
+    if (!v)
+        return dsv4_fail(err, DSV4_E_NOMEM, "placement: out of host memory for %lld items", (long long)k);
+    k = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (mine(&items[i]))
+            v[k++] = items[i];
+    int rc = place_mine(v, k, report, report_n, experts_host, err);
+    free(v);
+    return rc;
+}
+
+static int place_mine(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
+                      dsv4_err *err)
 {
     size_t fr, tot;
     if (dsv4_cuda_mem(&fr, &tot, err))

@@ -64,9 +64,11 @@ extern "C" int dsv4_cuda_init(dsv4_err *err)
         if (e != cudaSuccess || n == 0)
             rc = dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda': no usable GPU on this machine (%s)",
                            e != cudaSuccess ? cudaGetErrorString(e) : "no CUDA device found");
+        else if (ordinal >= n)
+            rc = dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda': GPU %d asked for, this machine has %d", ordinal, n);
         else {
             cudaDeviceProp p;
-            if ((e = cudaSetDevice(0)) != cudaSuccess || (e = cudaGetDeviceProperties(&p, 0)) != cudaSuccess)
+            if ((e = cudaSetDevice(ordinal)) != cudaSuccess || (e = cudaGetDeviceProperties(&p, ordinal)) != cudaSuccess)
                 rc = dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda': %s", cudaGetErrorString(e));
             else if (p.major < 9)
                 rc = dsv4_fail(err, DSV4_E_DEVICE, "device 'cuda': %s is sm_%d%d; this build targets sm_90 (Hopper)",
