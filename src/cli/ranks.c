@@ -81,25 +81,12 @@ static void *watch(void *arg)
     return NULL;
 }
 
-static int write_all(int fd, const void *p, size_t n)
-{
-    const char *b = p;
-    while (n) {
-        ssize_t k = write(fd, b, n);
-        if (k < 0 && errno == EINTR)
-            continue;
-        if (k <= 0)
-            return -1;
-        b += k, n -= (size_t)k;
-    }
-    return 0;
-}
-
-static int read_all(int fd, void *p, size_t n)
+/* All n bytes through fd, written (out) or read; -1 when the pipe broke or closed first. */
+static int pipe_all(int fd, void *p, size_t n, int out)
 {
     char *b = p;
     while (n) {
-        ssize_t k = read(fd, b, n);
+        ssize_t k = out ? write(fd, b, n) : read(fd, b, n);
         if (k < 0 && errno == EINTR)
             continue;
         if (k <= 0)
@@ -196,12 +183,12 @@ int cli_ranks_start(cli_model_opts *o, const char *cmd)
             rc = dsv4_ranks_id(id, &err);
         for (int r = 1; r < N; r++) {
             /* a failed rank 0 closes the pipes unwritten: the others then stop at once */
-            if (!rc && write_all(fds[r][1], id, sizeof id))
+            if (!rc && pipe_all(fds[r][1], id, sizeof id, 1))
                 rc = dsv4_fail(&err, DSV4_E_IO, "--gpus: handing rank %d its id: %s", r, strerror(errno));
             close(fds[r][1]);
         }
     } else {
-        int got = read_all(fds[g_rank][0], id, sizeof id);
+        int got = pipe_all(fds[g_rank][0], id, sizeof id, 0);
         close(fds[g_rank][0]);
         if (got) {
             fprintf(stderr, "dsv4 %s: rank %d: rank 0 stopped before handing over the communicator\n", cmd, g_rank);
@@ -245,7 +232,7 @@ int cli_ranks_finish(int rc)
     fflush(stdout);
     if (g_rank != 0) {
         if (!rc)
-            write_all(g_done[g_rank], "F", 1);
+            pipe_all(g_done[g_rank], (char[]){'F'}, 1, 1);
         return rc;
     }
     if (rc) {

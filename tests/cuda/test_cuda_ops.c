@@ -683,32 +683,7 @@ static void test_swiglu(int64_t n, float limit)
 
 /* ---- device buffers ------------------------------------------------------------------------ */
 
-/* A device copy of n bytes of host (the backend's alloc + upload). */
-static void *to_dev(const void *host, size_t bytes)
-{
-    void *d = gpu->alloc(bytes);
-    CHECK(d != NULL, "alloc %zu bytes failed", bytes);
-    if (d && host)
-        gpu->upload(d, host, bytes);
-    return d;
-}
-
-/* The host copy of a device buffer (malloc'd). */
-static void *from_dev(const void *d, size_t bytes)
-{
-    void *h = malloc(bytes ? bytes : 1);
-    gpu->download(h, d, bytes);
-    return h;
-}
-
-/* Whether a device buffer holds exactly the host bytes. */
-static int dev_equal(const void *d, const void *host, size_t bytes)
-{
-    void *h = from_dev(d, bytes);
-    int same = !memcmp(h, host, bytes);
-    free(h);
-    return same;
-}
+#include "dev_buf.h"
 
 /* ---- batch invariance ------------------------------------------------------------------------ */
 

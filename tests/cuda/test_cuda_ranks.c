@@ -40,14 +40,7 @@ static void free_weight(dsv4_weight *w)
     free((void *)w->scale);
 }
 
-static void *to_dev(const void *host, size_t bytes)
-{
-    void *d = gpu->alloc(bytes);
-    CHECK(d != NULL, "alloc %zu bytes failed", bytes);
-    if (d && host)
-        gpu->upload(d, host, bytes);
-    return d;
-}
+#include "dev_buf.h"
 
 /* The hook: rank `rank`'s pair outputs to pairs[rank]; at the last rank, the sum over every
  * rank so far (in the order given) back into the device buffer, as the all-reduce leaves it. */
@@ -118,6 +111,34 @@ static int ranks_pass(const char *what, const dsv4_experts_args *ga, float **pai
     return ok;
 }
 
+/* An experts op's random inputs (R rows, K distinct experts each of E) on the device. */
+typedef struct {
+    float *x, *wts, *dx, *dw, *dy, *dwork;
+    int32_t *eid, *de;
+    dsv4_experts_args a;
+} ex_case;
+
+static void ex_case_make(ex_case *c, const dsv4_weight *w1, const dsv4_weight *w2, const dsv4_weight *w3, int R, int E,
+                         int K, int D, int I, int pre_weight, int ref)
+{
+    int RK = R * K;
+    c->x = falloc((size_t)R * D), c->wts = falloc(RK);
+    c->eid = malloc((size_t)RK * 4);
+    fill(c->x, (size_t)R * D, -1, 1);
+    fill(c->wts, RK, 0.1f, 1.0f);
+    distinct_experts(c->eid, R, K, E);
+    c->dx = to_dev(c->x, (size_t)R * D * 4), c->dw = to_dev(c->wts, RK * 4), c->dy = to_dev(NULL, (size_t)R * D * 4);
+    c->de = to_dev(c->eid, RK * 4);
+    c->dwork = to_dev(NULL, DSV4_EXPERTS_WORK(R, K, D, I, E) * 4);
+    c->a = (dsv4_experts_args){w1, w2, w3, E, K, R, D, I, c->de, c->dw, c->dx, 0.0f, pre_weight, ref, c->dy, c->dwork};
+}
+
+static void ex_case_free(ex_case *c)
+{
+    gpu->free(c->dx), gpu->free(c->dw), gpu->free(c->dy), gpu->free(c->de), gpu->free(c->dwork);
+    free(c->x), free(c->wts), free(c->eid);
+}
+
 static void test_partition(dsv4_wform form, int fp8_block, int R, int E, int K, int D, int I, int pre_weight, int ref)
 {
     char what[160];
@@ -134,16 +155,12 @@ static void test_partition(dsv4_wform form, int fp8_block, int R, int E, int K, 
         CHECK(!dsv4_cuda_put_weight(&w1[e], &err) && !dsv4_cuda_put_weight(&w2[e], &err) &&
               !dsv4_cuda_put_weight(&w3[e], &err), "%s: put: %s", what, err.msg);
     }
+    ex_case c;
+    ex_case_make(&c, w1, w2, w3, R, E, K, D, I, pre_weight, ref);
+    dsv4_experts_args ga = c.a;
     int RK = R * K;
-    float *x = falloc((size_t)R * D), *wts = falloc(RK), *yfull = falloc((size_t)R * D);
-    int32_t *eid = malloc((size_t)RK * 4);
-    fill(x, (size_t)R * D, -1, 1);
-    fill(wts, RK, 0.1f, 1.0f);
-    distinct_experts(eid, R, K, E);
-    float *dx = to_dev(x, (size_t)R * D * 4), *dw = to_dev(wts, RK * 4), *dy = to_dev(NULL, (size_t)R * D * 4);
-    int32_t *de = to_dev(eid, RK * 4);
-    float *dwork = to_dev(NULL, DSV4_EXPERTS_WORK(R, K, D, I, E) * 4);
-    dsv4_experts_args ga = {w1, w2, w3, E, K, R, D, I, de, dw, dx, 0.0f, pre_weight, ref, dy, dwork};
+    float *yfull = falloc((size_t)R * D), *dy = c.dy;
+    int32_t *eid = c.eid;
     /* the one-GPU result: y, and the pair outputs through the hook (a world of one) */
     size_t n = (size_t)RK * D;
     float *pairs[4];
@@ -177,8 +194,8 @@ static void test_partition(dsv4_wform form, int fp8_block, int R, int E, int K, 
         free_weight(&w2[e]);
         free_weight(&w3[e]);
     }
-    gpu->free(dx), gpu->free(dw), gpu->free(dy), gpu->free(de), gpu->free(dwork);
-    free(w1), free(w2), free(w3), free(x), free(wts), free(yfull), free(eid), free(Yfull);
+    ex_case_free(&c);
+    free(w1), free(w2), free(w3), free(yfull), free(Yfull);
 }
 
 /* Rank 1 of 2 places a layer's hot weight and 4 experts (slots 0..3): the hot weight and
@@ -230,16 +247,10 @@ static void test_world_one(void)
         make_weight(DSV4_WF_FP8, e < 2 * E && e >= E ? D : I, e < 2 * E && e >= E ? I : D, 128, 128, 1, &w[e]);
         CHECK(!dsv4_cuda_put_weight(&w[e], &err), "put: %s", err.msg);
     }
-    int RK = R * K;
-    float *x = falloc((size_t)R * D), *wts = falloc(RK), *y0 = falloc((size_t)R * D), *y1 = falloc((size_t)R * D);
-    int32_t *eid = malloc((size_t)RK * 4);
-    fill(x, (size_t)R * D, -1, 1);
-    fill(wts, RK, 0.1f, 1.0f);
-    distinct_experts(eid, R, K, E);
-    float *dx = to_dev(x, (size_t)R * D * 4), *dw = to_dev(wts, RK * 4), *dy = to_dev(NULL, (size_t)R * D * 4);
-    int32_t *de = to_dev(eid, RK * 4);
-    float *dwork = to_dev(NULL, DSV4_EXPERTS_WORK(R, K, D, I, E) * 4);
-    dsv4_experts_args ga = {w, w + E, w + 2 * E, E, K, R, D, I, de, dw, dx, 0.0f, 0, 0, dy, dwork};
+    ex_case c;
+    ex_case_make(&c, w, w + E, w + 2 * E, R, E, K, D, I, 0, 0);
+    dsv4_experts_args ga = c.a;
+    float *y0 = falloc((size_t)R * D), *y1 = falloc((size_t)R * D), *dy = c.dy;
     gpu->experts(&ga); /* through the all-reduce of one rank */
     CHECK(!gpu->check(&err), "experts through nccl: %s", err.msg);
     gpu->download(y1, dy, (size_t)R * D * 4);
@@ -253,8 +264,8 @@ static void test_world_one(void)
         dsv4_cuda_drop_weight(&w[e]);
         free_weight(&w[e]);
     }
-    gpu->free(dx), gpu->free(dw), gpu->free(dy), gpu->free(de), gpu->free(dwork);
-    free(w), free(x), free(wts), free(y0), free(y1), free(eid);
+    ex_case_free(&c);
+    free(w), free(y0), free(y1);
 }
 
 int main(void)
