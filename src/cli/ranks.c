@@ -31,14 +31,19 @@ static const char *g_cmd = "";
 static int g_done[MAX_RANKS];   /* rank 0: each rank's pipe back; rank r: its write end */
 static pthread_t g_watch;
 static int g_watching;
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER; /* g_pid, g_stopping */
+static int g_stopping;          /* rank 0 ends the others itself: the watcher only reaps */
 
 int cli_rank(void) { return g_rank; }
 
 static void stop_all(void)
 {
+    pthread_mutex_lock(&g_lock);
+    g_stopping = 1;
     for (int i = 1; i < g_world; i++)
         if (g_pid[i] > 0)
             kill(g_pid[i], SIGTERM);
+    pthread_mutex_unlock(&g_lock);
 }
 
 /* Rank 0's watcher: reaps the other ranks; one that failed, or ended without finishing, ends
@@ -56,13 +61,19 @@ static void *watch(void *arg)
             break;
         }
         int r = 0;
+        pthread_mutex_lock(&g_lock);
         for (int i = 1; i < g_world; i++)
             if (g_pid[i] == p)
                 r = i;
+        if (r)
+            g_pid[r] = 0;
+        int stopping = g_stopping;
+        pthread_mutex_unlock(&g_lock);
         if (!r)
             continue;
         left--;
-        g_pid[r] = 0;
+        if (stopping)
+            continue;
         char said = 0;
         int finished = read(g_done[r], &said, 1) == 1 && said == 'F';
         if (!WIFEXITED(st) || WEXITSTATUS(st) != 0 || !finished) {
@@ -75,6 +86,7 @@ static void *watch(void *arg)
                 fprintf(stderr, "dsv4 %s: rank %d ended before finishing; stopping every rank\n", g_cmd, r);
             stop_all();
             fflush(stdout);
+            fflush(stderr);
             _exit(1);
         }
     }
@@ -96,6 +108,30 @@ static int pipe_all(int fd, void *p, size_t n, int out)
     return 0;
 }
 
+/* The GPUs CUDA sees, counted in a child that exits: a CUDA driver started in this process
+ * would not survive the forks that follow. -1 when it cannot be counted. */
+static int count_gpus(void)
+{
+    int fd[2], n = -1;
+    if (pipe(fd))
+        return -1;
+    fflush(stdout);
+    fflush(stderr);
+    pid_t p = fork();
+    if (p == 0) {
+        close(fd[0]);
+        int k = dsv4_ranks_gpus();
+        _exit(pipe_all(fd[1], &k, sizeof k, 1) ? 1 : 0);
+    }
+    close(fd[1]);
+    if (p > 0 && pipe_all(fd[0], &n, sizeof n, 0))
+        n = -1;
+    close(fd[0]);
+    if (p > 0)
+        waitpid(p, NULL, 0);
+    return n;
+}
+
 int cli_ranks_start(cli_model_opts *o, const char *cmd)
 {
     int N = o->gpus;
@@ -112,8 +148,8 @@ int cli_ranks_start(cli_model_opts *o, const char *cmd)
     }
     /* tests: every rank on GPU 0 (NCCL refuses two ranks on one GPU; the refusal is checked) */
     const char *one = getenv("DSV4_RANKS_ONE_GPU");
-    int one_gpu = one && *one == '1', have = dsv4_ranks_gpus();
-    if (!one_gpu && N > have) {
+    int one_gpu = one && *one == '1', have = one_gpu ? N : count_gpus();
+    if (have >= 0 && N > have) {
         fprintf(stderr, "dsv4 %s: --gpus %d: this machine has %d GPU%s\n", cmd, N, have, have == 1 ? "" : "s");
         return 1;
     }
@@ -181,12 +217,15 @@ int cli_ranks_start(cli_model_opts *o, const char *cmd)
     if (g_rank == 0) {
         if (!rc)
             rc = dsv4_ranks_id(id, &err);
+        /* a rank already gone must not end rank 0 by SIGPIPE: the watcher names it */
+        void (*was)(int) = signal(SIGPIPE, SIG_IGN);
         for (int r = 1; r < N; r++) {
             /* a failed rank 0 closes the pipes unwritten: the others then stop at once */
             if (!rc && pipe_all(fds[r][1], id, sizeof id, 1))
                 rc = dsv4_fail(&err, DSV4_E_IO, "--gpus: handing rank %d its id: %s", r, strerror(errno));
             close(fds[r][1]);
         }
+        signal(SIGPIPE, was);
     } else {
         int got = pipe_all(fds[g_rank][0], id, sizeof id, 0);
         close(fds[g_rank][0]);
@@ -238,6 +277,8 @@ int cli_ranks_finish(int rc)
     if (rc) {
         /* the others may wait in a collective rank 0 will not join */
         stop_all();
+        if (g_watching)
+            pthread_join(g_watch, NULL);
         return rc;
     }
     if (g_watching)

@@ -28,7 +28,6 @@ int dsv4_ranks_allgather(const void *in, size_t bytes, void *out, dsv4_err *err)
 {
     return dsv4_cuda_allgather(in, bytes, out, err);
 }
-void dsv4_ranks_leave(void) { dsv4_cuda_comm_free(); }
 #else
 static int no_cuda(dsv4_err *err)
 {
@@ -55,5 +54,4 @@ int dsv4_ranks_allgather(const void *in, size_t bytes, void *out, dsv4_err *err)
     (void)in, (void)bytes, (void)out;
     return no_cuda(err);
 }
-void dsv4_ranks_leave(void) {}
 #endif

@@ -22,6 +22,5 @@ int dsv4_ranks_id(void *id, dsv4_err *err);
 int dsv4_ranks_join(int world, int rank, const void *id, dsv4_err *err);
 /* out [world * bytes]: every rank's in, in rank order (waits). */
 int dsv4_ranks_allgather(const void *in, size_t bytes, void *out, dsv4_err *err);
-void dsv4_ranks_leave(void);
 
 #endif

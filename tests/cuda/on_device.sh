@@ -42,7 +42,7 @@ if [ "$mode" = ranks ]; then
     r=0
     for t in "$B/tests/cuda/test_cuda_ranks" "env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ranks" \
              "bash tests/cuda/ranks_cuda.sh $B"; do
-        echo "== $t"; timeout 300 $t 2>&1 | tail -n 40 || r=1
+        echo "== $t"; timeout 300 $t 2>&1 | tail -n 40; [ "${PIPESTATUS[0]}" = 0 ] || r=1
     done
     exit $r
 fi

@@ -54,7 +54,8 @@ static void take_pairs(float *dev, size_t n, void *p)
 {
     hook_ctx *h = p;
     h->n = n;
-    gpu->download(h->pairs[h->rank], dev, n * 4);
+    /* inside the op, under its lock: plain copies, not the table's (the op stream is a blocking one) */
+    CHECK(cudaMemcpy(h->pairs[h->rank], dev, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess, "hook: copy out");
     if (!h->last)
         return;
     float *s = falloc(n);
@@ -64,7 +65,7 @@ static void take_pairs(float *dev, size_t n, void *p)
             v += h->pairs[h->reverse ? h->rank - j : j][i];
         s[i] = v;
     }
-    gpu->upload(dev, s, n * 4);
+    CHECK(cudaMemcpy(dev, s, n * 4, cudaMemcpyHostToDevice) == cudaSuccess, "hook: copy back");
     free(s);
 }
 
@@ -286,6 +287,10 @@ int main(void)
     test_partition(DSV4_WF_FP4, 0, 40, 8, 3, 256, 128, 1, 0);
     test_partition(DSV4_WF_FP4, 0, 7, 8, 3, 256, 128, 0, 1);
     test_partition(DSV4_WF_BF16, 0, 30, 6, 2, 128, 128, 0, 0);
+    /* I = 2048: a decode grid small enough that the tensor cores split W2's k range into slices
+     * folded afterwards (every pair's row), the fold of other ranks' pairs then -0 too */
+    test_partition(DSV4_WF_FP8, 128, 2, 8, 3, 256, 2048, 0, 0);
+    test_partition(DSV4_WF_FP4, 0, 2, 8, 3, 256, 2048, 0, 1);
     test_place();
     if (dsv4_cuda_comm_built())
         test_world_one();

@@ -131,7 +131,8 @@ int dsv4_cuda_set_experts_rank(int rank, int world, dsv4_err *err);
 /* Whether expert number `slot` of its layer is this process's (negative: not an expert). */
 int dsv4_cuda_expert_owned(int64_t slot);
 /* Tests: the experts op hands its pair outputs (device [R * K * D], -0 where not this rank's)
- * to fn before the weighted sum, instead of the all-reduce; NULL restores. */
+ * to fn before the weighted sum, instead of the all-reduce; NULL restores. fn runs inside the
+ * op, under its lock: it copies with cudaMemcpy, not through the table. */
 typedef void (*dsv4_cuda_pairs_hook)(float *dev_pairs, size_t n, void *ctx);
 void dsv4_cuda_set_pairs_hook(dsv4_cuda_pairs_hook fn, void *ctx);
 

@@ -338,6 +338,9 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
     if (!launched("experts swiglu") || !ex_ref_h(a, G))
         return;
     prof_split("experts: swiglu");
+    /* the fold writes every pair's row: other ranks' pairs must fold to -0 (comm.cu) */
+    if (sp2)
+        ep_clear(p2, (int64_t)d2.tcs * slab2);
     launch_k(k_tc_ex_down<F, NTT, E>, g2, threads, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);
     if (sp2)
         tc_fold(p2, d2.tcs, RK, D, D, slab2, Y, D, stream);
@@ -507,10 +510,10 @@ static void experts_by_expert(const dsv4_experts_args *a)
             ok = !CK(cudaMemcpyAsync(Y + (size_t)rows[i] * D, yb + (size_t)i * D, D * sizeof(float),
                                      cudaMemcpyDeviceToDevice, stream));
     }
-    if (ok) {
+    if (Y) { /* posted after a failure on this rank too, so no other rank waits in it */
         pthread_mutex_lock(&dsv4cu::lock);
         ep_reduce(Y, (size_t)RK * D);
-        ok = !errp()->code;
+        ok = ok && !errp()->code;
         pthread_mutex_unlock(&dsv4cu::lock);
     }
     ok = ok && !CK(cudaMemcpyAsync(de, eid, RK * sizeof(int32_t), cudaMemcpyHostToDevice, stream)) &&
@@ -583,6 +586,7 @@ static void experts_run(const dsv4_experts_args *a)
         fail(DSV4_E_ARG, "cuda: experts: weights are not [I, D], [D, I], [I, D] of one form");
         ok = 0;
     }
+    bool posted = false; /* the pairs' all-reduce */
     const int *h1 = NULL, *h2 = NULL, *h3 = NULL;
     const wdev *t1 = ok ? expert_table(a->w1, E, K, &h1) : NULL, *t2 = ok ? expert_table(a->w2, E, K, &h2) : NULL;
     const wdev *t3 = ok ? expert_table(a->w3, E, K, &h3) : NULL;
@@ -641,11 +645,16 @@ static void experts_run(const dsv4_experts_args *a)
             if (a->ref && launched("experts"))
                 round_bf16_launch(Y, RK * D);
             ep_reduce(Y, (size_t)RK * D);
+            posted = true;
             launch_k(k_ex_sum, (unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream, Y, a->wts, a->eid, E, K, D,
                                                                                (int64_t)R * D, a->pre_weight, a->y);
             if (launched("experts sum") && !errp()->code)
                 return;
         }
     }
+    /* a failure on this rank alone: the others' all-reduce still gets its partner, so no rank
+     * waits in it (this rank's error then ends the run) */
+    if (ok && !posted && a->work && (ep_world > 1))
+        ep_reduce(a->work + 2 * RK * I, (size_t)RK * D);
     out_fail(a->y, by);
 }
