@@ -212,7 +212,7 @@ static void test_place(void)
     for (int e = 0; e < 4; e++)
         for (int m = 0; m < 3; m++) {
             make_weight(DSV4_WF_BF16, 64, 64, 1, 1, 0, &ex[e][m]);
-            it[n++] = (dsv4_place_item){.w = &ex[e][m], .expert = 100 + e, .slot = e};
+            it[n++] = (dsv4_place_item){.w = &ex[e][m], .expert = e, .slot = e};
         }
     CHECK(!dsv4_cuda_set_experts_rank(1, 2, &err), "place: %s", err.msg);
     char rep[512];
@@ -222,9 +222,24 @@ static void test_place(void)
     CHECK(!dsv4_cuda_place(it, n, rep, sizeof rep, &host, &err), "place: %s", err.msg);
     dsv4_cuda_usage(&d1, &p1);
     size_t one = dsv4_cuda_weight_bytes(&hot);
-    CHECK(d1 - d0 == 7 * one, "place as rank 1 of 2: %zu bytes on the device, want 7 weights of %zu (the hot one and "
-          "experts 1 and 3)", d1 - d0, one);
+    CHECK(d1 - d0 == 7 * one && p1 == p0, "place as rank 1 of 2: %zu bytes on the device and %zu pinned, want 7 "
+          "weights of %zu on the device (the hot one and experts 1 and 3)", d1 - d0, p1 - p0, one);
+    CHECK(strstr(rep, "2 of 2 experts") != NULL, "place as rank 1 of 2: the plan must count this rank's 2 experts: %s",
+          rep);
     printf("  placement as rank 1 of 2: %zu of 13 weights on the device (%s)\n", (d1 - d0) / one, rep);
+    dsv4_cuda_unplace(it, n);
+    /* a budget of the hot weight and one expert: expert 1 on the device, expert 3 pinned */
+    char b[32];
+    snprintf(b, sizeof b, "%zu", 4 * one);
+    setenv("DSV4_CUDA_BUDGET", b, 1);
+    dsv4_cuda_usage(&d0, &p0);
+    CHECK(!dsv4_cuda_place(it, n, rep, sizeof rep, &host, &err), "place with a budget: %s", err.msg);
+    dsv4_cuda_usage(&d1, &p1);
+    unsetenv("DSV4_CUDA_BUDGET");
+    CHECK(d1 - d0 == 4 * one && p1 - p0 == 3 * one && host,
+          "place as rank 1 of 2 within 4 weights: %zu bytes on the device and %zu pinned, want 4 and 3 weights of %zu",
+          d1 - d0, p1 - p0, one);
+    printf("  within 4 weights of budget: %zu on the device, %zu pinned (%s)\n", (d1 - d0) / one, (p1 - p0) / one, rep);
     dsv4_cuda_unplace(it, n);
     dsv4_cuda_set_experts_rank(0, 1, &err);
     free_weight(&hot);

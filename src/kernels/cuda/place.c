@@ -99,10 +99,19 @@ int dsv4_cuda_place(const dsv4_place_item *items, int64_t n, char *report, size_
     dsv4_place_item *v = malloc((size_t)(k ? k : 1) * sizeof *v);
     if (!v)
         return dsv4_fail(err, DSV4_E_NOMEM, "placement: out of host memory for %lld items", (long long)k);
+    /* the plan numbers experts 0.. in order (kernels/place.h): this rank's are renumbered so */
     k = 0;
+    int64_t last = -1, num = -1;
     for (int64_t i = 0; i < n; i++)
-        if (mine(&items[i]))
-            v[k++] = items[i];
+        if (mine(&items[i])) {
+            v[k] = items[i];
+            if (v[k].expert >= 0) {
+                if (items[i].expert != last)
+                    num++, last = items[i].expert;
+                v[k].expert = num;
+            }
+            k++;
+        }
     int rc = place_mine(v, k, report, report_n, experts_host, err);
     free(v);
     return rc;
