@@ -6,6 +6,7 @@
 #   one GPU, --gpus 2 is refused before any rank starts;
 # - two ranks forced onto one GPU (DSV4_RANKS_ONE_GPU=1): NCCL refuses the communicator, and
 #   every rank stops with the reason named, within the time limit (no hang);
+# - serve --gpus 1 answers two requests at once as the plain server does;
 # - --gpus on the CPU, and serve with --gpus 2, are refused with a clear error.
 # $1: the folder holding dsv4.
 set -u
@@ -67,6 +68,39 @@ rc=$?
 timeout 60 "$D" serve --device cuda --gpus 2 --port 0 >"$tmp/o" 2>"$tmp/e"
 rc=$?
 [ $rc -eq 2 ] && grep -q "not built" "$tmp/e" && ok "serve --gpus 2 is refused" || bad "serve --gpus 2: rc $rc, $(head -2 "$tmp/e")"
+# serve --gpus 1: two requests at once, greedy, the replies of the plain server
+serve_replies() { # extra serve options...; prints the two replies, one a line
+    "$D" serve --device cuda --host 127.0.0.1 --port 0 --lanes 2 "$@" >"$tmp/serve.log" 2>&1 &
+    local pid=$! port=
+    for _ in $(seq 1 240); do
+        port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/serve.log" | sed 's/.*://')
+        [ -n "$port" ] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.5
+    done
+    [ -n "$port" ] && timeout 120 python3 - "$port" <<'EOF'
+import json, sys, threading, urllib.request
+url = f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions"
+out = [None, None]
+def ask(i, content):
+    body = json.dumps({"messages": [{"role": "user", "content": content}], "max_tokens": 24, "temperature": 0}).encode()
+    with urllib.request.urlopen(urllib.request.Request(url, body, {"content-type": "application/json"}), timeout=100) as r:
+        out[i] = json.loads(r.read())["choices"][0]["message"]["content"]
+ts = [threading.Thread(target=ask, args=(0, "Hello there")), threading.Thread(target=ask, args=(1, "Count to five"))]
+[t.start() for t in ts]
+[t.join() for t in ts]
+print(json.dumps(out[0])); print(json.dumps(out[1]))
+EOF
+    kill -TERM "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+}
+serve_replies >"$tmp/s0"
+serve_replies --gpus 1 >"$tmp/s1"
+if [ "$(grep -c . "$tmp/s1")" -eq 2 ] && ! grep -q '^null$' "$tmp/s1"; then
+    same "serve --gpus 1: two requests at once give the plain server's replies" "$tmp/s0" "$tmp/s1"
+else
+    bad "serve --gpus 1: $(head -c 300 "$tmp/s1") / $(tail -3 "$tmp/serve.log")"
+fi
 timeout 300 "$D" bench --synthetic v4-flash --device cuda --gpus 1 --layers 2 --prefill 64 --decode 4 >"$tmp/b" 2>&1 &&
     ok "bench --synthetic v4-flash --gpus 1 ($(grep -m1 'decode' "$tmp/b" | head -c 160))" || bad "bench --gpus 1: $(tail -3 "$tmp/b")"
 echo "ranks on cuda: $pass passed, $fail failed"
