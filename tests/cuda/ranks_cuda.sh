@@ -11,6 +11,7 @@
 # $1: the folder holding dsv4.
 set -u
 cd "$(dirname "$0")/../.."
+. tests/lib.sh
 B=${1:-build}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -71,13 +72,8 @@ rc=$?
 # serve --gpus 1: two requests at once, greedy, the replies of the plain server
 serve_replies() { # extra serve options...; prints the two replies, one a line
     "$D" serve --device cuda --host 127.0.0.1 --port 0 --lanes 2 "$@" >"$tmp/serve.log" 2>&1 &
-    local pid=$! port=
-    for _ in $(seq 1 240); do
-        port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/serve.log" | sed 's/.*://')
-        [ -n "$port" ] && break
-        kill -0 "$pid" 2>/dev/null || break
-        sleep 0.5
-    done
+    local pid=$! port
+    port=$(serve_port "$tmp/serve.log" "$pid" 1200)
     [ -n "$port" ] && timeout 120 python3 - "$port" <<'EOF'
 import json, sys, threading, urllib.request
 url = f"http://127.0.0.1:{sys.argv[1]}/v1/chat/completions"

@@ -6,6 +6,7 @@
 # Python's standard library (the device image has no node). $1: the folder holding dsv4.
 set -u
 cd "$(dirname "$0")/../.."
+. tests/lib.sh
 B=${1:-build}
 tmp=$(mktemp -d)
 pid=
@@ -18,13 +19,7 @@ bad() { fail=$((fail + 1)); echo "FAIL $1"; }
 "$B/dsv4" serve -m models/mini --device cuda --host 127.0.0.1 --port 0 --lanes 4 --kv-budget-mb 100000000 \
     >"$tmp/serve.log" 2>&1 &
 pid=$!
-port=
-for _ in $(seq 1 240); do
-    port=$(grep -o 'listening on http://127.0.0.1:[0-9]*' "$tmp/serve.log" | sed 's/.*://')
-    [ -n "$port" ] && break
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-done
+port=$(serve_port "$tmp/serve.log" "$pid" 1200)
 if [ -z "$port" ]; then
     tail -5 "$tmp/serve.log"; echo "serve on cuda: 0 passed, 1 failed (the server did not start)"; exit 1
 fi
