@@ -97,3 +97,21 @@ void dsv4_place_plan_text(const dsv4_place_plan *p, char *buf, size_t n)
                  (long long)p->n_experts, human(p->experts_dev, d), (long long)(p->n_experts - p->n_experts_dev),
                  human(p->experts - p->experts_dev, e), p->embed_dev ? "on the GPU" : "in pinned host memory");
 }
+
+int64_t dsv4_place_items_of_rank(const dsv4_place_item *items, int64_t n, int rank, int world, dsv4_place_item *out)
+{
+    int64_t k = 0, last = -1, num = -1;
+    for (int64_t i = 0; i < n; i++) {
+        const dsv4_place_item *it = &items[i];
+        if (it->expert >= 0 && it->slot % world != rank)
+            continue;
+        out[k] = *it;
+        if (it->expert >= 0) {
+            if (it->expert != last)
+                num++, last = it->expert;
+            out[k].expert = num;
+        }
+        k++;
+    }
+    return k;
+}

@@ -48,6 +48,12 @@ void dsv4_place_plan_text(const dsv4_place_plan *p, char *buf, size_t n);
 /* Whether the plan puts the item on the device (else pinned host memory). */
 int dsv4_place_on_device(const dsv4_place_plan *p, const dsv4_place_item *it);
 
+/* Rank `rank` of `world` (several GPUs, docs/multigpu.md) holds every item but the routed
+ * experts of other ranks: an expert's slot s is rank s % world's. Writes this rank's items to
+ * out (n of them at most), their experts renumbered 0.. in order as the plan takes them, and
+ * returns how many. */
+int64_t dsv4_place_items_of_rank(const dsv4_place_item *items, int64_t n, int rank, int world, dsv4_place_item *out);
+
 #ifdef __cplusplus
 }
 #endif

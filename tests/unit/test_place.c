@@ -77,6 +77,74 @@ static void v41_stages(void)
     }
 }
 
+/* Several GPUs: rank r of N keeps every item but other ranks' routed experts (slot % N), its
+ * own renumbered 0.. in order, so the plan places them as one GPU's list; the ranks' experts
+ * together are all of them, each once. Then the plan of rank 1 of 2 within room for the hot
+ * path and one expert: exactly its first expert on the device. */
+static void ranks(const dsv4_model *m)
+{
+    dsv4_place_item *it = NULL, *v = NULL;
+    int64_t n = 0;
+    dsv4_err err;
+    CHECK(!dsv4_place_items(m, &it, &n, &err) && n > 0, "listing the arrays to place: %s", err.msg);
+    v = malloc((size_t)n * sizeof *v);
+    int64_t nh = 0, nx = 0, cnt[8] = {0};
+    for (int64_t i = 0; i < n; i++)
+        it[i].expert < 0 ? nh++ : nx++;
+    for (int N = 1; N <= 3; N++) {
+        int64_t seen = 0, bad = 0;
+        for (int r = 0; r < N; r++) {
+            int64_t k = dsv4_place_items_of_rank(it, n, r, N, v), h = 0, x = 0, last = -1;
+            for (int64_t i = 0; i < k; i++) {
+                if (v[i].expert < 0) {
+                    h++;
+                    continue;
+                }
+                x++;
+                bad += v[i].slot % N != r;
+                /* renumbered densely: each new expert is the one after the last */
+                if (v[i].expert != last) {
+                    bad += v[i].expert != last + 1;
+                    last = v[i].expert;
+                }
+            }
+            bad += h != nh;
+            seen += x;
+            cnt[N] += last + 1;
+        }
+        CHECK(!bad && seen == nx, "%d ranks: %lld misplaced or misnumbered items, %lld expert items of %lld", N,
+              (long long)bad, (long long)seen, (long long)nx);
+    }
+    CHECK(cnt[2] == cnt[1] && cnt[3] == cnt[1], "the ranks' experts add up to one GPU's: %lld, %lld, %lld",
+          (long long)cnt[1], (long long)cnt[2], (long long)cnt[3]);
+    /* rank 1 of 2 with room for its hot path and one expert */
+    int64_t k = dsv4_place_items_of_rank(it, n, 1, 2, v);
+    dsv4_place_plan p, p0;
+    dsv4_place_plan_make(v, k, (size_t)-1, (size_t)-1, &p0);
+    size_t first = 0;
+    int64_t mine = 0;
+    for (int64_t i = 0; i < k; i++) {
+        if (v[i].expert == 0)
+            first += dsv4_place_item_bytes(&v[i]);
+        if (v[i].expert + 1 > mine)
+            mine = v[i].expert + 1;
+    }
+    dsv4_place_plan_make(v, k, p0.hot + first, (size_t)-1, &p);
+    int64_t on = 0, first_on = 1;
+    for (int64_t i = 0; i < k; i++)
+        if (v[i].expert >= 0 && dsv4_place_on_device(&p, &v[i])) {
+            on++;
+            first_on &= v[i].expert == 0;
+        }
+    CHECK(p.fits && p.n_experts_dev == 1 && first_on && on > 0 && p.n_experts == mine && mine < cnt[1],
+          "rank 1 of 2, room for one expert: %lld of %lld on the device (want 1 of %lld), the first: %lld",
+          (long long)p.n_experts_dev, (long long)p.n_experts, (long long)mine, (long long)first_on);
+    printf("  ranks: 1, 2 and 3 ranks hold %lld experts in all, each once; rank 1 of 2 with room for one: %lld of %lld "
+           "on the device\n", (long long)cnt[1], (long long)p.n_experts_dev, (long long)p.n_experts);
+    free(v);
+    free(it);
+}
+
 int main(void)
 {
     char dir[2048], txt[512];
@@ -152,6 +220,7 @@ int main(void)
     dsv4_place_plan_text(&p, txt, sizeof txt);
     printf("  hot - 1 byte: %s\n", txt);
     CHECK(!p.fits && strstr(txt, "does not fit"), "a hot path one byte over the budget is refused: %s", txt);
+    ranks(m);
     dsv4_model_free(m);
 
     /* A synthetic model whose later layers share the first two layers' experts: the same

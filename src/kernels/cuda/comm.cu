@@ -66,6 +66,12 @@ extern "C" int dsv4_cuda_set_experts_rank(int rank, int world, dsv4_err *err)
 
 extern "C" int dsv4_cuda_expert_owned(int64_t slot) { return slot < 0 || slot % ep_world == ep_rank; }
 
+extern "C" void dsv4_cuda_experts_rank(int *rank, int *world)
+{
+    *rank = ep_rank;
+    *world = ep_world;
+}
+
 extern "C" void dsv4_cuda_set_pairs_hook(dsv4_cuda_pairs_hook fn, void *ctx)
 {
     g_hook = fn;

@@ -130,6 +130,8 @@ void dsv4_cuda_comm_free(void);
 int dsv4_cuda_set_experts_rank(int rank, int world, dsv4_err *err);
 /* Whether expert number `slot` of its layer is this process's (negative: not an expert). */
 int dsv4_cuda_expert_owned(int64_t slot);
+/* The rank and world set_experts_rank gave (0 and 1 unless called). */
+void dsv4_cuda_experts_rank(int *rank, int *world);
 /* Tests: the experts op hands its pair outputs (device [R * K * D], -0 where not this rank's)
  * to fn before the weighted sum, instead of the all-reduce; NULL restores. fn runs inside the
  * op, under its lock: it copies with cudaMemcpy, not through the table. */

@@ -78,45 +78,28 @@ static int host_avail(size_t *out, dsv4_err *err)
     return 0;
 }
 
-/* Available for weights: free device memory less CUDA_RESERVE, or DSV4_CUDA_BUDGET when that is
- * smaller; it lets the spill path be exercised on a GPU where everything fits. What spills must
- * fit host_avail, checked before anything moves. */
-/* Whether this process holds the item: every rank holds all but the routed experts, which
- * are spread over the ranks (dsv4_cuda_set_experts_rank). */
-static int mine(const dsv4_place_item *it) { return it->expert < 0 || dsv4_cuda_expert_owned(it->slot); }
-
 static int place_mine(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
                       dsv4_err *err);
 
+/* With several ranks, this process places its own items only (kernels/place.h). */
 int dsv4_cuda_place(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
                     dsv4_err *err)
 {
-    int64_t k = 0;
-    for (int64_t i = 0; i < n; i++)
-        k += mine(&items[i]);
-    if (k == n)
+    int rank, world;
+    dsv4_cuda_experts_rank(&rank, &world);
+    if (world == 1)
         return place_mine(items, n, report, report_n, experts_host, err);
-    dsv4_place_item *v = malloc((size_t)(k ? k : 1) * sizeof *v);
+    dsv4_place_item *v = malloc((size_t)(n ? n : 1) * sizeof *v);
     if (!v)
-        return dsv4_fail(err, DSV4_E_NOMEM, "placement: out of host memory for %lld items", (long long)k);
-    /* the plan numbers experts 0.. in order (kernels/place.h): this rank's are renumbered so */
-    k = 0;
-    int64_t last = -1, num = -1;
-    for (int64_t i = 0; i < n; i++)
-        if (mine(&items[i])) {
-            v[k] = items[i];
-            if (v[k].expert >= 0) {
-                if (items[i].expert != last)
-                    num++, last = items[i].expert;
-                v[k].expert = num;
-            }
-            k++;
-        }
-    int rc = place_mine(v, k, report, report_n, experts_host, err);
+        return dsv4_fail(err, DSV4_E_NOMEM, "placement: out of host memory for %lld items", (long long)n);
+    int rc = place_mine(v, dsv4_place_items_of_rank(items, n, rank, world, v), report, report_n, experts_host, err);
     free(v);
     return rc;
 }
 
+/* Available for weights: free device memory less CUDA_RESERVE, or DSV4_CUDA_BUDGET when that is
+ * smaller; it lets the spill path be exercised on a GPU where everything fits. What spills must
+ * fit host_avail, checked before anything moves. */
 static int place_mine(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
                       dsv4_err *err)
 {
