@@ -274,13 +274,8 @@ int cli_ranks_finish(int rc)
             pipe_all(g_done[g_rank], (char[]){'F'}, 1, 1);
         return rc;
     }
-    if (rc) {
-        /* the others may wait in a collective rank 0 will not join */
+    if (rc) /* the others may wait in a collective rank 0 will not join */
         stop_all();
-        if (g_watching)
-            pthread_join(g_watch, NULL);
-        return rc;
-    }
     if (g_watching)
         pthread_join(g_watch, NULL);
     return rc;

@@ -70,14 +70,14 @@ static void take_pairs(float *dev, size_t n, void *p)
 }
 
 static int ranks_pass(const char *what, const dsv4_experts_args *ga, float **pairs, const int32_t *eid, int R, int K,
-                      int D, int N, int skip, const float *Yfull, const float *yfull, int quiet)
+                      int D, int N, int wrong, const float *Yfull, const float *yfull, int quiet)
 {
     dsv4_err err = {0};
     size_t n = (size_t)R * K * D;
     float *y = falloc((size_t)R * D);
     int ok = 1;
     for (int r = 0; r < N; r++) {
-        int as = r == skip ? (r + 1) % N : r; /* the control computes another rank's share twice */
+        int as = r == wrong ? (r + 1) % N : r; /* control: rank `wrong` computes the next rank's share */
         hook_ctx h = {pairs, r, r == N - 1, N % 2, 0};
         CHECK(!dsv4_cuda_set_experts_rank(as, N, &err), "%s: %s", what, err.msg);
         dsv4_cuda_set_pairs_hook(take_pairs, &h);

@@ -609,8 +609,8 @@ static void experts_run(const dsv4_experts_args *a)
         if (dsv4cu::poison)
             CK(cudaMemsetAsync(a->y, 0xff, by, stream));
         prof_split("experts: host part");
-        launch_k(k_ex_sort, 1, EX_SORT, (2 * (size_t)E + EX_SORT) * sizeof(int), stream, a->eid, (int)RK, E, tile, ep_rank, ep_world, cnt, off, ord,
-                                                                                 tiles, ntiles);
+        launch_k(k_ex_sort, 1, EX_SORT, (2 * (size_t)E + EX_SORT) * sizeof(int), stream, a->eid, (int)RK, E, tile,
+                 ep_rank, ep_world, cnt, off, ord, tiles, ntiles);
         ep_clear(Y, RK * D);
         prof_split("experts: grouping");
         /* routed experts in pinned host memory: copied in first, read from device memory */
@@ -654,7 +654,7 @@ static void experts_run(const dsv4_experts_args *a)
     }
     /* a failure on this rank alone: the others' all-reduce still gets its partner, so no rank
      * waits in it (this rank's error then ends the run) */
-    if (ok && !posted && a->work && (ep_world > 1))
+    if (ok && !posted && a->work && ep_world > 1)
         ep_reduce(a->work + 2 * RK * I, (size_t)RK * D);
     out_fail(a->y, by);
 }

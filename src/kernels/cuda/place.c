@@ -81,14 +81,12 @@ static int host_avail(size_t *out, dsv4_err *err)
 static int place_mine(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
                       dsv4_err *err);
 
-/* With several ranks, this process places its own items only (kernels/place.h). */
+/* This process places its own items only: every one in a world of one (kernels/place.h). */
 int dsv4_cuda_place(const dsv4_place_item *items, int64_t n, char *report, size_t report_n, int *experts_host,
                     dsv4_err *err)
 {
     int rank, world;
     dsv4_cuda_experts_rank(&rank, &world);
-    if (world == 1)
-        return place_mine(items, n, report, report_n, experts_host, err);
     dsv4_place_item *v = malloc((size_t)(n ? n : 1) * sizeof *v);
     if (!v)
         return dsv4_fail(err, DSV4_E_NOMEM, "placement: out of host memory for %lld items", (long long)n);
