@@ -154,8 +154,9 @@ typedef struct dsv4_attn41_args {
 /* Routed experts of a MoE layer. For row r and its k-th expert e = eid[r, k] with weight
  * w = wts[r, k]: h = swiglu(W1[e] x_r, W3[e] x_r, limit) (times w when pre_weight), and
  * y_r = sum over k in order of (pre_weight ? 1 : w) * W2[e] h. Each product is computed as
- * linear computes that row. ref (V4.1 REF numerics): inputs of FP8/FP4 products go through
- * e4m3 blocks of 32 (as linear_q takes them), products and h are rounded to bf16. */
+ * linear computes that row. ref (REF numerics): inputs of FP8/FP4 products go through e4m3
+ * blocks of dsv4_act_block of their weight (as linear_q takes them), products and h are
+ * rounded to bf16. */
 typedef struct dsv4_experts_args {
     const dsv4_weight *w1, *w2, *w3;   /* [E] each: [I, D], [D, I], [I, D] */
     int E, K, R, D, I;
@@ -169,6 +170,11 @@ typedef struct dsv4_experts_args {
 } dsv4_experts_args;
 #define DSV4_EXPERTS_WORK(R, K, D, I, E) \
     ((size_t)(R) * (K) * (2 * (size_t)(I) + (size_t)(D) + 4) + 2 * (size_t)(E) + 64)
+
+/* REF's activation block of an FP8/FP4 product: the input is quantized to e4m3 per this many
+ * consecutive channels, as the release reference's act_quant does: an FP8 weight's column
+ * block (32 on V4.1, 128 on V4-Flash), and 32 for FP4 (its scale block). */
+static inline int dsv4_act_block(const dsv4_weight *w) { return w->form == DSV4_WF_FP8 && w->bk > 0 ? w->bk : 32; }
 
 /* The codes of the roundtrip op. */
 enum { DSV4_RT_FP8 = 0,      /* e4m3, ue8m0 scale per block */
@@ -193,8 +199,8 @@ typedef struct dsv4_backend {
      * x: [T, W.k] with row stride ldx; y: [T, r1 - r0] with row stride ldy. */
     void (*linear)(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y, int64_t ldy);
     /* REF's FP8/FP4 product (V4.1 spec §3): linear of x' where each row of x' is the row of x
-     * with every block of 32 values through e4m3 (dsv4_fp8_roundtrip); x is not changed. Each
-     * row is what linear gives for that x' row. */
+     * with every block of dsv4_act_block(w) values through e4m3 (dsv4_fp8_roundtrip); x is not
+     * changed. Each row is what linear gives for that x' row. */
     void (*linear_q)(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                      int64_t ldy);
     /* REF's product and its output rounding in one op: linear (quant 0) or linear_q (quant 1),

@@ -332,9 +332,13 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
                     nr++;
                 }
         }
-        if (!v41)
-            be->hc_pre(X, nr, n, D, m->hc_head_fn, m->hc_head_base, m->hc_head_scale, 0, hce, eps, pre, NULL, NULL, h, m->norm);
-        else
+        int ref = m->numerics == DSV4_NUMERICS_REF;
+        if (!v41) /* REF: the collapse through bf16 before its norm, as at the layers' sites */
+            be->hc_pre(X, nr, n, D, m->hc_head_fn, m->hc_head_base, m->hc_head_scale, 0, hce, eps, pre, NULL, NULL, h,
+                       ref ? NULL : m->norm);
+        if (!v41 && ref)
+            dsv4_rnd(m, h, (int64_t)nr * D);
+        if (v41 || ref)
             be->rmsnorm(h, nr, D, m->norm, eps, h);
         dsv4_rnd(m, h, (int64_t)nr * D);
         be->linear(&m->head, 0, c->vocab, h, nr, D, b->logits, c->vocab);

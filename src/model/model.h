@@ -206,10 +206,11 @@ int dsv4_seq_fill_synthetic(dsv4_seq *s, int64_t n, uint64_t seed, dsv4_err *err
 int dsv4_c_cap(const dsv4_model *m, const dsv4_layer *L);
 
 /* Numerics (numerics.c). In FP32 mode each is the plain op; in REF mode it rounds where
- * the V4.1 release reference does. */
+ * the V4.1 release reference does (V4 follows the same rules, docs/numerics.md). */
 enum { DSV4_LIN_F32OUT = 1, DSV4_LIN_NOQ = 2 };
-/* be->linear, plus in REF: the input quantized to e4m3 per 32 channels (ue8m0 scale) when
- * W is FP8/FP4 (unless DSV4_LIN_NOQ), and the output rounded to bf16 (unless F32OUT). */
+/* be->linear, plus in REF: the input quantized to e4m3 per dsv4_act_block(W) channels (ue8m0
+ * scale) when W is FP8/FP4 (unless DSV4_LIN_NOQ), and the output rounded to bf16 (unless
+ * F32OUT). */
 void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx,
               float *y, int64_t ldy, int flags);
 /* dsv4_lin(m, w[j], 0, W_j.n, x, T, ldx, y[j], W_j.n, flags) for j < nw (y[j] dense), through

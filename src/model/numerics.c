@@ -1,8 +1,9 @@
 /* Numerics modes. FP32 runs the equations in float32 with full-precision caches; REF rounds
- * where the V4.1 release reference rounds (bf16 activations, e4m3 activation blocks of 32 in
- * front of every FP8/FP4 product, fp8/fp4 cache round trips), through the backend's rounding
- * ops (linear_q, round_bf16, roundtrip: the reference's formulas bit for bit, spec §3, §6, §7),
- * so the activations stay where the backend keeps them. */
+ * where the V4.1 release reference rounds (bf16 activations, e4m3 activation blocks in front of
+ * every FP8/FP4 product, V4.1's fp8/fp4 cache round trips), through the backend's rounding ops
+ * (linear_q, round_bf16, roundtrip: the reference's formulas bit for bit, spec §3, §6, §7), so
+ * the activations stay where the backend keeps them. V4 takes the same rules at the matching
+ * places of its graph (docs/numerics.md). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

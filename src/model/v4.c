@@ -51,28 +51,70 @@ static int attention(dsv4_step *f, int li, const float *a, float *y, dsv4_err *e
         return err->code;
 
     /* The projections of a (2; 4 with a compressor; 7 with an indexer), then those of qr, each
-     * set in one op: on a GPU a launch per storage form rather than one per weight. */
-    const dsv4_weight *wa[7] = {&L->wq_a, &L->wkv, &L->comp.wkv, &L->comp.wgate, &L->icomp.wkv, &L->icomp.wgate,
-                                &L->iweights};
-    float *ya[7] = {qr, kv, cc, zz, ic, iz, wt};
+     * set in one op: on a GPU a launch per storage form rather than one per weight. REF rounds
+     * each bf16 activation as V4.1's reference does (dsv4_rnd, dsv4_lin); the compressors'
+     * projections stay fp32, as V4.1's pooling compressors'. */
+    const dsv4_weight *wa[7] = {&L->wq_a, &L->wkv, &L->iweights, &L->comp.wkv, &L->comp.wgate, &L->icomp.wkv,
+                                &L->icomp.wgate};
+    float *ya[7] = {qr, kv, wt, cc, zz, ic, iz};
     const dsv4_weight *wb[2] = {&L->wq_b, &L->iwq_b};
     float *yb[2] = {q, qi};
-    be->linear_multi(L->csa ? 7 : L->ratio ? 4 : 2, wa, a, R, c->dim, ya);
+    int na = L->csa ? 7 : L->ratio ? 4 : 2;
+    if (m->numerics == DSV4_NUMERICS_REF) {
+        int nc = L->csa ? 4 : L->ratio ? 2 : 0; /* the compressors' projections */
+        dsv4_lin_multi(m, L->csa ? 3 : 2, wa, a, R, c->dim, ya, 0);
+        if (nc)
+            dsv4_lin_multi(m, nc, wa + 3, a, R, c->dim, ya + 3, DSV4_LIN_F32OUT | DSV4_LIN_NOQ);
+    } else {
+        if (!L->csa) /* no indexer: the compressor's pair follows wq_a and wkv */
+            wa[2] = wa[3], wa[3] = wa[4], ya[2] = ya[3], ya[3] = ya[4];
+        be->linear_multi(na, wa, a, R, c->dim, ya);
+    }
     be->rmsnorm(qr, R, c->q_lora, L->q_norm, eps, qr);
-    be->linear_multi(L->csa ? 2 : 1, wb, qr, R, c->q_lora, yb);
+    dsv4_rnd(m, qr, (int64_t)R * c->q_lora);
+    dsv4_lin_multi(m, L->csa ? 2 : 1, wb, qr, R, c->q_lora, yb, 0);
     be->rmsnorm(q, (int64_t)R * H, d, NULL, eps, q);
+    dsv4_rnd(m, q, (int64_t)R * Hd);
     be->rope(q, R, Hd, H, d, rd, freq, f->dpos, 0);
+    dsv4_rnd(m, q, (int64_t)R * Hd);
     be->rmsnorm(kv, R, d, L->kv_norm, eps, kv);
+    dsv4_rnd(m, kv, (int64_t)R * d);
     be->rope(kv, R, d, 1, d, rd, freq, f->dpos, 0);
-    if (L->csa)
+    dsv4_rnd(m, kv, (int64_t)R * d);
+    if (L->csa) {
         be->rope(qi, R, (int64_t)nI * ci, nI, ci, rd, m->inv_freq_compress, f->dpos, 0);
+        dsv4_rnd(m, qi, (int64_t)R * nI * ci);
+    }
     A.q = q, A.kv = kv, A.cc = cc, A.zz = zz, A.ic = ic, A.iz = iz, A.qi = qi, A.wt = wt, A.o = o;
     be->attn_step(&A);
+    dsv4_rnd(m, o, (int64_t)R * Hd);
     be->rope(o, R, Hd, H, d, rd, freq, f->dpos, 1);
+    dsv4_rnd(m, o, (int64_t)R * Hd);
+    /* the grouped einsum on wo_a dequantized to bf16 (no input quantization), as V4.1's */
     be->linear_blocks(&L->wo_a, c->o_groups, o, R, t);
-    be->linear(&L->wo_b, 0, c->dim, t, R, (int64_t)c->o_groups * c->o_lora, y, c->dim);
+    dsv4_rnd(m, t, (int64_t)R * c->o_groups * c->o_lora);
+    dsv4_lin(m, &L->wo_b, 0, c->dim, t, R, (int64_t)c->o_groups * c->o_lora, y, c->dim, 0);
     dsv4_release(m, mk);
     return 0;
+}
+
+/* A hyper-connection site's mixes and its collapse, RMS-normed by hw, into h: one fused op in
+ * fp32; REF rounds the collapse and the norm's output to bf16, as V4.1's reference does. */
+static void site(dsv4_step *f, const float *X, const float *fn, const float *base, const float *scale, const float *hw,
+                 float *pre, float *post, float *comb, float *h)
+{
+    dsv4_model *m = f->m;
+    const dsv4_config *c = &m->cfg;
+    int R = f->R, n = c->hc_mult, D = c->dim;
+    float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
+    if (m->numerics != DSV4_NUMERICS_REF) {
+        f->be->hc_pre(X, R, n, D, fn, base, scale, c->hc_iters, hce, eps, pre, post, comb, h, hw);
+        return;
+    }
+    f->be->hc_pre(X, R, n, D, fn, base, scale, c->hc_iters, hce, eps, pre, post, comb, h, NULL);
+    dsv4_rnd(m, h, (int64_t)R * D);
+    f->be->rmsnorm(h, R, D, hw, eps, h);
+    dsv4_rnd(m, h, (int64_t)R * D);
 }
 
 /* The V4 layers over X [R, n, D] (backend memory); h, y [R, D], pre/post [R, n], comb
@@ -83,19 +125,19 @@ int dsv4_v4_layers(dsv4_step *f, float *X, float *h, float *y, float *pre, float
     const dsv4_config *c = &m->cfg;
     const dsv4_backend *be = f->be;
     int R = f->R, n = c->hc_mult, D = c->dim, rc = 0;
-    float eps = (float)c->norm_eps, hce = (float)c->hc_eps;
+    dsv4_rnd(m, X, (int64_t)R * n * D);
     for (int li = 0; li < c->n_layers && !rc; li++) {
         const dsv4_layer *L = &m->layers[li];
-        be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre, post, comb, h,
-                   L->attn_norm);
+        site(f, X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, pre, post, comb, h);
         if ((rc = attention(f, li, h, y, err)))
             break;
         be->hc_post(X, y, R, n, D, post, comb);
-        be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre, post, comb, h,
-                   L->ffn_norm);
+        dsv4_rnd(m, X, (int64_t)R * n * D);
+        site(f, X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, pre, post, comb, h);
         if ((rc = dsv4_moe(m, li, f->dids, R, h, y, err)))
             break;
         be->hc_post(X, y, R, n, D, post, comb);
+        dsv4_rnd(m, X, (int64_t)R * n * D);
     }
     return rc;
 }

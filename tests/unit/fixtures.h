@@ -132,4 +132,38 @@ static void seams(dsv4_model *m, const char *name, const int32_t *ids, int T, in
     free(got);
 }
 
+/* REF against exact (fp32) on the same case, teacher-forced: per position the KL divergence of
+ * REF's next-token distribution from fp32's, KL(fp32 || ref) in nats, and whether the top-1
+ * tokens agree (the count is returned). A measurement, not a gate (docs/numerics.md records
+ * it). */
+static inline int kl_report(const char *what, const float *exact, const float *ref, int T, int V)
+{
+    double kl_sum = 0, kl_max = 0;
+    int agree = 0;
+    for (int t = 0; t < T; t++) {
+        const float *a = exact + (size_t)t * V, *b = ref + (size_t)t * V;
+        double ma = a[0], mb = b[0], za = 0, zb = 0, kl = 0;
+        int ta = 0, tb = 0;
+        for (int v = 1; v < V; v++) {
+            if (a[v] > a[ta])
+                ta = v;
+            if (b[v] > b[tb])
+                tb = v;
+        }
+        ma = a[ta], mb = b[tb];
+        for (int v = 0; v < V; v++)
+            za += exp((double)a[v] - ma), zb += exp((double)b[v] - mb);
+        for (int v = 0; v < V; v++) { /* p log p/q with log p = a - ma - log za */
+            double la = a[v] - ma - log(za), lb = b[v] - mb - log(zb);
+            kl += exp(la) * (la - lb);
+        }
+        kl_sum += kl;
+        kl_max = kl > kl_max ? kl : kl_max;
+        agree += ta == tb;
+    }
+    CHECK(isfinite(kl_sum), "%s: KL is not finite", what);
+    printf("  %-40s KL(fp32 || ref) mean %.3g max %.3g nats, top-1 %d/%d\n", what, kl_sum / T, kl_max, agree, T);
+    return agree;
+}
+
 #endif

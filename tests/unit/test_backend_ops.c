@@ -553,7 +553,8 @@ static float *run_linear_q(const target *t, const dsv4_weight *w, const float *x
     return hy;
 }
 
-/* linear_q against linear_ref of x's rows through the fp8 round trip's reference, at linear's
+/* linear_q against linear_ref of x's rows through the fp8 round trip's reference in blocks of
+ * dsv4_act_block (the FP8 weight's column block, 32 for FP4), at linear's
  * tolerance (gamma(k + 4) sum |W x'|). Control: the unquantized x. Rows: each alone. And on each
  * backend, linear_q(x) == linear(x') bit for bit (x' the reference's quantized x, which the
  * roundtrip cases show every backend makes bit for bit): a backend may take x' as bf16 values
@@ -569,8 +570,13 @@ static void test_linear_q(const lin_case *c)
     float *x = falloc((size_t)T * ldx), *xq = falloc((size_t)T * k), *ref = falloc(ny), *bad = falloc(ny);
     double *tol = malloc(ny * sizeof(double)), *tb = malloc(ny * sizeof(double)), *W = w_dense(&w);
     fill(x, (size_t)T * ldx, -1, 1);
+    for (int t = 0; t < T; t++) /* every other 32 channels 2^-12 smaller: in a block of 64 or 128
+                                 * they fall to e4m3's subnormal grid, in their own block of 32
+                                 * they do not (power-of-two scales alone change no rounding) */
+        for (int64_t c = 0; c < k; c++)
+            x[(size_t)t * ldx + c] = ldexpf(x[(size_t)t * ldx + c], -12 * (int)((c / 32) % 2));
     for (int t = 0; t < T; t++)
-        roundtrip_ref(x + (size_t)t * ldx, k, 32, DSV4_RT_FP8, 0, xq + (size_t)t * k);
+        roundtrip_ref(x + (size_t)t * ldx, k, dsv4_act_block(&w), DSV4_RT_FP8, 0, xq + (size_t)t * k);
     linear_ref(W, k, 0, n, xq, T, k, ref, tol);
     linear_ref(W, k, 0, n, x, T, ldx, bad, tb);
     float *cpu_y = NULL;
@@ -602,6 +608,17 @@ static void test_linear_q(const lin_case *c)
         int caught = !rows_equal(yb, y, ny);
         CHECK(caught, "%s: control (a quantized value moved by 2^-6 of itself) not caught", what);
         printf("  %-52s == linear(x') bitwise %s; control %s\n", what, eq ? "ok" : "FAIL", caught ? "caught" : "NOT CAUGHT");
+        if (dsv4_act_block(&w) != 32) { /* control: x' quantized in blocks of 32, not the weight's */
+            float *x32 = falloc((size_t)T * k);
+            for (int r = 0; r < T; r++)
+                roundtrip_ref(x + (size_t)r * ldx, k, 32, DSV4_RT_FP8, 0, x32 + (size_t)r * k);
+            float *y32 = run_linear(t, &w, 0, n, x32, T, k, n);
+            int c32 = !rows_equal(y32, y, ny);
+            CHECK(c32, "%s: control (x quantized in blocks of 32) not caught", what);
+            printf("  %-52s control (blocks of 32 instead of %d) %s\n", what, dsv4_act_block(&w),
+                   c32 ? "caught" : "NOT CAUGHT");
+            free(x32), free(y32);
+        }
         free(yl), free(yb);
         drop_weights(t, &w, 1);
         if (o < 0)
@@ -3566,6 +3583,8 @@ static const lin_case linq_cases[] = {
      .T = 13},
     {.name = "linear_q fp8 [128, 128] blocks T=70", .form = DSV4_WF_FP8, .n = 144, .k = 512, .bn = 128, .bk = 128,
      .e8m0 = 1, .T = 70},
+    {.name = "linear_q fp8 [128, 128] blocks T=3, k%128!=0", .form = DSV4_WF_FP8, .n = 64, .k = 456, .bn = 128,
+     .bk = 128, .e8m0 = 1, .T = 3, .padx = 5},
     {.name = "linear_q fp4 T=33", .form = DSV4_WF_FP4, .n = 80, .k = 1024, .bn = 1, .bk = 32, .e8m0 = 1, .T = 33},
 };
 

@@ -6,6 +6,8 @@
  *     rollback) bit for bit;
  *   - the tokenizer: each question's rendered prompt encodes to the ids Hugging Face's tokenizer
  *     gave, and the reply ids decode to the reply text it gave;
+ *   - REF numerics (production rounding) against exact: per case KL and top-1, and top-1 agreement
+ *     of at least 99% over the cases (the bar test_kv sets for production caches);
  *   - greedy decoding: the reply to each question, token for token, where the oracle's smallest
  *     top-two gap over the reply exceeds the same 1e-3 (below it float32 may rightly pick the
  *     other token, so such a reply is not compared; the test needs at least three compared). */
@@ -32,7 +34,9 @@ static int32_t *json_ids(const cJSON *a, int *n)
     return v;
 }
 
-static void logits_cases(dsv4_model *m, int V)
+/* mr: the model in REF numerics (or NULL), measured against m's exact logits: its top-1
+ * agreements and positions are added to ref_agree and ref_total. */
+static void logits_cases(dsv4_model *m, dsv4_model *mr, int V, int *ref_agree, int *ref_total)
 {
     dsv4_err err = {0};
     char *txt = slurp(FIX "/cases.json");
@@ -59,6 +63,15 @@ static void logits_cases(dsv4_model *m, int V)
                 static const int chunks[] = {1, 2, 3, 7, 64};
                 seams(m, "mini case0", ids, T, V, chunks, 5);
             }
+            float *gref = mr ? malloc((size_t)T * V * sizeof(float)) : NULL;
+            if (gref) { /* REF against exact: prefill logits again (decode overwrote them) */
+                CHECK(!run_chunks(m, ids, T, 0, got, V) && !run_chunks(mr, ids, T, 0, gref, V), "case%d REF prefill failed",
+                      ci);
+                snprintf(what, sizeof what, "case%d T=%d REF prefill", ci, T);
+                *ref_agree += kl_report(what, got, gref, T, V);
+                *ref_total += T;
+            }
+            free(gref);
         }
         free(got);
         free(ids);
@@ -156,7 +169,17 @@ int main(void)
     if (m && tok) {
         dsv4_model_info info;
         dsv4_model_get_info(m, &info);
-        logits_cases(m, info.vocab_size);
+        dsv4_load_opts lr = lo;
+        lr.numerics = DSV4_NUMERICS_REF;
+        dsv4_model *mr = dsv4_model_load(MODEL, &lr, &err);
+        CHECK(mr != NULL, MODEL " in REF numerics: %s", err.msg);
+        int agree = 0, total = 0;
+        logits_cases(m, mr, info.vocab_size, &agree, &total);
+        printf("  REF against exact: top-1 %d/%d (%.2f%%)\n", agree, total, 100.0 * agree / (total ? total : 1));
+        /* the bar production caches meet on this model (test_kv): a trained model's choices
+         * survive production rounding */
+        CHECK(total > 0 && agree >= 0.99 * total, "REF's top-1 agreement with exact %d/%d is under 99%%", agree, total);
+        dsv4_model_free(mr);
         replies(m, tok, info.vocab_size, info.eos_id);
     }
     dsv4_tokenizer_free(tok);

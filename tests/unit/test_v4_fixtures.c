@@ -5,7 +5,11 @@
  * chunks of 1, 2, 3, 7, 64 and all gives bit-identical logits, and copy / save-restore /
  * rollback reproduce an uninterrupted run bit for bit. Arguments: other fixture folders to check
  * instead. DSV4_TEST_DEVICE=cuda runs it all through the CUDA backend (same
- * tolerances). */
+ * tolerances).
+ *
+ * REF numerics (production rounding, docs/numerics.md) have no V4 reference to meet: each case
+ * reports REF's KL and top-1 agreement against the exact logits, and the checks are that REF
+ * rounds (its logits differ from exact ones), is finite, and keeps the seams bit for bit. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
@@ -38,6 +42,10 @@ int main(int argc, char **argv)
         CHECK(m != NULL, "%s: load: %s", name, err.msg);
         if (!m)
             continue;
+        dsv4_load_opts lr = lo;
+        lr.numerics = DSV4_NUMERICS_REF;
+        dsv4_model *mr = dsv4_model_load(dir, &lr, &err);
+        CHECK(mr != NULL, "%s: load in REF numerics: %s", name, err.msg);
         if (*dsv4_model_placement(m))
             printf("  placement: %s\n", dsv4_model_placement(m));
         snprintf(path, sizeof path, "%s/cases.json", dir);
@@ -63,11 +71,23 @@ int main(int argc, char **argv)
                 free(ids);
                 continue;
             }
-            float *got = malloc((size_t)T * V * sizeof(float));
+            float *got = malloc((size_t)T * V * sizeof(float)), *gref = malloc((size_t)T * V * sizeof(float));
             char what[160];
             CHECK(!run_chunks(m, ids, T, 0, got, V), "%s case%d prefill failed", name, ci);
             snprintf(what, sizeof what, "case%d T=%d prefill", ci, T);
             compare(what, got, rt->data, T, V);
+            if (mr) {
+                CHECK(!run_chunks(mr, ids, T, 0, gref, V), "%s case%d REF prefill failed", name, ci);
+                snprintf(what, sizeof what, "case%d T=%d REF prefill", ci, T);
+                kl_report(what, got, gref, T, V);
+                CHECK(memcmp(got, gref, (size_t)T * V * sizeof(float)), "%s: REF gives the exact logits: no rounding ran",
+                      what);
+                if (ci == 0) {
+                    static const int chunks[] = {1, 2, 3, 7, 64};
+                    snprintf(what, sizeof what, "%.100s case0 REF", name);
+                    seams(mr, what, ids, T, V, chunks, 5);
+                }
+            }
             CHECK(!run_decode(m, ids, T, P, got, V), "%s case%d decode failed", name, ci);
             snprintf(what, sizeof what, "case%d T=%d prefill %d + decode", ci, T, P);
             compare(what, got, rt->data, T, V);
@@ -77,12 +97,14 @@ int main(int argc, char **argv)
                 seams(m, what, ids, T, V, chunks, 5);
             }
             free(got);
+            free(gref);
             free(ids);
         }
         cJSON_Delete(j);
         free(txt);
         dsv4_st_close(ex);
         dsv4_model_free(m);
+        dsv4_model_free(mr);
     }
     return check_summary("v4 fixtures");
 }

@@ -549,7 +549,7 @@ static void cpu_linear_q(const dsv4_weight *w, int64_t r0, int64_t r1, const flo
     }
     for (int t = 0; t < T; t++) {
         memcpy(xq + (int64_t)t * w->k, x + t * ldx, w->k * sizeof(float));
-        dsv4_fp8_roundtrip(xq + (int64_t)t * w->k, w->k, 32);
+        dsv4_fp8_roundtrip(xq + (int64_t)t * w->k, w->k, dsv4_act_block(w));
     }
     cpu_linear(w, r0, r1, xq, T, w->k, y, ldy);
     free(xq);

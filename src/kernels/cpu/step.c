@@ -368,7 +368,7 @@ static void ex_lin(const dsv4_weight *w, int64_t nout, float *x, int n, float *y
 {
     if (ref && (w->form == DSV4_WF_FP8 || w->form == DSV4_WF_FP4))
         for (int i = 0; i < n; i++)
-            dsv4_fp8_roundtrip(x + (int64_t)i * w->k, w->k, 32);
+            dsv4_fp8_roundtrip(x + (int64_t)i * w->k, w->k, dsv4_act_block(w));
     dsv4_backend_cpu()->linear(w, 0, nout, x, n, w->k, y, nout);
     if (ref)
         dsv4_round_bf16(y, (int64_t)n * nout);

@@ -140,7 +140,7 @@ static void emit_group(const dsv4_backend *be, const dsv4_attn41_args *a, const 
         const float *x = lat;
         if (ref && (wk->form == DSV4_WF_FP8 || wk->form == DSV4_WF_FP4)) { /* the REF product's e4m3 input */
             memcpy(xq, lat, d * sizeof(float));
-            dsv4_fp8_roundtrip(xq, d, 32);
+            dsv4_fp8_roundtrip(xq, d, dsv4_act_block(wk));
             x = xq;
         }
         be->linear(wk, 0, ci, x, 1, d, kk, ci);

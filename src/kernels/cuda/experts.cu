@@ -274,8 +274,8 @@ static bool ex_ref_h(const dsv4_experts_args *a, float *G)
 {
     if (!a->ref || (a->w2[0].form != DSV4_WF_FP8 && a->w2[0].form != DSV4_WF_FP4))
         return true;
-    quant_rows(G, (int64_t)a->R * a->K, a->I, a->I, G);
-    return launched("experts h quantized") != 0;
+    return quant_rows(G, (int64_t)a->R * a->K, a->I, a->I, dsv4_act_block(&a->w2[0]), G) &&
+           launched("experts h quantized") != 0;
 }
 
 /* y_r = sum over k in order of (pre_weight ? 1 : w_rk) Y_rk; a pair with no valid expert
@@ -624,9 +624,7 @@ static void experts_run(const dsv4_experts_args *a)
         /* REF: x's rows through e4m3 blocks for FP8/FP4 products (once for w1 and w3) */
         if (a->ref && (a->w1[0].form == DSV4_WF_FP8 || a->w1[0].form == DSV4_WF_FP4)) {
             float *xq = ref_buf((size_t)R * D);
-            if (xq)
-                quant_rows(a->x, R, D, D, xq);
-            q.x = xq;
+            q.x = xq && quant_rows(a->x, R, D, D, dsv4_act_block(&a->w1[0]), xq) ? xq : NULL;
         }
         a = &q;
         const wdev *st[3];

@@ -26,34 +26,50 @@ __global__ void k_roundtrip(float *x, int64_t n, int block, int code)
         rt_block(x + b0, x + b0, (int)(n - b0 < block ? n - b0 : block), code);
 }
 
-/* Warp per (row, block of 32) of x [rows, k] (stride ldx) into xq [rows, k]: lane j holds
- * element j, the block's largest magnitude comes from a shuffle tree (a maximum, so its order
- * does not matter), and each lane codes its element at the block's scale: rt_block's values
- * (every lane reads before any writes, so xq may be x). */
-__global__ void k_quant_rows(const float *x, int64_t rows, int k, int64_t ldx, float *xq)
+/* Warp per (row, block of `block` values) of x [rows, k] (stride ldx) into xq [rows, k]: lane
+ * j holds elements j, j + 32, ... of the block, the block's largest magnitude comes from a
+ * shuffle tree (a maximum, so its order does not matter), and each lane codes its elements at
+ * the block's scale: rt_block's values (every lane reads its elements before any lane writes,
+ * so xq may be x). QB_MAX bounds the elements a lane holds. */
+#define QB_MAX 8
+__global__ void k_quant_rows(const float *x, int64_t rows, int k, int64_t ldx, int block, float *xq)
 {
     PDL_WAIT();
-    int nb = (k + 31) / 32, lane = threadIdx.x & 31;
+    int nb = (k + block - 1) / block, lane = threadIdx.x & 31, per = (block + 31) / 32;
     int64_t i = ((int64_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     if (i >= rows * nb)
         return;
     int64_t r = i / nb;
-    int c = (int)(i % nb) * 32 + lane;
-    bool in = c < k;
-    float v = in ? x[r * ldx + c] : 0.0f, amax = fmaxf(1e-4f, fabsf(v));
+    int c0 = (int)(i % nb) * block, end = c0 + block < k ? c0 + block : k;
+    float v[QB_MAX], amax = 1e-4f;
+#pragma unroll
+    for (int j = 0; j < QB_MAX; j++) {
+        int c = c0 + lane + 32 * j;
+        v[j] = j < per && c < end ? x[r * ldx + c] : 0.0f;
+        amax = fmaxf(amax, fabsf(v[j]));
+    }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1)
         amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     float sc = rt_pow2_ceil(amax * (1.0f / 448.0f));
-    if (in)
-        xq[r * k + c] = rt_e4m3(fminf(fmaxf(v / sc, -448.0f), 448.0f)) * sc;
+#pragma unroll
+    for (int j = 0; j < QB_MAX; j++) {
+        int c = c0 + lane + 32 * j;
+        if (j < per && c < end)
+            xq[r * k + c] = rt_e4m3(fminf(fmaxf(v[j] / sc, -448.0f), 448.0f)) * sc;
+    }
 }
 
-void dsv4cu::quant_rows(const float *x, int64_t rows, int k, int64_t ldx, float *xq)
+bool dsv4cu::quant_rows(const float *x, int64_t rows, int k, int64_t ldx, int block, float *xq)
 {
-    int64_t nt = rows * ((k + 31) / 32) * 32;
+    if (block <= 0 || block > 32 * QB_MAX) {
+        fail(DSV4_E_UNSUPPORTED, "cuda: REF activation blocks of %d values (at most %d)", block, 32 * QB_MAX);
+        return false;
+    }
+    int64_t nt = rows * ((k + block - 1) / block) * 32;
     if (nt > 0)
-        launch_k(k_quant_rows, (unsigned)cdiv(nt, 256), 256, 0, stream, x, rows, k, ldx, xq);
+        launch_k(k_quant_rows, (unsigned)cdiv(nt, 256), 256, 0, stream, x, rows, k, ldx, block, xq);
+    return true;
 }
 
 void dsv4cu::round_bf16_launch(float *x, int64_t n)
@@ -125,9 +141,7 @@ void dsv4cu::linear_q_x(const dsv4_weight *w, int64_t r0, int64_t r1, const floa
     const float *dx = on_dev(x) ? x : dev_in(x, T, w->k, ldx);
     int64_t dldx = dx == x ? ldx : w->k;
     float *xq = dx ? ref_buf((size_t)T * w->k) : NULL;
-    if (xq)
-        quant_rows(dx, T, (int)w->k, dldx, xq);
-    bool ran = xq && launched("linear_q input");
+    bool ran = xq && quant_rows(dx, T, (int)w->k, dldx, dsv4_act_block(w), xq) && launched("linear_q input");
     if (!ran)
         fail_rows(y, T, r1 - r0, ldy);
     op_end();
