@@ -4,7 +4,8 @@
 weight rotated over >= 512 MB of copies (L2 cannot serve them), the calls captured in a CUDA
 graph, median of 10 replays. GB/s counts the weight bytes as PyTorch stores them (FP8: n*k
 plus its scales; BF16: 2*n*k). The FP4 expert shapes have no FP4 matmul in PyTorch on sm_90:
-their peer rows are FP8 and BF16 at the expert's shape.
+their peer rows are FP8 and BF16 at the expert's shape. First, the run's tensor-core peaks
+(BF16 and FP8 8192^3 matmuls); `--peak`: those alone.
 
 FP8 scaling: the first form _scaled_mm accepts here, tried in order: 128x128 weight blocks
 with 1x128 activation blocks (DeepSeek's layout, ours), per-row/per-column, per-tensor. A batch
@@ -21,7 +22,7 @@ SHAPES = [
     ("expert w2", 4096, 2048),
     ("gate", 4096, 4096),
 ]
-BATCHES = [1, 512]
+BATCHES = [1, 2, 4, 5, 8, 16, 64, 512, 4096]  # issue 12's row counts, bench_cuda's
 REPS = 10
 
 
@@ -79,10 +80,30 @@ def fp8_form(n, k, m):
     return None, errs
 
 
+def peaks():
+    """The tensor cores' ceilings this run compares against: an 8192^3 BF16 matmul and the same
+    in FP8 (_scaled_mm, per-tensor scales), TFLOP/s of the median replay."""
+    N = 8192
+    a = torch.randn(N, N, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(N, N, device="cuda", dtype=torch.bfloat16)
+    us = time_graph(lambda c: torch.matmul(a, b), 4)
+    print(f"peak: bf16 matmul {N}^3 {2 * N ** 3 / us / 1e6:.1f} TFLOP/s", flush=True)
+    a8, b8 = a.to(torch.float8_e4m3fn), b.t().contiguous().t().to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    try:
+        us = time_graph(lambda c: torch._scaled_mm(a8, b8, scale_a=one, scale_b=one, out_dtype=torch.bfloat16), 4)
+        print(f"peak: fp8 _scaled_mm {N}^3 {2 * N ** 3 / us / 1e6:.1f} TFLOP/s", flush=True)
+    except RuntimeError as e:
+        print(f"peak: fp8 _scaled_mm refused: {e}", flush=True)
+
+
 def main():
     torch.manual_seed(0)
     p = torch.cuda.get_device_properties(0)
     print(f"peer: torch {torch.__version__}, {p.name}")
+    peaks()
+    if "--peak" in sys.argv:
+        return 0
     print(f"{'weight':<12} {'[n, k]':<14} {'T':>4} {'peer':<24} {'us/call':>9} {'GB/s':>7} {'TFLOP/s':>8}")
     for name, n, k in SHAPES:
         for T in BATCHES:
