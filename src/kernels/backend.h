@@ -184,9 +184,11 @@ enum { DSV4_RT_FP8 = 0,      /* e4m3, ue8m0 scale per block */
 typedef struct dsv4_backend {
     const char *name;
     /* The memory activations and sequence state live in (host memory on the CPU, device
-     * memory on a GPU). Every buffer an op takes is in it, except that the CUDA backend also
-     * accepts host buffers (copied in and out per call). alloc: zeroed, NULL when out of
-     * memory; download waits for the queued ops. */
+     * memory on a GPU). Every buffer an op reads or writes is in it (a host buffer handed to a
+     * GPU backend's op is a caller's bug, not a slower path); the constant arrays an op reads
+     * (weights, norm weights, hc params, sinks, rope tables, router bias, tid2eid) are the
+     * model's, which a device backend reads where place() put them. alloc: zeroed, NULL when
+     * out of memory; download waits for the queued ops. */
     void *(*alloc)(size_t bytes);
     void (*free)(void *p);
     void (*upload)(void *dst, const void *host, size_t bytes);
@@ -250,8 +252,8 @@ typedef struct dsv4_backend {
     void (*engram_gate)(float *X, const float *kv, const float *w, int T, int n, int D, float eps, int round_bf16);
     /* X[k] = post[k] * y + sum_j comb[j][k] * X[j], per row. */
     void (*hc_post)(float *X, const float *y, int T, int n, int D, const float *post, const float *comb);
-    /* Attention of one query row over nk keys (K = V, rows of width d at keys[i] pointers, a
-     * host array; the rows all in host memory or all in the backend's own):
+    /* Attention of one query row over nk keys (K = V, rows of width d at keys[i]; the table
+     * keys [nk] and the rows it points at are in the backend's memory):
      * for each of H heads: softmax over (q_h . k_i * scale, sink[h]) and out_h = sum p_i k_i. */
     void (*attend)(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink, float *out);
     /* The V4 attention layer's stateful part, above. */

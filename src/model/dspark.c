@@ -77,6 +77,7 @@ static int stage_attention(void *ctx, const float *a, float *y, dsv4_err *err)
     size_t mk = m->arena.off;
     float *qr = dsv4_ftake(m, (size_t)B * c->q_lora, err), *q = dsv4_ftake(m, (size_t)B * Hd, err);
     float *kv = dsv4_ftake(m, (size_t)B * d, err), *o = dsv4_ftake(m, (size_t)B * Hd, err);
+    const float **dkeys = dsv4_take(m, (size_t)(W + B) * sizeof *dkeys, err); /* the op's key table, in m->mem */
     const float **keys = malloc((size_t)(W + B) * sizeof *keys);
     int rc = err && err->code;
     if (!rc && !keys)
@@ -88,8 +89,9 @@ static int stage_attention(void *ctx, const float *a, float *y, dsv4_err *err)
             keys[nk++] = s->skv[sc->st] + (j % s->kv_cap) * d;
         for (int r = 0; r < B; r++)
             keys[nk++] = kv + (int64_t)r * d;
+        m->mem->upload(dkeys, keys, (size_t)nk * sizeof *keys);
         for (int r = 0; r < B; r++)
-            m->be->attend(q + (int64_t)r * Hd, H, d, keys, nk, 1.0f / sqrtf((float)d), L->sink, o + (int64_t)r * Hd);
+            m->be->attend(q + (int64_t)r * Hd, H, d, dkeys, nk, 1.0f / sqrtf((float)d), L->sink, o + (int64_t)r * Hd);
         rc = dsv4_v41_attn_out(m, L, o, B, sc->dpos, y, err);
     }
     free(keys);

@@ -242,6 +242,9 @@ static int step_rows(dsv4_step *f, const dsv4_batch *b, int64_t *start, int32_t 
     return 0;
 }
 
+/* The most bytes of logits the head writes to backend memory at a time (at least one row). */
+#define HEAD_CHUNK_BYTES ((size_t)64 << 20)
+
 int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
 {
     const dsv4_config *c = &m->cfg;
@@ -341,7 +344,22 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
         if (v41 || ref)
             be->rmsnorm(h, nr, D, m->norm, eps, h);
         dsv4_rnd(m, h, (int64_t)nr * D);
-        be->linear(&m->head, 0, c->vocab, h, nr, D, b->logits, c->vocab);
+        /* the head writes backend memory, taken from the arena and copied out to the caller's
+         * logits a chunk of rows at a time, so the buffer stays bounded however many rows ask
+         * (a row's logits do not depend on the rows beside it) */
+        int64_t V = c->vocab;
+        int chunk = (int)(HEAD_CHUNK_BYTES / ((size_t)V * sizeof(float)));
+        chunk = chunk < 1 ? 1 : chunk > nr ? nr : chunk;
+        float *lg = dsv4_ftake(m, (size_t)chunk * V, err);
+        if (!lg) {
+            rc = err && err->code ? err->code : DSV4_E_NOMEM;
+            goto out;
+        }
+        for (int r0 = 0; r0 < nr; r0 += chunk) {
+            int rows = nr - r0 < chunk ? nr - r0 : chunk;
+            be->linear(&m->head, 0, V, h + (int64_t)r0 * D, rows, D, lg, V);
+            m->mem->download(b->logits + (size_t)r0 * V, lg, (size_t)rows * V * sizeof(float));
+        }
         if (be->check)
             rc = be->check(err);
     }

@@ -13,8 +13,9 @@
  * its norm, the shared head) gives a draft, the argmax, ties to the lower id.
  *
  * Every buffer the ops see is in the model's memory (m->mem: the step arena, the sequence's
- * window and streams), moved with m->mem's copies, so the stage runs on any backend; the host
- * holds only row bookkeeping and the downloaded logits it takes the argmax of. */
+ * window and streams, the attention's key table), moved with m->mem's copies, so the stage runs
+ * on any backend; the host holds only row bookkeeping, the key table it uploads and the
+ * downloaded logits it takes the argmax of. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,6 +132,7 @@ static int chain_attention(dsv4_model *m, dsv4_seq *s, int64_t L0, int64_t p, co
     size_t mk = m->arena.off;
     float *qr = dsv4_ftake(m, c->q_lora, err), *q = dsv4_ftake(m, Hd, err), *o = dsv4_ftake(m, Hd, err);
     float *t = dsv4_ftake(m, (size_t)c->o_groups * c->o_lora, err);
+    const float **dkeys = dsv4_take(m, (size_t)W * sizeof *dkeys, err); /* the op's key table, in m->mem */
     const float **keys = malloc((size_t)W * sizeof *keys);
     int rc = err && err->code;
     if (!rc && !keys)
@@ -145,7 +147,8 @@ static int chain_attention(dsv4_model *m, dsv4_seq *s, int64_t L0, int64_t p, co
         int nk = 0;
         for (int64_t j = p - W + 1 < 0 ? 0 : p - W + 1; j <= p; j++)
             keys[nk++] = j < L0 - 1 ? s->mkv + (j % s->kv_cap) * d : ck + (j - (L0 - 1)) * d;
-        be->attend(q, H, d, keys, nk, 1.0f / sqrtf((float)d), L->sink, o);
+        m->mem->upload(dkeys, keys, (size_t)nk * sizeof *keys);
+        be->attend(q, H, d, dkeys, nk, 1.0f / sqrtf((float)d), L->sink, o);
         be->rope(o, 1, Hd, H, d, rd, m->inv_freq_main, dp, 1);
         be->linear_blocks(&L->wo_a, c->o_groups, o, 1, t);
         be->linear(&L->wo_b, 0, c->dim, t, 1, (int64_t)c->o_groups * c->o_lora, y, c->dim);

@@ -1,4 +1,4 @@
-/* CUDA attend: one block per head over gathered keys, with the sink. */
+/* CUDA attend: one block per head over a table of key rows, with the sink. */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -12,24 +12,42 @@ using namespace dsv4cu;
 
 /* ---- attend: one block per head ---------------------------------------------------------- */
 
-/* q [H, d], keys [nk, d] (K = V) or, when kp is set, key i at kp[i] (device rows), sink [H],
- * p [H, nk] scratch, out [H, d]; attend_head's order. */
-__global__ void __launch_bounds__(NB) k_attend(const float *q, int d, const float *keys, const float *const *kp, int nk,
-                                               float scale, const float *sink, float *p_all, float *out)
+/* q [H, d], key i at kp[i] (rows of d in device memory; K = V), sink [H], p [H, nk] the softmax
+ * weights, out [H, d]; attend_head's order. */
+__global__ void __launch_bounds__(NB) k_attend(const float *q, int d, const float *const *kp, int nk, float scale,
+                                               const float *sink, float *p_all, float *out)
 {
     PDL_WAIT();
     __shared__ float sh[NW + 1], part[NW * ATT_MAXD];
     int h = blockIdx.x;
-    auto key = [&](int i) { return kp ? kp[i] : keys + (int64_t)i * d; };
+    auto key = [&](int i) { return kp[i]; };
     attend_head<NW>(q + (int64_t)h * d, key, nk, d, scale, sink[h], p_all + (int64_t)h * nk, sh, part, out + (int64_t)h * d);
 }
 
-static float *g_keys;           /* host staging for the gathered key rows */
-static size_t g_keys_cap;
+/* Device room for the softmax weights [H, nk]. It grows by doubling, and an outgrown buffer is
+ * kept (never freed): a recorded graph may still read it. Growing is not recordable. */
+static float *g_probs;
+static size_t g_probs_n;
 
-/* Key rows in host memory are gathered on the host and sent as one matrix; rows in device
- * memory (the model's memory on this device) are read where they are, through the pointer
- * table. A call mixing the two is refused. */
+static float *probs(size_t n)
+{
+    if (n <= g_probs_n)
+        return g_probs;
+    if (capturing) {
+        fail(DSV4_E_ARG, "cuda: attend: its weights buffer must grow to %zu floats, which a recording cannot", n);
+        return NULL;
+    }
+    size_t want = n > 2 * g_probs_n ? n : 2 * g_probs_n;
+    float *p = NULL;
+    if (CK(cudaMalloc((void **)&p, want * sizeof(float))))
+        return NULL;
+    g_probs = p;
+    g_probs_n = want;
+    return p;
+}
+
+/* q, the key table, the key rows and out are device buffers (backend.h); the sink is a
+ * constant (resident or device memory). */
 void dsv4cu::cu_attend(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink,
                       float *out)
 {
@@ -37,35 +55,12 @@ void dsv4cu::cu_attend(const float *q, int H, int d, const float *const *keys, i
         return;
     size_t bo = (size_t)H * d * sizeof(float);
     op_begin();
-    int dev = nk > 0 && on_dev(keys[0]), ok = 1;
-    for (int i = 1; i < nk && ok; i++)
-        if (on_dev(keys[i]) != dev) {
-            fail(DSV4_E_ARG, "cuda: attend: key rows %d and %d are in different memories (host and device)", 0, i);
-            ok = 0;
-        }
-    size_t kb = (size_t)(nk > 0 ? nk : 1) * d * sizeof(float);
-    if (ok && !dev && kb > g_keys_cap) {
-        float *nkeys = (float *)realloc(g_keys, kb);
-        if (nkeys) {
-            g_keys = nkeys;
-            g_keys_cap = kb;
-        }
-    }
-    if (ok && !dev && kb > g_keys_cap) {
-        fail(DSV4_E_NOMEM, "cuda: attend: out of host memory staging %d keys", nk);
-        ok = 0;
-    }
-    for (int i = 0; ok && !dev && i < nk; i++)
-        memcpy(g_keys + (size_t)i * d, keys[i], d * sizeof(float));
-    const float *ds = ok ? (const float *)dev_const(sink, H * sizeof(float)) : NULL;
-    const float *dq = ok ? (const float *)in_buf(q, bo) : NULL;
-    const float *const *kp = ok && dev ? (const float *const *)in_buf(keys, (size_t)nk * sizeof *keys) : NULL;
-    float *dk = ok && !dev ? dev_in(g_keys, nk, d, d) : NULL;
-    float *dp = ok ? (float *)scratch((size_t)H * (nk > 0 ? nk : 1) * sizeof(float)) : NULL;
-    float *dout = ok ? (float *)out_buf(out, bo, 1) : NULL;
-    bool ran = ds && dq && (dev ? kp != NULL : dk != NULL) && dp && dout;
+    bool ok = given("attend", {q, sink, out}) && (nk <= 0 || given("attend", {keys}));
+    const float *ds = ok ? (const float *)dev_const(sink, "attend", "sink") : NULL;
+    float *dp = ds ? probs((size_t)H * (nk > 0 ? nk : 1)) : NULL;
+    bool ran = dp && poison_out(out, bo);
     if (ran)
-        launch_k(k_attend, H, NB, 0, stream, dq, d, (const float *)dk, kp, nk, scale, ds, dp, dout);
-    finish(ran, "attend", out, dout, bo);
+        launch_k(k_attend, H, NB, 0, stream, q, d, keys, nk > 0 ? nk : 0, scale, ds, dp, out);
+    finish(ran, "attend", out, bo);
     op_end();
 }

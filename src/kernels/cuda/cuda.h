@@ -2,14 +2,13 @@
  *
  * Weights are uploaded once (dsv4_cuda_put_weight: the stored bytes and scales as they are,
  * decoded inside the kernels) and found again by their host address. Activations and sequence
- * state live in device memory from the table's alloc; an op given device buffers only queues
- * its kernels (one stream, no copies, no waiting). The other ops also take host buffers
- * (decided per pointer): those are copied in and their outputs back, synchronously. attn_step
- * and experts take device buffers only. Any constant array an op reads (norm weights, hc
- * params, sinks, rope tables, router bias) is used in place when it is device memory, from its
- * copy when it was registered with dsv4_cuda_put, else copied in per call (tid2eid must be
- * one of the first two). Ops cannot return an error; the first failure is kept and reported
- * by the table's check(). */
+ * state live in device memory from the table's alloc, and every op takes device buffers only:
+ * it queues its kernels (one stream, no copies, no waiting). Any constant array an op reads
+ * (weights, norm weights, hc params, sinks, rope tables, router bias, tid2eid) is read from its
+ * copy when it was registered (dsv4_cuda_put, put_weight, pin_weight: the model's placement
+ * does it at load), or in place when it is device memory; one that is neither fails the op,
+ * naming the array. Ops cannot return an error; the first failure is kept and reported by the
+ * table's check(), and the outputs of a failed op are NaN. */
 #ifndef DSV4_CUDA_H
 #define DSV4_CUDA_H
 

@@ -20,8 +20,8 @@ __global__ void k_swiglu(const float *g, const float *u, int64_t n, float limit,
         h[i] = swiglu1(g[i], u[i], limit);
 }
 
-/* An elementwise op of two [n] inputs a, b into y (which may alias either): k(a, b, n,
- * extra..., y) over device views of the buffers. */
+/* An elementwise op of two [n] device inputs a, b into y (which may alias either): k(a, b, n,
+ * extra..., y). */
 template <class K, class... A>
 static void two_inputs(K k, const char *what, const float *a, const float *b, int64_t n, float *y, A... extra)
 {
@@ -29,12 +29,10 @@ static void two_inputs(K k, const char *what, const float *a, const float *b, in
         return;
     size_t by = (size_t)n * sizeof(float);
     op_begin_at(what);
-    const float *da = (const float *)in_buf(a, by), *db = (const float *)in_buf(b, by);
-    float *dy = (float *)out_buf(y, by, y != a && y != b);
-    bool ran = da && db && dy;
+    bool ran = given(what, {a, b, y}) && (y == a || y == b || poison_out(y, by));
     if (ran)
-        launch_k(k, (unsigned)cdiv(n, 256), 256, 0, stream, da, db, n, extra..., dy);
-    finish(ran, what, y, dy, by);
+        launch_k(k, (unsigned)cdiv(n, 256), 256, 0, stream, a, b, n, extra..., y);
+    finish(ran, what, y, by);
     op_end();
 }
 
@@ -70,11 +68,9 @@ void dsv4cu::cu_scale(const float *x, int64_t n, float s, float *y)
         return;
     size_t by = (size_t)n * sizeof(float);
     op_begin_at("scale");
-    const float *dx = (const float *)in_buf(x, by);
-    float *dy = (float *)out_buf(y, by, y != x);
-    bool ran = dx && dy;
+    bool ran = given("scale", {x, y}) && (y == x || poison_out(y, by));
     if (ran)
-        launch_k(k_scale, (unsigned)cdiv(n, 256), 256, 0, stream, dx, n, s, dy);
-    finish(ran, "scale", y, dy, by);
+        launch_k(k_scale, (unsigned)cdiv(n, 256), 256, 0, stream, x, n, s, y);
+    finish(ran, "scale", y, by);
     op_end();
 }

@@ -30,7 +30,8 @@ __global__ void k_embed(wdev w, const int32_t *ids, int n, float *X)
 }
 
 /* The table is read where the memory plan put it (device memory, or pinned host memory when
- * it did not fit: a step reads T rows of it, so the host link costs little). */
+ * it did not fit: a step reads T rows of it, so the host link costs little); ids and X are
+ * device buffers. */
 void dsv4cu::cu_embed(const dsv4_weight *w, const int32_t *ids, int T, int n, float *X)
 {
     if (T <= 0 || n <= 0)
@@ -38,16 +39,17 @@ void dsv4cu::cu_embed(const dsv4_weight *w, const int32_t *ids, int T, int n, fl
     op_begin();
     size_t b = (size_t)T * n * w->k * sizeof(float);
     int ok = w->form < DSV4_WF_EXL3 && T <= 65535;
-    if (!ok)
+    if (!given("embed", {ids, X}))
+        ok = 0;
+    else if (!ok)
         fail(DSV4_E_UNSUPPORTED, "cuda: embedding %s: %s table, %d rows: no CUDA lookup for it", w->name ? w->name : "?",
              dsv4_wform_name(w->form), T);
-    const void *q = ok ? dev_const(w->data, data_bytes(w)) : NULL;
-    const void *s = ok && w->scale ? dev_const(w->scale, scale_bytes(w)) : NULL;
-    const int32_t *di = ok ? (const int32_t *)in_buf(ids, (size_t)T * sizeof(int32_t)) : NULL;
-    float *dX = ok ? (float *)out_buf(X, b, 1) : NULL;
-    bool ran = q && (s || !w->scale) && di && dX;
+    const char *nm = w->name ? w->name : "embedding table";
+    const void *q = ok ? dev_const(w->data, "embed", nm) : NULL;
+    const void *s = q && w->scale ? dev_const(w->scale, "embed", nm) : NULL;
+    bool ran = q && (s || !w->scale) && poison_out(X, b);
     if (ran)
-        launch_k(k_embed, dim3((unsigned)cdiv(w->k, NB), (unsigned)T), NB, 0, stream, wdev_of(w, q, s), di, n, dX);
-    finish(ran, "embed", X, dX, b);
+        launch_k(k_embed, dim3((unsigned)cdiv(w->k, NB), (unsigned)T), NB, 0, stream, wdev_of(w, q, s), ids, n, X);
+    finish(ran, "embed", X, b);
     op_end();
 }

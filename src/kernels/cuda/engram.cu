@@ -1,13 +1,8 @@
-/* CUDA backend: Engram's gate (backend.h: engram_gate). Host buffers (the V4.1 forward keeps its
- * activations in host memory) take the CPU's loop, so they get the CPU's bits; device buffers a
- * block per (row, stream): the three sums by the block's fixed-order reduction, then the update
- * by column. */
+/* CUDA backend: Engram's gate (backend.h: engram_gate), a block per (row, stream): the three
+ * sums by the block's fixed-order reduction, then the update by column. */
 #include <cuda_bf16.h>
 #include <math.h>
 #include "kernels/cuda/internal.h"
-extern "C" {
-#include "kernels/cpu/cpu.h"
-}
 
 using namespace dsv4cu;
 
@@ -46,19 +41,16 @@ void dsv4cu::cu_engram_gate(float *X, const float *kv, const float *w, int T, in
 {
     if (T <= 0 || n <= 0 || D <= 0)
         return;
-    if (!on_dev(X) && !on_dev(kv)) {
-        dsv4_cpu_engram_gate(X, kv, w, T, n, D, eps, round_bf16);
-        return;
-    }
     int64_t nd = (int64_t)n * D;
     size_t bX = (size_t)T * nd * sizeof(float);
     op_begin();
-    float *dX = (float *)in_buf(X, bX);
-    const float *dkv = (const float *)in_buf(kv, (size_t)T * (nd + D) * sizeof(float));
-    const float *dw = (const float *)in_buf(w, (size_t)nd * sizeof(float));
-    bool ran = dX && dkv && dw && n <= 65535;
-    if (ran)
-        launch_k(k_engram_gate, dim3((unsigned)T, (unsigned)n), NB, 0, stream, dX, dkv, dw, n, D, eps, round_bf16);
-    finish(ran, "engram_gate", X, dX, bX);
+    bool ok = given("engram_gate", {X, kv, w}) && n <= 65535;
+    if (!ok && n > 65535)
+        fail(DSV4_E_ARG, "cuda: engram_gate: more than 65535 streams");
+    const float *dw = ok ? (const float *)dev_const(w, "engram_gate", "the streams' query weights") : NULL;
+    bool ran = dw != NULL;
+    if (ran) /* X is updated in place: nothing to poison */
+        launch_k(k_engram_gate, dim3((unsigned)T, (unsigned)n), NB, 0, stream, X, kv, dw, n, D, eps, round_bf16);
+    finish(ran, "engram_gate", X, bX);
     op_end();
 }

@@ -477,9 +477,9 @@ static void experts_by_expert(const dsv4_experts_args *a)
               !CK(cudaMalloc((void **)&Y, (size_t)RK * D * sizeof(float))) && !CK(cudaMalloc((void **)&dw, 2 * rkb)) &&
               !CK(cudaMalloc((void **)&de, (size_t)RK * sizeof(int32_t))) && !CK(cudaMalloc((void **)&xd, by)) &&
               !CK(cudaMalloc((void **)&yd, by));
-    ok = ok && !CK(cudaMemcpyAsync(eid, a->eid, RK * sizeof(int32_t), cudaMemcpyDefault, stream)) &&
-         !CK(cudaMemcpyAsync(hw, a->wts, rkb, cudaMemcpyDefault, stream)) &&
-         !CK(cudaMemcpyAsync(xd, a->x, by, cudaMemcpyDefault, stream)) && !CK(cudaStreamSynchronize(stream));
+    ok = ok && !CK(cudaMemcpyAsync(eid, a->eid, RK * sizeof(int32_t), cudaMemcpyDeviceToHost, stream)) &&
+         !CK(cudaMemcpyAsync(hw, a->wts, rkb, cudaMemcpyDeviceToHost, stream)) &&
+         !CK(cudaMemcpyAsync(xd, a->x, by, cudaMemcpyDeviceToDevice, stream)) && !CK(cudaStreamSynchronize(stream));
     if (ok)
         ep_clear(Y, (int64_t)RK * D);
     for (int e = 0; e < E && ok; e++) {
@@ -521,7 +521,7 @@ static void experts_by_expert(const dsv4_experts_args *a)
     if (ok) {
         launch_k(k_ex_sum, (unsigned)cdiv((int64_t)R * D, 256), 256, 0, stream, Y, dw + RK, de, E, K, D, (int64_t)R * D,
                                                                            a->pre_weight, yd);
-        ok = !CK(cudaMemcpyAsync(a->y, yd, by, cudaMemcpyDefault, stream)) && !CK(cudaStreamSynchronize(stream));
+        ok = !CK(cudaMemcpyAsync(a->y, yd, by, cudaMemcpyDeviceToDevice, stream)) && !CK(cudaStreamSynchronize(stream));
     }
     if (!ok) {
         pthread_mutex_lock(&dsv4cu::lock);
@@ -534,8 +534,7 @@ static void experts_by_expert(const dsv4_experts_args *a)
     free(eid), free(rows), free(wsel), free(hw);
 }
 
-/* Host buffers (the V4.1 forward keeps its activations on the host) are copied in, the op
- * runs on device copies, and y is copied back. */
+/* x, eid, wts, y and work are device buffers (backend.h); the weights resident or pinned. */
 void dsv4cu::cu_experts(const dsv4_experts_args *a)
 {
     if (a->R <= 0 || a->D <= 0)
@@ -546,26 +545,7 @@ void dsv4cu::cu_experts(const dsv4_experts_args *a)
         return;
     }
     op_begin();
-    if (on_dev(a->x) && on_dev(a->y) && on_dev(a->eid) && on_dev(a->wts) && on_dev(a->work)) {
-        experts_run(a);
-        op_end();
-        return;
-    }
-    size_t RK = (size_t)a->R * a->K, by = (size_t)a->R * a->D * sizeof(float);
-    dsv4_experts_args d = *a;
-    d.x = (const float *)in_buf(a->x, by);
-    d.eid = (const int32_t *)in_buf(a->eid, RK * sizeof(int32_t));
-    d.wts = (const float *)in_buf(a->wts, RK * sizeof(float));
-    d.y = (float *)out_buf(a->y, by, 1);
-    d.work = on_dev(a->work) ? a->work : (float *)scratch(DSV4_EXPERTS_WORK(a->R, a->K, a->D, a->I, a->E) * sizeof(float));
-    if (!d.x || !d.eid || !d.wts || !d.y || !d.work) {
-        out_fail(a->y, by);
-        op_end();
-        return;
-    }
-    experts_run(&d);
-    if (!errp()->code)
-        out_back(a->y, d.y, by);
+    experts_run(a);
     op_end();
 }
 
@@ -584,6 +564,9 @@ static void experts_run(const dsv4_experts_args *a)
     } else if (a->w1[0].n != I || a->w1[0].k != D || a->w3[0].n != I || a->w3[0].k != D || a->w2[0].n != D ||
                a->w2[0].k != I || a->w1[0].form != a->w2[0].form || a->w1[0].form != a->w3[0].form) {
         fail(DSV4_E_ARG, "cuda: experts: weights are not [I, D], [D, I], [I, D] of one form");
+        ok = 0;
+    } else if (!a->x || !a->y || !a->eid || !a->wts || !a->work) {
+        fail(DSV4_E_ARG, "cuda: experts: x, y, eid, wts and work are all needed (device buffers)");
         ok = 0;
     }
     bool posted = false; /* the pairs' all-reduce */

@@ -214,31 +214,23 @@ void dsv4cu::cu_hc_pre(const float *X, int T, int n, int D, const float *fn, con
     int ok = n <= HC_MAXN;
     if (!ok)
         fail(DSV4_E_UNSUPPORTED, "cuda: hc_pre: %d streams, the kernel holds at most %d", n, HC_MAXN);
-    const float *dfn = ok ? (const float *)dev_const(fn, (size_t)nm * nd * sizeof(float)) : NULL;
-    const float *db = ok ? (const float *)dev_const(base, (size_t)nm * sizeof(float)) : NULL;
-    const float *ds = ok ? (const float *)dev_const(scale, (post ? 3 : 1) * sizeof(float)) : NULL;
-    const float *dhw = ok && h && hw ? (const float *)dev_const(hw, (size_t)D * sizeof(float)) : NULL;
-    const float *dX = ok ? (const float *)in_buf(X, (size_t)T * nd * sizeof(float)) : NULL;
-    float *dpre = ok ? (float *)out_buf(pre, bp, 1) : NULL, *dh = ok && h ? (float *)out_buf(h, bh, 1) : NULL;
-    float *dpost = ok && post ? (float *)out_buf(post, bp, 1) : NULL;
-    float *dcomb = ok && post ? (float *)out_buf(comb, bc, 1) : NULL;
+    ok = ok && given("hc_pre", {X, pre, fn, base, scale}) && (!post || given("hc_pre", {comb}));
+    const float *dfn = ok ? (const float *)dev_const(fn, "hc_pre", "fn") : NULL;
+    const float *db = ok ? (const float *)dev_const(base, "hc_pre", "base") : NULL;
+    const float *ds = ok ? (const float *)dev_const(scale, "hc_pre", "scale") : NULL;
+    const float *dhw = ok && h && hw ? (const float *)dev_const(hw, "hc_pre", "hw") : NULL;
     int nsp = (int)cdiv(nd, HC_SPAN);
-    float *part = ok ? hc_parts((size_t)T * (nm + 1) * nsp) : NULL;
-    if (dfn && db && ds && dX && dpre && part && (dh || !h) && (dhw || !h || !hw) && (!post || (dpost && dcomb))) {
-        prof_split("hc_pre: host part");
-        launch_k(k_hc_mix, dim3((unsigned)T, (unsigned)nm + 1, (unsigned)nsp), NB, 0, stream, dX, nd, dfn, nm, part);
+    bool in = dfn && db && ds && (dhw || !h || !hw);
+    float *part = in ? hc_parts((size_t)T * (nm + 1) * nsp) : NULL;
+    bool ran = part && poison_out(pre, bp) && poison_out(h, bh) &&
+               (!post || (poison_out(post, bp) && poison_out(comb, bc)));
+    if (ran) {
+        launch_k(k_hc_mix, dim3((unsigned)T, (unsigned)nm + 1, (unsigned)nsp), NB, 0, stream, X, nd, dfn, nm, part);
         prof_split("hc_pre: mixes");
-        launch_k(k_hc_pre, T, NB, 0, stream, dX, n, D, part, nsp, db, ds, iters, hc_eps, norm_eps, dpre, dpost, dcomb, dh,
-                 dhw);
+        launch_k(k_hc_pre, T, NB, 0, stream, X, n, D, part, nsp, db, ds, iters, hc_eps, norm_eps, pre, post, comb, h, dhw);
         if (dhw && D > NB * RMS_V && launched("hc_pre"))
-            launch_k(k_rmsnorm, (unsigned)T, NB, 0, stream, (const float *)dh, D, dhw, norm_eps, dh);
-        if (launched("hc_pre")) {
-            out_back(pre, dpre, bp);
-            out_back(h, dh, bh); /* h NULL: the mixes only (V4.1 collapses with another site's pre) */
-            if (post) {
-                out_back(post, dpost, bp);
-                out_back(comb, dcomb, bc);
-            }
+            launch_k(k_rmsnorm, (unsigned)T, NB, 0, stream, (const float *)h, D, dhw, norm_eps, h);
+        if (launched("hc_pre")) { /* h NULL: the mixes only (V4.1 collapses with another site's pre) */
             op_end();
             return;
         }
@@ -285,14 +277,10 @@ void dsv4cu::cu_hc_post(float *X, const float *y, int T, int n, int D, const flo
     int ok = n <= HC_MAXN;
     if (!ok)
         fail(DSV4_E_UNSUPPORTED, "cuda: hc_post: %d streams, the kernel holds at most %d", n, HC_MAXN);
-    float *dX = ok ? (float *)in_buf(X, bX) : NULL;
-    const float *dy = ok ? (const float *)in_buf(y, (size_t)T * D * sizeof(float)) : NULL;
-    const float *dpo = ok ? (const float *)in_buf(post, (size_t)T * n * sizeof(float)) : NULL;
-    const float *dc = ok ? (const float *)in_buf(comb, (size_t)T * n * n * sizeof(float)) : NULL;
-    bool ran = dX && dy && dpo && dc;
-    if (ran)
-        launch_k(k_hc_post, (unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream, dX, dy, T, n, D, dpo, dc);
-    finish(ran, "hc_post", X, dX, bX);
+    ok = ok && given("hc_post", {X, y, post, comb});
+    if (ok) /* X is updated in place: nothing to poison */
+        launch_k(k_hc_post, (unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream, X, y, T, n, D, post, comb);
+    finish(ok, "hc_post", X, bX);
     op_end();
 }
 
@@ -318,15 +306,11 @@ void dsv4cu::cu_hc_collapse(const float *X, int T, int n, int D, const float *pr
 {
     if (T <= 0)
         return;
-    int64_t nd = (int64_t)n * D;
     size_t bh = (size_t)T * D * sizeof(float);
     op_begin();
-    const float *dX = (const float *)in_buf(X, (size_t)T * nd * sizeof(float));
-    const float *dp = (const float *)in_buf(pre, (size_t)T * n * sizeof(float));
-    float *dh = (float *)out_buf(h, bh, 1);
-    bool ran = dX && dp && dh;
+    bool ran = given("hc_collapse", {X, pre, h}) && poison_out(h, bh);
     if (ran)
-        launch_k(k_hc_collapse, (unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream, dX, T, n, D, dp, dh);
-    finish(ran, "hc_collapse", h, dh, bh);
+        launch_k(k_hc_collapse, (unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream, X, T, n, D, pre, h);
+    finish(ran, "hc_collapse", h, bh);
     op_end();
 }

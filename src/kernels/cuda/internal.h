@@ -1,11 +1,12 @@
 /* kernels/cuda — what the CUDA backend's translation units share: the op lock, the stream every
- * op queues on, the first-error slot, buffer classification, the resident copies, the
- * block-reduction helpers and the op table's entries. C++ only; not part of the C interface
- * (cuda.h). */
+ * op queues on, the first-error slot, the device views of constants, output poisoning and
+ * failure marking, the resident copies, the block-reduction helpers and the op table's
+ * entries. C++ only; not part of the C interface (cuda.h). */
 #ifndef DSV4_CUDA_INTERNAL_H
 #define DSV4_CUDA_INTERNAL_H
 
 #include <cuda_runtime.h>
+#include <initializer_list>
 #include <utility>
 #include <pthread.h>
 #include <stddef.h>
@@ -19,10 +20,11 @@ extern "C" { /* the C headers carry no linkage of their own */
 
 namespace dsv4cu {
 
-/* Held by every op for its whole call (the scratch arena and the resident table are shared). */
+/* Held by every op for its whole call (the resident table and the ops' grow-only buffers are shared). */
 extern pthread_mutex_t lock;
 /* The stream every op queues on: a blocking stream, so the legacy default stream (the
- * synchronous host-buffer copies) stays ordered with it both ways; graphs capture it. */
+ * synchronous copies of the tests and of the placement) stays ordered with it both ways;
+ * graphs capture it. */
 extern cudaStream_t stream;
 extern int poison;              /* NaN-fill device outputs before kernels write them */
 extern int capturing;           /* inside graph_begin .. graph_end */
@@ -49,31 +51,40 @@ void fail(int code, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Whether the last launch went through (records the error when not). */
 int launched(const char *what);
 
-/* Whether p is device memory (device or managed); host memory (pageable or pinned) is not. */
-int on_dev(const void *p);
-/* Starts an op under the lock: resets the per-op scratch unless a graph is being recorded.
- * DSV4_CUDA_PROFILE=1: op_end waits for the op and adds its time to its function's total,
- * printed at exit (recorded steps are not timed: run with DSV4_GRAPHS=0). */
+/* Starts an op under the lock. DSV4_CUDA_PROFILE=1: op_end waits for the op and adds its time
+ * to its function's total, printed at exit (recorded steps are not timed: run with
+ * DSV4_GRAPHS=0). */
 void op_begin_at(const char *name);
 #define op_begin() op_begin_at(__func__)
 void op_end(void);
 /* Profiling only: the op's time so far goes to `name`, the rest to the next split or the op. */
 void prof_split(const char *name);
-/* A device view of a constant array: p itself when it is device memory, its resident copy
- * when it was put, else a scratch copy (not while recording: that fails). */
-const void *dev_const(const void *p, size_t bytes);
-/* The device view of p when it has one (device memory, or a put copy), else NULL: for
- * constant arrays whose length the op does not know (tid2eid). */
+
+/* What an op reads and writes. Activations, outputs and sequence state are device buffers (the
+ * backend's alloc: the model's step arena and sequence state), used as they are: no copies,
+ * no per-call checks. A constant array (weights, norm weights, hc params, sinks, rope tables,
+ * router bias, tid2eid) is read through its resident copy (placed at load: dsv4_cuda_put,
+ * dsv4_cuda_put_weight, dsv4_cuda_pin_weight) or is device memory itself.
+ * dev_const: that device view; NULL for NULL, and for an array that is neither, after
+ * recording a failure that names the op and the array (a missed placement is a bug, never
+ * papered over with a copy). dev_known: the same without recording anything. */
+const void *dev_const(const void *p, const char *op, const char *what);
 const void *dev_known(const void *p);
-/* A device buffer of `bytes` for this op (per-op scratch; not while recording). */
-void *scratch(size_t bytes);
-/* Device view of an input [n] (the buffer itself or a scratch copy), and of an output: the
- * buffer itself (poisoned when poisoning is on and may_poison) or a scratch buffer, copied
- * back by out_back. out_fail marks an output that could not be computed (NaN). */
-const void *in_buf(const void *p, size_t bytes);
-void *out_buf(void *p, size_t bytes, int may_poison);
-void out_back(void *p, const void *d, size_t bytes);
+/* Whether every buffer in bufs was given (not NULL); records the op's failure when one was not,
+ * so a missing buffer fails the op instead of a kernel. */
+bool given(const char *op, std::initializer_list<const void *> bufs);
+/* An output filled with NaN bytes before its kernels write it, when poisoning is on (bytes, or
+ * rows [rows, w] with row stride ld floats); false when that failed (recorded). */
+bool poison_out(void *p, size_t bytes);
+bool poison_rows(float *p, int64_t rows, int64_t w, int64_t ld);
+/* Marks an output that could not be computed: NaN bytes, queued on the stream (bytes, or rows
+ * [rows, w] with row stride ld floats). The op records its failure itself. */
 void out_fail(void *p, size_t bytes);
+void fail_rows(float *p, int64_t rows, int64_t w, int64_t ld);
+/* How an op with one output ends: p marked failed when its kernels were not launched (ran
+ * false) or the launch failed (recorded as `what`); finish_rows for rows with a stride. */
+void finish(bool ran, const char *what, void *p, size_t bytes);
+void finish_rows(bool ran, const char *what, float *y, int64_t rows, int64_t w, int64_t ld);
 
 __host__ __device__ static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
@@ -294,19 +305,6 @@ extern unsigned drops;
 /* Bytes of a weight's data and of its scales as stored (runtime.cu). */
 size_t data_bytes(const dsv4_weight *w);
 size_t scale_bytes(const dsv4_weight *w);
-
-/* Host matrices of the older ops (runtime.cu): rows [rows, w] with row stride ld packed densely on
- * the device (dev_in), a dense device output (dev_out, poisoned when poisoning is on) and its copy
- * back (dev_back); NaN rows for an output that could not be computed (nan_fill: host, fail_rows:
- * host or device); how an op with one output ends (finish: copied back when p is a host buffer,
- * NaN when it did not run; finish_rows: the same for rows with a stride). */
-float *dev_in(const float *host, int64_t rows, int64_t w, int64_t ld);
-float *dev_out(size_t n);
-void dev_back(float *host, int64_t ld, const float *d, int64_t rows, int64_t w);
-void nan_fill(float *host, int64_t rows, int64_t w, int64_t ld);
-void fail_rows(float *p, int64_t rows, int64_t w, int64_t ld);
-void finish(bool ran, const char *what, void *p, const void *d, size_t bytes);
-void finish_rows(bool ran, const char *what, float *y, const float *dy, int64_t rows, int64_t w, int64_t ld);
 
 /* The op table's entries, one file per family (runtime.cu: memory, graphs and the error check;
  * linear.cu, rounding.cu, experts.cu, norm.cu, hc.cu, attend.cu, elementwise.cu, embed.cu); their contracts

@@ -492,28 +492,19 @@ static float *pack_buf(size_t n)
     return g_pack;
 }
 
-/* EXL3 rows (exl3.cu) over device buffers, or host ones copied in and out; its failures are
- * kept here like every op's. */
+/* EXL3 rows (exl3.cu) over device buffers; its failures are kept here like every op's. */
 static void exl3_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                         int64_t ldy)
 {
     int64_t nr = r1 - r0;
-    int ydev = on_dev(y);
-    const float *dx = on_dev(x) ? x : dev_in(x, T, w->k, ldx);
-    int64_t dldx = on_dev(x) ? ldx : w->k, dldy = ydev ? ldy : nr;
-    float *dy = ydev ? y : dev_out((size_t)T * nr);
-    if (ydev && dsv4cu::poison)
-        CK(cudaMemset2DAsync(y, ldy * sizeof(float), 0xff, nr * sizeof(float), T, stream));
     dsv4_err e;
     memset(&e, 0, sizeof e);
-    if (!dx || !dy || dsv4_cuda_exl3_linear(w, r0, r1, dx, T, dldx, dy, dldy, stream) || dsv4_cuda_exl3_check(&e)) {
+    if (!poison_rows(y, T, nr, ldy) || dsv4_cuda_exl3_linear(w, r0, r1, x, T, ldx, y, ldy, stream) ||
+        dsv4_cuda_exl3_check(&e)) {
         if (e.code)
             fail(e.code, "%s", e.msg);
         fail_rows(y, T, nr, ldy);
-        return;
     }
-    if (!ydev)
-        dev_back(y, ldy, dy, T, nr);
 }
 
 void dsv4cu::cu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
@@ -538,6 +529,11 @@ void dsv4cu::linear_x(const dsv4_weight *w, int64_t r0, int64_t r1, const float 
     if (T <= 0 || nr <= 0)
         return;
     op_begin_at("cu_linear"); /* the op it serves, in the profile */
+    if (!given("linear", {x, y})) {
+        fail_rows(y, T, nr, ldy);
+        op_end();
+        return;
+    }
     if (w->form == DSV4_WF_EXL3) { /* EXL3's kernels write as they are: the rounding follows */
         exl3_linear(w, r0, r1, x, T, ldx, y, ldy);
         op_end();
@@ -545,58 +541,57 @@ void dsv4cu::linear_x(const dsv4_weight *w, int64_t r0, int64_t r1, const float 
             cu_round_bf16(y + (int64_t)t * ldy, nr);
         return;
     }
-    int ok = w->form < DSV4_WF_EXL3;
+    int ok = w->form < DSV4_WF_EXL3 && w->data;
     if (!ok)
-        fail(DSV4_E_UNSUPPORTED, "cuda: weight %s: form %s has no CUDA kernel", w->name ? w->name : "?",
-             dsv4_wform_name(w->form));
-    const void *q = ok ? dev_const(w->data, data_bytes(w)) : NULL;
-    const void *s = ok && w->scale ? dev_const(w->scale, scale_bytes(w)) : NULL;
-    int xdev = on_dev(x), ydev = on_dev(y);
+        fail(DSV4_E_UNSUPPORTED, "cuda: weight %s: %s%s", w->name ? w->name : "?",
+             w->form < DSV4_WF_EXL3 ? "no data" : dsv4_wform_name(w->form),
+             w->form < DSV4_WF_EXL3 ? "" : " has no CUDA kernel");
+    const char *nm = w->name ? w->name : "weight";
+    const void *q = ok ? dev_const(w->data, "linear", nm) : NULL;
+    const void *s = q && w->scale ? dev_const(w->scale, "linear", nm) : NULL;
     const float *dx = NULL;
-    int64_t dldx = w->k;
-    if (ok && xdev) {
+    int64_t dldx = ldx;
+    if (q && (s || !w->scale)) {
         bool aligned = ((uintptr_t)x & 15) == 0 && (T == 1 || ldx % 4 == 0);
-        if (aligned || !reads_x4(w)) {
+        if (aligned || !reads_x4(w))
             dx = x;
-            dldx = ldx;
-        } else {
+        else {
             float *pk = pack_buf((size_t)T * w->k);
             if (pk && !CK(cudaMemcpy2DAsync(pk, w->k * sizeof(float), x, ldx * sizeof(float), w->k * sizeof(float), T,
-                                            cudaMemcpyDeviceToDevice, stream)))
+                                            cudaMemcpyDeviceToDevice, stream))) {
                 dx = pk;
+                dldx = w->k;
+            }
         }
-    } else if (ok)
-        dx = dev_in(x, T, w->k, ldx);
-    float *dy = NULL;
-    int64_t dldy = nr;
-    if (ok && ydev) {
-        if (!dsv4cu::poison || !CK(cudaMemset2DAsync(y, ldy * sizeof(float), 0xff, nr * sizeof(float), T, stream))) {
-            dy = y;
-            dldy = ldy;
-        }
-    } else if (ok)
-        dy = dev_out((size_t)T * nr);
-    bool ran = q && (s || !w->scale) && dx && dy;
+    }
+    bool ran = dx && poison_rows(y, T, nr, ldy);
     if (ran) {
-        lin_jobs J = one_job(wdev_of(w, q, s), r0, (int)nr, dx, dy);
+        lin_jobs J = one_job(wdev_of(w, q, s), r0, (int)nr, dx, y);
         J.ldx = dldx;
-        J.ldy = dldy;
+        J.ldy = ldy;
         J.x1 = x1;
         J.rb = rb;
         launch_linear(w, J, T, stream);
     }
-    finish_rows(ran, "linear", y, dy, T, nr, ldy);
+    finish_rows(ran, "linear", y, T, nr, ldy);
     op_end();
 }
 
 /* The G blocks in one launch (jobs of one weight at row offsets g n/G, strided x and y) when
- * both buffers are on the device and the shape allows it; else block by block. */
+ * the shape allows it; else block by block. */
 void dsv4cu::cu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T, float *y)
 {
     int64_t rk = w->n / G;
     if (T <= 0 || G < 1)
         return;
-    bool one = G <= DSV4_CUDA_GROUP_MAX && w->form < DSV4_WF_EXL3 && on_dev(x) && on_dev(y) && reads_x4(w) &&
+    if (!x || !y) {
+        op_begin();
+        given("linear_blocks", {x, y});
+        fail_rows(y, T, w->n, w->n);
+        op_end();
+        return;
+    }
+    bool one = G <= DSV4_CUDA_GROUP_MAX && w->form < DSV4_WF_EXL3 && reads_x4(w) &&
                ((uintptr_t)x & 15) == 0 && (w->k * G) % 4 == 0 && w->k % 4 == 0;
     if (!one) {
         for (int g = 0; g < G; g++)
@@ -604,9 +599,12 @@ void dsv4cu::cu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T
         return;
     }
     op_begin();
-    const void *q = dev_const(w->data, data_bytes(w));
-    const void *s = w->scale ? dev_const(w->scale, scale_bytes(w)) : NULL;
-    if (q && (s || !w->scale) && (!dsv4cu::poison || !CK(cudaMemsetAsync(y, 0xff, (size_t)T * w->n * sizeof(float), stream)))) {
+    const char *nm = w->name ? w->name : "weight";
+    const void *q = dev_const(w->data, "linear_blocks", nm);
+    if (!w->data)
+        fail(DSV4_E_ARG, "cuda: linear_blocks: weight %s has no data", nm);
+    const void *s = q && w->scale ? dev_const(w->scale, "linear_blocks", nm) : NULL;
+    if (q && (s || !w->scale) && poison_out(y, (size_t)T * w->n * sizeof(float))) {
         lin_jobs J;
         memset(&J, 0, sizeof J);
         J.n = G;
@@ -627,11 +625,11 @@ void dsv4cu::cu_linear_blocks(const dsv4_weight *w, int G, const float *x, int T
     op_end();
 }
 
-/* The weights of each storage form in one launch (x shared, y[j] dense [T, W_j.n]; x and every
- * y on the device), each job summed as cu_linear sums it alone: the same wdev_of, path and
- * grid within the job. A weight the launches cannot take (EXL3, not resident, the chunk path
- * over an x it would have to pack) runs alone through cu_linear, as do all when x or a y is
- * host memory. Past DSV4_CUDA_GROUP_MAX weights, slice by slice. */
+/* The weights of each storage form in one launch (x shared, y[j] dense [T, W_j.n]), each job
+ * summed as cu_linear sums it alone: the same wdev_of, path and grid within the job. A weight
+ * the launches cannot take (EXL3, not on the device, the chunk path over an x it would have to
+ * pack) runs alone through cu_linear (which reports one not on the device). Past
+ * DSV4_CUDA_GROUP_MAX weights, slice by slice. */
 void dsv4cu::cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx, float *const *y)
 {
     if (nw > DSV4_CUDA_GROUP_MAX) {
@@ -641,12 +639,15 @@ void dsv4cu::cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x
     }
     if (T <= 0 || nw <= 0)
         return;
-    bool dev = on_dev(x);
+    bool all = x != NULL;
     for (int j = 0; j < nw; j++)
-        dev = dev && on_dev(y[j]);
-    if (!dev) {
+        all = all && y[j];
+    if (!all) {
+        op_begin();
+        fail(DSV4_E_ARG, "cuda: linear_multi: a buffer it reads or writes is NULL");
         for (int j = 0; j < nw; j++)
-            cu_linear(w[j], 0, w[j]->n, x, T, ldx, y[j], w[j]->n);
+            fail_rows(y[j], T, w[j]->n, w[j]->n);
+        op_end();
         return;
     }
     bool aligned = ((uintptr_t)x & 15) == 0 && (T == 1 || ldx % 4 == 0);
@@ -674,7 +675,7 @@ void dsv4cu::cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x
                 (tc && tc_kind(w[j]) != tc_kind(w[j0])))
                 continue;
             state[j] = 1;
-            if (dsv4cu::poison && CK(cudaMemsetAsync(y[j], 0xff, (size_t)T * w[j]->n * sizeof(float), stream))) {
+            if (!poison_out(y[j], (size_t)T * w[j]->n * sizeof(float))) {
                 fail_rows(y[j], T, w[j]->n, w[j]->n);
                 continue;
             }

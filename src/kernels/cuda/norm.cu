@@ -39,13 +39,12 @@ void dsv4cu::cu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, f
         return;
     op_begin();
     size_t b = (size_t)rows * dim * sizeof(float);
-    const float *dw = (const float *)dev_const(w, (size_t)dim * sizeof(float));
-    const float *dx = (const float *)in_buf(x, b);
-    float *dy = (float *)out_buf(y, b, y != x);
-    bool ran = dx && dy && (dw || !w);
+    bool in = given("rmsnorm", {x, y});
+    const float *dw = in && w ? (const float *)dev_const(w, "rmsnorm", "w") : NULL;
+    bool ran = in && (dw || !w) && (y == x || poison_out(y, b));
     if (ran)
-        launch_k(k_rmsnorm, (unsigned)rows, NB, 0, stream, dx, dim, dw, eps, dy);
-    finish(ran, "rmsnorm", y, dy, b);
+        launch_k(k_rmsnorm, (unsigned)rows, NB, 0, stream, x, dim, dw, eps, y);
+    finish(ran, "rmsnorm", y, b);
     op_end();
 }
 
@@ -76,14 +75,11 @@ void dsv4cu::cu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, 
     if (n <= 0)
         return;
     op_begin();
-    const float *df = (const float *)dev_const(inv_freq, (size_t)(rd / 2) * sizeof(float));
-    const int64_t *dp = (const int64_t *)dev_const(pos, (size_t)T * sizeof(int64_t));
-    int xdev = on_dev(x);
-    float *dx = xdev ? x : dev_in(x, T, width, stride);
-    int64_t ld = xdev ? stride : width;
-    bool ran = df && dp && dx;
+    /* x is rotated in place; pos is the step's (a device buffer), inv_freq a constant */
+    const float *df = given("rope", {x, pos, inv_freq}) ? (const float *)dev_const(inv_freq, "rope", "inv_freq") : NULL;
+    bool ran = df != NULL;
     if (ran)
-        launch_k(k_rope, (unsigned)cdiv(n, 256), 256, 0, stream, dx, T, ld, heads, d, rd, df, dp, inverse);
-    finish_rows(ran, "rope", x, dx, T, width, stride);
+        launch_k(k_rope, (unsigned)cdiv(n, 256), 256, 0, stream, x, T, stride, heads, d, rd, df, pos, inverse);
+    finish_rows(ran, "rope", x, T, width, stride);
     op_end();
 }

@@ -6,11 +6,11 @@
  * sums meet in a fixed shuffle tree. A batch of rows therefore equals the rows one at a time,
  * bit for bit. The order differs from the CPU's, so GPU and CPU agree to rounding only.
  *
- * Buffers: the ops run over device buffers without copies or waits (the forward's step arena
- * and sequence state); the ops other than attn_step, attn_step41 and experts also take host
- * buffers, copied in and out per call (tests).
+ * Buffers: every op reads and writes device buffers only (the forward's step arena and sequence
+ * state), without copies or waits; the constant arrays it reads are their resident copies,
+ * placed at load, or device memory (internal.h: dev_const).
  *
- * Files: runtime.cu (device, residency, scratch, buffers, memory, graphs), linear.cu,
+ * Files: runtime.cu (device, residency, constants, memory, graphs), linear.cu,
  * rounding.cu (REF's roundings), experts.cu, norm.cu (rmsnorm, rope), hc.cu, attend.cu, elementwise.cu, embed.cu, step.cu
  * (V4's stateful attention step and routing), step41.cu (V4.1's), exl3.cu. */
 #include <cuda_fp16.h>

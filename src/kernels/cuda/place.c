@@ -22,8 +22,8 @@ static double parse_bytes(const char *s)
     return end == s || *end || v < 0 ? -1 : v * u;
 }
 
-/* Device memory kept free at load for what is allocated later: the per-op scratch arena (a
- * prefill chunk's activations), the CUDA context's own growth. */
+/* Device memory kept free at load for what is allocated later: the step arena (a prefill
+ * chunk's activations), the ops' grow-only buffers, the CUDA context's own growth. */
 #define CUDA_RESERVE ((size_t)1 << 30)
 
 size_t dsv4_cuda_state_room(void)

@@ -84,10 +84,10 @@ void dsv4cu::cu_round_bf16(float *x, int64_t n)
         return;
     size_t by = (size_t)n * sizeof(float);
     op_begin_at("round_bf16");
-    float *dx = (float *)in_buf(x, by);
-    if (dx)
-        round_bf16_launch(dx, n);
-    finish(dx != NULL, "round_bf16", x, dx, by);
+    bool ran = given("round_bf16", {x});
+    if (ran)
+        round_bf16_launch(x, n);
+    finish(ran, "round_bf16", x, by);
     op_end();
 }
 
@@ -100,10 +100,10 @@ void dsv4cu::cu_roundtrip(float *x, int64_t n, int block, int code)
     bool ok = block > 0 && (code == DSV4_RT_FP8 || code == DSV4_RT_FP4 || code == DSV4_RT_FP4_E4M3);
     if (!ok)
         fail(DSV4_E_ARG, "cuda: roundtrip: block %d, code %d", block, code);
-    float *dx = ok ? (float *)in_buf(x, by) : NULL;
-    if (dx)
-        launch_k(k_roundtrip, (unsigned)cdiv(cdiv(n, block), 128), 128, 0, stream, dx, n, block, code);
-    finish(dx != NULL, "roundtrip", x, dx, by);
+    ok = ok && given("roundtrip", {x});
+    if (ok)
+        launch_k(k_roundtrip, (unsigned)cdiv(cdiv(n, block), 128), 128, 0, stream, x, n, block, code);
+    finish(ok, "roundtrip", x, by);
     op_end();
 }
 
@@ -138,10 +138,8 @@ void dsv4cu::linear_q_x(const dsv4_weight *w, int64_t r0, int64_t r1, const floa
     if (T <= 0 || r1 <= r0)
         return;
     op_begin_at("linear_q");
-    const float *dx = on_dev(x) ? x : dev_in(x, T, w->k, ldx);
-    int64_t dldx = dx == x ? ldx : w->k;
-    float *xq = dx ? ref_buf((size_t)T * w->k) : NULL;
-    bool ran = xq && quant_rows(dx, T, (int)w->k, dldx, dsv4_act_block(w), xq) && launched("linear_q input");
+    float *xq = given("linear_q", {x, y}) ? ref_buf((size_t)T * w->k) : NULL;
+    bool ran = xq && quant_rows(x, T, (int)w->k, ldx, dsv4_act_block(w), xq) && launched("linear_q input");
     if (!ran)
         fail_rows(y, T, r1 - r0, ldy);
     op_end();

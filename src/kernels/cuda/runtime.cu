@@ -1,7 +1,7 @@
 /* CUDA backend runtime: the device and its stream, the first-error slot and the poison flag,
- * resident copies of weights and constants (found by host address), the per-op scratch arena,
- * the op profile, the views of host and device buffers an op reads and writes and how an op
- * ends, device memory and graphs. The ops themselves are in one file per family. */
+ * resident copies of weights and constants (found by host address), the op profile, the device
+ * views of the constant arrays an op reads, output poisoning and how an op ends, device memory
+ * and graphs. The ops themselves are in one file per family. */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -320,31 +320,7 @@ extern "C" void dsv4_cuda_drop_weight(const dsv4_weight *w)
         dsv4_cuda_drop(w->scale);
 }
 
-/* ---- per-op scratch: one device arena, reset at each op ----------------------------- */
-
-/* Scratch serves the host-buffer path only: an op over device buffers uses none, so a
- * recorded graph never points into the arena (which a later op may free and regrow). */
-static char *g_arena;
-static size_t g_arena_cap, g_arena_off;
-static char *g_spill[64];       /* chunks taken when an op outgrew the arena; freed at reset */
-static int g_nspill;
-static size_t g_want;           /* largest total an op asked for */
-
-static void scratch_reset(void)
-{
-    for (int i = 0; i < g_nspill; i++)
-        cudaFree(g_spill[i]);
-    g_nspill = 0;
-    if (g_want > g_arena_cap) {
-        cudaFree(g_arena);
-        g_arena = NULL;
-        g_arena_cap = 0;
-        if (cudaMalloc((void **)&g_arena, g_want) == cudaSuccess)
-            g_arena_cap = g_want;
-    }
-    g_arena_off = 0;
-    g_want = 0;
-}
+/* ---- the op profile and the op lock ---------------------------------------------------- */
 
 int dsv4cu::pdl_enabled(void)
 {
@@ -390,8 +366,6 @@ static void prof_print(void)
 void dsv4cu::op_begin_at(const char *name)
 {
     pthread_mutex_lock(&dsv4cu::lock);
-    if (!capturing)
-        scratch_reset();
     if (g_prof < 0) {
         const char *e = getenv("DSV4_CUDA_PROFILE");
         g_prof = e && !strcmp(e, "1");
@@ -440,54 +414,19 @@ void dsv4cu::op_end(void)
     pthread_mutex_unlock(&dsv4cu::lock);
 }
 
-/* A device buffer of `bytes` for this op (256-byte aligned), NULL after recording an error. */
-void *dsv4cu::scratch(size_t bytes)
-{
-    if (capturing) {
-        fail(DSV4_E_ARG, "cuda: a recorded op was given a host buffer or an unregistered host constant "
-                         "(recordings take device buffers only)");
-        return NULL;
-    }
-    bytes = bytes ? (bytes + 255) & ~(size_t)255 : 256; /* never NULL for an empty buffer */
-    g_want += bytes;
-    if (g_arena_off + bytes <= g_arena_cap) {
-        void *p = g_arena + g_arena_off;
-        g_arena_off += bytes;
-        return p;
-    }
-    char *p = NULL;
-    if (g_nspill == 64 || CK(cudaMalloc((void **)&p, bytes)))
-        return NULL;
-    g_spill[g_nspill++] = p;
-    return p;
-}
+/* ---- what an op reads and writes: device buffers, constants through their resident copies ---- */
 
-int dsv4cu::on_dev(const void *p)
+/* Whether p is device memory (device or managed). Only a constant array that has no resident
+ * copy is asked about (dev_known), never an op's activations: the model places every constant
+ * at load, so the ops' common path never pays for the query. */
+static int on_dev(const void *p)
 {
-    if (!p)
-        return 0;
     cudaPointerAttributes at;
     if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
         cudaGetLastError(); /* not a pointer the runtime knows: host memory */
         return 0;
     }
     return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
-}
-
-/* The device view of a constant array: device memory itself, resident if put, else copied. */
-const void *dsv4cu::dev_const(const void *host, size_t bytes)
-{
-    if (!host)
-        return NULL;
-    resident *r = resident_of(host);
-    if (r)
-        return r->dev;
-    if (on_dev(host))
-        return host;
-    void *d = scratch(bytes);
-    if (d && bytes && CK(cudaMemcpy(d, host, bytes, cudaMemcpyHostToDevice)))
-        return NULL;
-    return d;
 }
 
 const void *dsv4cu::dev_known(const void *p)
@@ -500,70 +439,28 @@ const void *dsv4cu::dev_known(const void *p)
     return on_dev(p) ? p : NULL;
 }
 
-const void *dsv4cu::in_buf(const void *p, size_t bytes)
-{
-    if (!p || on_dev(p))
-        return p;
-    void *d = scratch(bytes);
-    if (d && bytes && CK(cudaMemcpy(d, p, bytes, cudaMemcpyHostToDevice)))
-        return NULL;
-    return d;
-}
-
-void *dsv4cu::out_buf(void *p, size_t bytes, int may_poison)
+const void *dsv4cu::dev_const(const void *p, const char *op, const char *what)
 {
     if (!p)
         return NULL;
-    if (on_dev(p)) {
-        if (dsv4cu::poison && may_poison && bytes && CK(cudaMemsetAsync(p, 0xff, bytes, stream)))
-            return NULL;
-        return p;
-    }
-    void *d = scratch(bytes);
-    if (d && dsv4cu::poison && bytes && CK(cudaMemset(d, 0xff, bytes)))
-        return NULL;
+    const void *d = dev_known(p);
+    if (!d)
+        fail(DSV4_E_ARG,
+             "cuda: %s: %s at %p is host memory that was never placed on the device (dsv4_cuda_put, or the "
+             "model's placement list) and is not device memory",
+             op, what, p);
     return d;
 }
 
-void dsv4cu::out_back(void *p, const void *d, size_t bytes)
+bool dsv4cu::poison_out(void *p, size_t bytes)
 {
-    if (p && d && d != p && bytes)
-        CK(cudaMemcpy(p, d, bytes, cudaMemcpyDeviceToHost));
+    return !dsv4cu::poison || !p || !bytes || !CK(cudaMemsetAsync(p, 0xff, bytes, stream));
 }
 
-void dsv4cu::out_fail(void *p, size_t bytes)
+bool dsv4cu::poison_rows(float *p, int64_t rows, int64_t w, int64_t ld)
 {
-    if (!p || !bytes)
-        return;
-    if (on_dev(p))
-        cudaMemsetAsync(p, 0xff, bytes, stream); /* NaN bytes; the op's failure is already kept */
-    else
-        memset(p, 0xff, bytes);
-}
-
-/* Rows [T, w] of a host matrix with row stride ld, packed densely on the device. */
-float *dsv4cu::dev_in(const float *host, int64_t rows, int64_t w, int64_t ld)
-{
-    float *d = (float *)scratch((size_t)rows * w * sizeof(float));
-    if (d && rows && CK(cudaMemcpy2D(d, w * sizeof(float), host, ld * sizeof(float), w * sizeof(float), rows,
-                                     cudaMemcpyHostToDevice)))
-        return NULL;
-    return d;
-}
-
-/* An output buffer, poisoned (NaN bytes) when poisoning is on. */
-float *dsv4cu::dev_out(size_t n)
-{
-    float *d = (float *)scratch(n * sizeof(float));
-    if (d && dsv4cu::poison && CK(cudaMemset(d, 0xff, n * sizeof(float))))
-        return NULL;
-    return d;
-}
-
-void dsv4cu::dev_back(float *host, int64_t ld, const float *d, int64_t rows, int64_t w)
-{
-    if (rows)
-        CK(cudaMemcpy2D(host, ld * sizeof(float), d, w * sizeof(float), w * sizeof(float), rows, cudaMemcpyDeviceToHost));
+    return !dsv4cu::poison || !p || rows <= 0 || w <= 0 ||
+           !CK(cudaMemset2DAsync(p, ld * sizeof(float), 0xff, w * sizeof(float), rows, stream));
 }
 
 int dsv4cu::launched(const char *what)
@@ -571,46 +468,39 @@ int dsv4cu::launched(const char *what)
     return !failed(cudaGetLastError(), what);
 }
 
-/* Host rows [rows, w] with stride ld set to NaN: what an op leaves when it failed. */
-void dsv4cu::nan_fill(float *host, int64_t rows, int64_t w, int64_t ld)
+bool dsv4cu::given(const char *op, std::initializer_list<const void *> bufs)
 {
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t i = 0; i < w; i++)
-            host[r * ld + i] = NAN;
+    for (const void *p : bufs)
+        if (!p) {
+            fail(DSV4_E_ARG, "cuda: %s: a buffer it reads or writes is NULL", op);
+            return false;
+        }
+    return true;
 }
 
-/* Rows [rows, w] with stride ld set to NaN, host or device: what an op leaves when it failed. */
+void dsv4cu::out_fail(void *p, size_t bytes)
+{
+    if (p && bytes) /* NaN bytes; the marking's own failure is kept only when the op kept none */
+        failed(cudaMemsetAsync(p, 0xff, bytes, stream), "marking a failed output");
+}
+
 void dsv4cu::fail_rows(float *p, int64_t rows, int64_t w, int64_t ld)
 {
-    if (!p || rows <= 0 || w <= 0)
-        return;
-    if (on_dev(p))
-        cudaMemset2DAsync(p, ld * sizeof(float), 0xff, w * sizeof(float), rows, stream);
-    else
-        nan_fill(p, rows, w, ld);
+    if (p && rows > 0 && w > 0)
+        failed(cudaMemset2DAsync(p, ld * sizeof(float), 0xff, w * sizeof(float), rows, stream), "marking failed rows");
 }
 
-/* How an op with one output ends: the result copied back when p is a host buffer (d its device
- * copy), or p marked failed (NaN) when its inputs could not be staged (ran false) or the launch
- * failed. */
-void dsv4cu::finish(bool ran, const char *what, void *p, const void *d, size_t bytes)
+void dsv4cu::finish(bool ran, const char *what, void *p, size_t bytes)
 {
-    if (ran && launched(what))
-        out_back(p, d, bytes);
-    else
+    if (!ran || !launched(what))
         out_fail(p, bytes);
 }
 
-/* The same for rows [rows, w] of y with row stride ld, dy their dense device copy (or y). */
-void dsv4cu::finish_rows(bool ran, const char *what, float *y, const float *dy, int64_t rows, int64_t w, int64_t ld)
+void dsv4cu::finish_rows(bool ran, const char *what, float *y, int64_t rows, int64_t w, int64_t ld)
 {
-    if (ran && launched(what)) {
-        if (dy != y)
-            dev_back(y, ld, dy, rows, w);
-    } else
+    if (!ran || !launched(what))
         fail_rows(y, rows, w, ld);
 }
-
 
 void *dsv4cu::cu_alloc(size_t bytes)
 {

@@ -351,13 +351,13 @@ int dsv4cu::score_rows(int R, int64_t vis_cap)
 
 /* ---- host side --------------------------------------------------------------------------- */
 
-/* A buffer attn_step reads or writes: device memory, or the op fails (the per-sequence
- * buffers it reaches through st cannot be staged from the host). */
-static bool need_dev(const void *p, const char *what)
+/* A buffer attn_step reads or writes: given (it is a device buffer by the op's contract; a
+ * missing one fails the op rather than a kernel). */
+static bool need(const void *p, const char *what)
 {
-    if (on_dev(p))
+    if (p)
         return true;
-    fail(DSV4_E_ARG, "cuda: attn_step: %s must be a device buffer", what);
+    fail(DSV4_E_ARG, "cuda: attn_step: no %s", what);
     return false;
 }
 
@@ -429,15 +429,14 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
     int ratio = a->ratio, csa = ratio ? a->csa : 0;
     int64_t vis = ratio ? a->vis_cap : 0;
     bool ok = true;
-    ok = ok && need_dev(rw->pos, "rows.pos") && need_dev(rw->seq, "rows.seq") && need_dev(rw->start, "rows.start") &&
-         need_dev(rw->first, "rows.first") && need_dev(a->st, "st") && need_dev(a->q, "q") && need_dev(a->kv, "kv") &&
-         need_dev(a->o, "o");
+    ok = ok && need(rw->pos, "rows.pos") && need(rw->seq, "rows.seq") && need(rw->start, "rows.start") &&
+         need(rw->first, "rows.first") && need(a->st, "st") && need(a->q, "q") && need(a->kv, "kv") && need(a->o, "o");
     if (ok && ratio)
-        ok = need_dev(a->cc, "cc") && need_dev(a->zz, "zz");
+        ok = need(a->cc, "cc") && need(a->zz, "zz");
     if (ok && csa)
-        ok = need_dev(a->ic, "ic") && need_dev(a->iz, "iz") && need_dev(a->qi, "qi") && need_dev(a->wt, "wt");
+        ok = need(a->ic, "ic") && need(a->iz, "iz") && need(a->qi, "qi") && need(a->wt, "wt");
     work4 wk = layout4(a, a->work);
-    if (ok && wk.need && (!need_dev(a->work, "work") || a->work_n < wk.need)) {
+    if (ok && wk.need && (!need(a->work, "work") || a->work_n < wk.need)) {
         if (ok)
             fail(DSV4_E_ARG, "cuda: attn_step: %zu floats of work, %zu needed", a->work_n, wk.need);
         ok = false;
@@ -456,22 +455,21 @@ void dsv4cu::attn_step(const dsv4_attn_args *a)
              (long long)vis, H);
         ok = false;
     }
-    const float *sink = ok ? (const float *)dev_const(a->sink, (size_t)H * sizeof(float)) : NULL;
-    const float *ifr = ok && ratio ? (const float *)dev_const(a->inv_freq, (size_t)(a->rd / 2) * sizeof(float)) : NULL;
+    const float *sink = ok && need(a->sink, "sink") ? (const float *)dev_const(a->sink, "attn_step", "sink") : NULL;
+    const float *ifr = sink && ratio && a->rd && need(a->inv_freq, "inv_freq")
+                           ? (const float *)dev_const(a->inv_freq, "attn_step", "inv_freq") : NULL;
     pool_dev pc = {0, 0, 0, NULL, NULL}, pi = {0, 0, 0, NULL, NULL};
     if (ok && ratio) {
         const dsv4_pool *c = &a->comp;
-        int cw = (1 + c->overlap) * c->dim;
         pc = pool_dev{c->ratio, c->dim, c->overlap ? 1 : 0,
-                      (const float *)dev_const(c->ape, (size_t)c->ratio * cw * sizeof(float)),
-                      (const float *)dev_const(c->norm, (size_t)c->dim * sizeof(float))};
+                      (const float *)dev_const(c->ape, "attn_step", "comp.ape"),
+                      (const float *)dev_const(c->norm, "attn_step", "comp.norm")};
         ok = (pc.ape || !c->ape) && (pc.norm || !c->norm) && (ifr || a->rd == 0);
         if (ok && csa) {
             const dsv4_pool *c2 = &a->icomp;
-            int cw2 = (1 + c2->overlap) * c2->dim;
             pi = pool_dev{c2->ratio, c2->dim, c2->overlap ? 1 : 0,
-                          (const float *)dev_const(c2->ape, (size_t)c2->ratio * cw2 * sizeof(float)),
-                          (const float *)dev_const(c2->norm, (size_t)c2->dim * sizeof(float))};
+                          (const float *)dev_const(c2->ape, "attn_step", "icomp.ape"),
+                          (const float *)dev_const(c2->norm, "attn_step", "icomp.norm")};
             ok = (pi.ape || !c2->ape) && (pi.norm || !c2->norm);
         }
     }
@@ -569,36 +567,31 @@ void dsv4cu::route(const float *lg, int R, int E, int K, const float *bias, cons
     bool ok = E > 0 && K <= E;
     if (!ok)
         fail(DSV4_E_ARG, "cuda: route: %d of %d experts", K, E);
+    ok = ok && given("route", {lg, eid, wts});
     if (ok && smem > 48 * 1024) {
         fail(DSV4_E_UNSUPPORTED, "cuda: route: %d experts do not fit the kernel's shared memory", E);
         ok = false;
     }
-    const float *dlg = ok ? (const float *)in_buf(lg, (size_t)R * E * sizeof(float)) : NULL;
-    const float *db = ok && bias ? (const float *)dev_const(bias, (size_t)E * sizeof(float)) : NULL;
-    const int32_t *dt = NULL, *dids = NULL;
+    const float *db = ok && bias ? (const float *)dev_const(bias, "route", "bias") : NULL;
+    const int32_t *dt = NULL;
     if (ok && tid2eid) {
-        dt = (const int32_t *)dev_known(tid2eid);
-        if (!dt) {
-            fail(DSV4_E_ARG, "cuda: route: tid2eid must be device memory or registered with dsv4_cuda_put");
-            ok = false;
+        dt = (const int32_t *)dev_const(tid2eid, "route", "tid2eid");
+        if (dt && !ids) {
+            fail(DSV4_E_ARG, "cuda: route: tid2eid without token ids");
+            dt = NULL;
         }
-        dids = ok ? (const int32_t *)in_buf(ids, (size_t)R * sizeof(int32_t)) : NULL;
+        ok = dt != NULL;
     }
-    int32_t *deid = ok ? (int32_t *)out_buf(eid, bk, 1) : NULL;
-    float *dw = ok ? (float *)out_buf(wts, bk, 1) : NULL;
-    if (ok && dlg && (db || !bias) && (!tid2eid || (dt && dids)) && deid && dw) {
-        launch_k(k_route, (unsigned)cdiv(R, NW), NB, smem, stream, dlg, R, E, K, db, dt, dids, norm, route_scale, deid, dw);
+    /* lg and ids are read, eid and wts written where they are (device buffers) */
+    if (ok && (db || !bias) && poison_out(eid, bk) && poison_out(wts, bk)) {
+        launch_k(k_route, (unsigned)cdiv(R, NW), NB, smem, stream, lg, R, E, K, db, dt, ids, norm, route_scale, eid, wts);
         if (launched("route")) {
-            out_back(eid, deid, bk);
-            out_back(wts, dw, bk);
             op_end();
             return;
         }
     }
     out_fail(wts, bk); /* a failed routing: weights NaN, experts 0 (valid ids) */
-    if (on_dev(eid))
-        cudaMemsetAsync(eid, 0, bk, stream);
-    else if (eid)
-        memset(eid, 0, bk);
+    if (eid)
+        failed(cudaMemsetAsync(eid, 0, bk, stream), "route: clearing the experts of a failed routing");
     op_end();
 }

@@ -268,12 +268,13 @@ __global__ void __launch_bounds__(A41_NW * 32) k41_attn(geo41 g, int H, int d, f
 
 int g41_smem_set;               /* what k41_attn was allowed so far */
 
-/* A buffer attn_step41 reads or writes: device memory, or the op fails. */
-bool dev41(const void *p, const char *what)
+/* A buffer attn_step41 reads or writes: given (it is a device buffer by the op's contract; a
+ * missing one fails the op rather than a kernel). */
+bool need41(const void *p, const char *what)
 {
-    if (on_dev(p))
+    if (p)
         return true;
-    fail(DSV4_E_ARG, "cuda: attn_step41: %s must be a device buffer", what);
+    fail(DSV4_E_ARG, "cuda: attn_step41: no %s", what);
     return false;
 }
 
@@ -334,17 +335,17 @@ bool check41(const dsv4_attn41_args *a)
 {
     const dsv4_rows *rw = &a->rows;
     int m = a->ratio;
-    bool ok = dev41(rw->pos, "rows.pos") && dev41(rw->seq, "rows.seq") && dev41(rw->start, "rows.start") &&
-              dev41(rw->first, "rows.first") && dev41(a->st, "st") && dev41(a->q, "q") && dev41(a->kv, "kv") &&
-              dev41(a->o, "o") && dev41(a->work, "work");
+    bool ok = need41(rw->pos, "rows.pos") && need41(rw->seq, "rows.seq") && need41(rw->start, "rows.start") &&
+              need41(rw->first, "rows.first") && need41(a->st, "st") && need41(a->q, "q") && need41(a->kv, "kv") &&
+              need41(a->o, "o") && need41(a->work, "work") && need41(a->sink, "sink");
     if (ok && m)
-        ok = dev41(a->est, "est") && dev41(a->sel, "sel") && dev41(a->nsel, "nsel");
+        ok = need41(a->est, "est") && need41(a->sel, "sel") && need41(a->nsel, "nsel");
     if (ok && a->own_ent)
-        ok = dev41(a->cc, "cc") && (m == 1 || dev41(a->zz, "zz"));
+        ok = need41(a->cc, "cc") && (m == 1 || need41(a->zz, "zz")) && (!a->rd || need41(a->inv_freq, "inv_freq"));
     if (ok && a->index_source)
-        ok = dev41(a->ist, "ist") && dev41(a->qi, "qi") && dev41(a->wt, "wt");
+        ok = need41(a->ist, "ist") && need41(a->qi, "qi") && need41(a->wt, "wt");
     if (ok && (a->cand_source || a->cand_filter))
-        ok = dev41(a->cand, "cand") && dev41(a->ncand, "ncand");
+        ok = need41(a->cand, "cand") && need41(a->ncand, "ncand");
     if (!ok)
         return false;
     bool bad = rw->S <= 0 || a->window < 0 || a->kv_cap <= 0 || a->H <= 0 || a->H > 65535 || a->d <= 0 ||
@@ -383,8 +384,9 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
     op_begin();
     bool run = check41(a);
     if (run && a->own_ent) {
-        const float *norm = m > 1 && a->comp.norm ? (const float *)dev_const(a->comp.norm, (size_t)d * sizeof(float)) : NULL;
-        const float *ape = m > 1 && a->comp.ape ? (const float *)dev_const(a->comp.ape, (size_t)m * d * sizeof(float)) : NULL;
+        const float *norm =
+            m > 1 && a->comp.norm ? (const float *)dev_const(a->comp.norm, "attn_step41", "comp.norm") : NULL;
+        const float *ape = m > 1 && a->comp.ape ? (const float *)dev_const(a->comp.ape, "attn_step41", "comp.ape") : NULL;
         run = (norm || !a->comp.norm || m == 1) && (ape || !a->comp.ape || m == 1);
         if (run) {
             launch_k(k41_lat, (unsigned)R, NB, (size_t)d * sizeof(float), stream, rdv, m, d, a->c_cap, ape, norm, a->eps,
@@ -401,10 +403,10 @@ void dsv4cu::attn_step41(const dsv4_attn41_args *a)
     }
 
     op_begin();
-    const float *sink = run ? (const float *)dev_const(a->sink, (size_t)H * sizeof(float)) : NULL;
-    const float *ifr = run && a->own_ent && a->rd
-                           ? (const float *)dev_const(a->inv_freq, (size_t)(a->rd / 2) * sizeof(float)) : NULL;
-    const float *ikn = run && a->own_ikey && a->ik_norm ? (const float *)dev_const(a->ik_norm, (size_t)ci * sizeof(float))
+    const float *sink = run ? (const float *)dev_const(a->sink, "attn_step41", "sink") : NULL;
+    const float *ifr =
+        run && a->own_ent && a->rd ? (const float *)dev_const(a->inv_freq, "attn_step41", "inv_freq") : NULL;
+    const float *ikn = run && a->own_ikey && a->ik_norm ? (const float *)dev_const(a->ik_norm, "attn_step41", "ik_norm")
                                                         : NULL;
     run = run && sink && (ifr || !a->own_ent || !a->rd) && (ikn || !a->own_ikey || !a->ik_norm);
     int64_t nkmax = nkmax41(a);
