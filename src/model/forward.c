@@ -314,6 +314,22 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
     }
     if (!rc && be->check) /* a device op failed: the sequences do not advance */
         rc = be->check(err);
+    /* The head's output: on a device from the arena, copied out to the caller's logits a chunk
+     * of rows at a time (bounded however many rows ask; a row's logits do not depend on the
+     * rows beside it); in host memory (the CPU) the caller's array itself. Taken before the
+     * sequences advance, so running out of memory leaves them as they were. */
+    int64_t V = c->vocab;
+    int hrows = 0, chunk = 0;
+    float *lg = NULL;
+    for (int i = 0; b->logits && i < S; i++)
+        hrows += b->all_logits ? b->n_ids[i] : b->n_ids[i] > 0;
+    if (!rc && hrows) {
+        chunk = m->be->place ? (int)(HEAD_CHUNK_BYTES / ((size_t)V * sizeof(float))) : hrows;
+        chunk = chunk < 1 ? 1 : chunk > hrows ? hrows : chunk;
+        lg = m->be->place ? dsv4_ftake(m, (size_t)chunk * V, err) : b->logits;
+        if (!lg)
+            rc = err && err->code ? err->code : DSV4_E_NOMEM;
+    }
     if (rc)
         goto out;
     for (int i = 0; i < S; i++) {
@@ -344,21 +360,12 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
         if (v41 || ref)
             be->rmsnorm(h, nr, D, m->norm, eps, h);
         dsv4_rnd(m, h, (int64_t)nr * D);
-        /* the head writes backend memory, taken from the arena and copied out to the caller's
-         * logits a chunk of rows at a time, so the buffer stays bounded however many rows ask
-         * (a row's logits do not depend on the rows beside it) */
-        int64_t V = c->vocab;
-        int chunk = (int)(HEAD_CHUNK_BYTES / ((size_t)V * sizeof(float)));
-        chunk = chunk < 1 ? 1 : chunk > nr ? nr : chunk;
-        float *lg = dsv4_ftake(m, (size_t)chunk * V, err);
-        if (!lg) {
-            rc = err && err->code ? err->code : DSV4_E_NOMEM;
-            goto out;
-        }
         for (int r0 = 0; r0 < nr; r0 += chunk) {
             int rows = nr - r0 < chunk ? nr - r0 : chunk;
-            be->linear(&m->head, 0, V, h + (int64_t)r0 * D, rows, D, lg, V);
-            m->mem->download(b->logits + (size_t)r0 * V, lg, (size_t)rows * V * sizeof(float));
+            float *out = lg == b->logits ? b->logits + (size_t)r0 * V : lg;
+            be->linear(&m->head, 0, V, h + (int64_t)r0 * D, rows, D, out, V);
+            if (out != b->logits + (size_t)r0 * V)
+                m->mem->download(b->logits + (size_t)r0 * V, lg, (size_t)rows * V * sizeof(float));
         }
         if (be->check)
             rc = be->check(err);

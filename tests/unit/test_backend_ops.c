@@ -3641,6 +3641,7 @@ static const rope_case rope_cases[] = {
     {.name = "rope T=4 3x64 rd 16 padded", .T = 4, .heads = 3, .d = 64, .rd = 16, .pad = 8},
     {.name = "rope T=3 8x128 rd 64 inverse", .T = 3, .heads = 8, .d = 128, .rd = 64, .inverse = 1},
     {.name = "rope T=2 1x512 rd 64", .T = 2, .heads = 1, .d = 512, .rd = 64},
+    {.name = "rope T=5 4x64 rd 16 odd stride", .T = 5, .heads = 4, .d = 64, .rd = 16, .pad = 3},
 };
 
 static const hc_case hc_cases[] = {

@@ -41,7 +41,10 @@ void dsv4cu::cu_embed(const dsv4_weight *w, const int32_t *ids, int T, int n, fl
     int ok = w->form < DSV4_WF_EXL3 && T <= 65535;
     if (!given("embed", {ids, X}))
         ok = 0;
-    else if (!ok)
+    else if (!w->data) {
+        fail(DSV4_E_ARG, "cuda: embedding %s: no data", w->name ? w->name : "?");
+        ok = 0;
+    } else if (!ok)
         fail(DSV4_E_UNSUPPORTED, "cuda: embedding %s: %s table, %d rows: no CUDA lookup for it", w->name ? w->name : "?",
              dsv4_wform_name(w->form), T);
     const char *nm = w->name ? w->name : "embedding table";

@@ -499,10 +499,11 @@ static void exl3_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const floa
     int64_t nr = r1 - r0;
     dsv4_err e;
     memset(&e, 0, sizeof e);
-    if (!poison_rows(y, T, nr, ldy) || dsv4_cuda_exl3_linear(w, r0, r1, x, T, ldx, y, ldy, stream) ||
-        dsv4_cuda_exl3_check(&e)) {
-        if (e.code)
-            fail(e.code, "%s", e.msg);
+    /* the launch's own error and the pack's kept one are both read, so neither is lost */
+    int bad = !poison_rows(y, T, nr, ldy) || dsv4_cuda_exl3_linear(w, r0, r1, x, T, ldx, y, ldy, stream);
+    int kept = dsv4_cuda_exl3_check(&e);
+    if (bad || kept) {
+        fail(e.code ? e.code : DSV4_E_DEVICE, "%s", e.code ? e.msg : "cuda: EXL3 linear failed");
         fail_rows(y, T, nr, ldy);
     }
 }
