@@ -206,12 +206,14 @@ static void test_place(void)
     dsv4_err err = {0};
     dsv4_weight hot, ex[4][3];
     make_weight(DSV4_WF_BF16, 64, 64, 1, 1, 0, &hot);
+    hot.bytes = dsv4_cuda_weight_bytes(&hot); /* the plan sizes items by their stored bytes, as a loader sets them */
     dsv4_place_item it[13];
     int n = 0;
     it[n++] = (dsv4_place_item){.w = &hot, .expert = DSV4_PLACE_HOT, .slot = -1};
     for (int e = 0; e < 4; e++)
         for (int m = 0; m < 3; m++) {
             make_weight(DSV4_WF_BF16, 64, 64, 1, 1, 0, &ex[e][m]);
+            ex[e][m].bytes = hot.bytes;
             it[n++] = (dsv4_place_item){.w = &ex[e][m], .expert = e, .slot = e};
         }
     CHECK(!dsv4_cuda_set_experts_rank(1, 2, &err), "place: %s", err.msg);
