@@ -26,25 +26,9 @@ __global__ void __launch_bounds__(NB) k_attend(const float *q, int d, const floa
 
 /* Device room for the softmax weights [H, nk]. It grows by doubling, and an outgrown buffer is
  * kept (never freed): a recorded graph may still read it. Growing is not recordable. */
-static float *g_probs;
-static size_t g_probs_n;
+static growbuf g_probs;
 
-static float *probs(size_t n)
-{
-    if (n <= g_probs_n)
-        return g_probs;
-    if (capturing) {
-        fail(DSV4_E_ARG, "cuda: attend: its weights buffer must grow to %zu floats, which a recording cannot", n);
-        return NULL;
-    }
-    size_t want = n > 2 * g_probs_n ? n : 2 * g_probs_n;
-    float *p = NULL;
-    if (CK(cudaMalloc((void **)&p, want * sizeof(float))))
-        return NULL;
-    g_probs = p;
-    g_probs_n = want;
-    return p;
-}
+static float *probs(size_t n) { return grow_buf(&g_probs, n, 2 * g_probs.n, "attend's weights buffer"); }
 
 /* q, the key table, the key rows and out are device buffers (backend.h); the sink is a
  * constant (resident or device memory). */

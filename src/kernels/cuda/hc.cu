@@ -182,24 +182,10 @@ __global__ void __launch_bounds__(NB) k_hc_pre(const float *X, int n, int D, con
 
 /* Device scratch for k_hc_mix's partial sums. It only grows, and an outgrown buffer is kept:
  * a recorded graph may still read it. */
-static float *g_hcp;
-static size_t g_hcp_n;
+static growbuf g_hcp;
 
-static float *hc_parts(size_t n)
-{
-    if (n <= g_hcp_n)
-        return g_hcp;
-    if (capturing) { /* growing is not recordable; the step runs the ops again */
-        fail(DSV4_E_ARG, "cuda: hc_pre: its scratch must grow, which a recording cannot");
-        return NULL;
-    }
-    float *p = NULL;
-    if (CK(cudaMalloc((void **)&p, n * sizeof(float))))
-        return NULL;
-    g_hcp = p;
-    g_hcp_n = n;
-    return p;
-}
+/* growing is not recordable; the step then runs the ops again */
+static float *hc_parts(size_t n) { return grow_buf(&g_hcp, n, n, "hc_pre's scratch"); }
 
 void dsv4cu::cu_hc_pre(const float *X, int T, int n, int D, const float *fn, const float *base, const float *scale,
                       int iters, float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h,

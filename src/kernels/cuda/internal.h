@@ -306,6 +306,14 @@ extern unsigned drops;
 size_t data_bytes(const dsv4_weight *w);
 size_t scale_bytes(const dsv4_weight *w);
 
+/* A device buffer of floats that only grows (runtime.cu): an outgrown one is kept, never
+ * freed, since a recorded graph may still read it. grow_buf gives b->p when it holds n floats,
+ * else a new one of max(n, want) floats; NULL when cudaMalloc fails or, for a buffer named
+ * `what`, when it must grow inside a recording (the error names it). what NULL: growing while
+ * recording is allowed (the relaxed capture mode permits the allocation). */
+typedef struct { float *p; size_t n; } growbuf;
+float *grow_buf(growbuf *b, size_t n, size_t want, const char *what);
+
 /* The op table's entries, one file per family (runtime.cu: memory, graphs and the error check;
  * linear.cu, rounding.cu, experts.cu, norm.cu, hc.cu, attend.cu, elementwise.cu, embed.cu); their contracts
  * are the ops' in kernels/backend.h. */

@@ -148,20 +148,9 @@ int dsv4cu::tc_groups(int S, int64_t blocks, int nt)
 }
 
 /* Slice partials: grows, never freed (a recorded graph may still read an outgrown one). */
-static float *g_part;
-static size_t g_part_cap;
+static growbuf g_part;
 
-float *dsv4cu::tc_part_buf(size_t n)
-{
-    if (n > g_part_cap) {
-        float *p = NULL;
-        if (CK(cudaMalloc((void **)&p, n * sizeof(float))))
-            return NULL;
-        g_part = p;
-        g_part_cap = n;
-    }
-    return g_part;
-}
+float *dsv4cu::tc_part_buf(size_t n) { return grow_buf(&g_part, n, n, NULL); }
 
 template <int F>
 static void tc_run_shape_of(int *G, int *RT)
@@ -477,20 +466,9 @@ wdev dsv4cu::wdev_of_n(const dsv4_weight *w, const void *q, const void *s, int m
 /* Device x rows the chunk path cannot read in place (float4 loads need a 16-byte aligned row
  * start) are packed into this buffer first. It only grows, and a buffer it outgrew is kept
  * (never freed), since a recorded graph may still read it. */
-static float *g_pack;
-static size_t g_pack_cap;
+static growbuf g_pack;
 
-static float *pack_buf(size_t n)
-{
-    if (n > g_pack_cap) {
-        float *p = NULL;
-        if (CK(cudaMalloc((void **)&p, n * sizeof(float))))
-            return NULL;
-        g_pack = p; /* the old one stays allocated: recordings may point at it */
-        g_pack_cap = n;
-    }
-    return g_pack;
-}
+static float *pack_buf(size_t n) { return grow_buf(&g_pack, n, n, NULL); }
 
 /* EXL3 rows (exl3.cu) over device buffers; its failures are kept here like every op's. */
 static void exl3_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,

@@ -107,24 +107,9 @@ void dsv4cu::cu_roundtrip(float *x, int64_t n, int block, int code)
     op_end();
 }
 
-static float *g_qx;
-static size_t g_qx_cap;
+static growbuf g_qx;
 
-float *dsv4cu::ref_buf(size_t n)
-{
-    if (n > g_qx_cap) {
-        if (capturing) {
-            fail(DSV4_E_STATE, "cuda: linear_q: its buffer must grow to %zu floats while a step is recorded", n);
-            return NULL;
-        }
-        float *p = NULL;
-        if (CK(cudaMalloc((void **)&p, n * sizeof(float))))
-            return NULL;
-        g_qx = p;
-        g_qx_cap = n;
-    }
-    return g_qx;
-}
+float *dsv4cu::ref_buf(size_t n) { return grow_buf(&g_qx, n, n, "REF's quantized input buffer"); }
 
 void dsv4cu::cu_linear_q(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx, float *y,
                          int64_t ldy)

@@ -502,6 +502,23 @@ void dsv4cu::finish_rows(bool ran, const char *what, float *y, int64_t rows, int
         fail_rows(y, rows, w, ld);
 }
 
+float *dsv4cu::grow_buf(growbuf *b, size_t n, size_t want, const char *what)
+{
+    if (n <= b->n)
+        return b->p;
+    if (what && capturing) {
+        fail(DSV4_E_STATE, "cuda: %s must grow to %zu floats, which a recording cannot", what, n);
+        return NULL;
+    }
+    want = want > n ? want : n;
+    float *p = NULL;
+    if (CK(cudaMalloc((void **)&p, want * sizeof(float))))
+        return NULL;
+    b->p = p;
+    b->n = want;
+    return p;
+}
+
 void *dsv4cu::cu_alloc(size_t bytes)
 {
     void *p = NULL;
