@@ -1879,7 +1879,7 @@ static void test_rope_rb(const rope_case *c)
     int64_t stride = (int64_t)heads * d + c->pad;
     size_t n = (size_t)T * stride;
     float *x = falloc(n), *freq = falloc(rd / 2), *ref = falloc(n), *bad = falloc(n), *cpu_y = NULL;
-    int64_t *pos = malloc(T * sizeof(int64_t)), *pb = malloc(T * sizeof(int64_t));
+    int64_t *pos = calloc(T, sizeof(int64_t)), *pb = calloc(T, sizeof(int64_t));
     double *tol = malloc(n * sizeof(double)), *scr = malloc(n * sizeof(double)), *mag = malloc(n * sizeof(double));
     fill(x, n, -1, 1);
     for (int i = 0; i < rd / 2; i++)
