@@ -232,6 +232,14 @@ typedef struct dsv4_backend {
      * rounding shows in the result, so every backend computes it so. */
     void (*rope)(float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq, const int64_t *pos,
                  int inverse);
+    /* REF's forms of rmsnorm and rope, each the op and then round_bf16 over a range, bit for bit
+     * those ops in turn (a device writes each value rounded, saving the rounding's launch):
+     * rmsnorm_rb rounds the rows * dim values of y; rope_rb rounds all heads * d values of each
+     * of the T rows (the unrotated first d - rd channels of each head too, and with rd = 0 only
+     * those), never the row padding past heads * d. */
+    void (*rmsnorm_rb)(const float *x, int64_t rows, int dim, const float *w, float eps, float *y);
+    void (*rope_rb)(float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq, const int64_t *pos,
+                    int inverse);
     /* Hyper-connection site: from the n streams X [T, n, D], the mixes pre [T, n], post [T, n],
      * comb [T, n, n] (Sinkhorn-normalised) and the collapse h [T, D] = sum_i pre_i X_i.
      * fn [(2+n)n, nD], base [(2+n)n], scale [3]. post/comb may be NULL (head collapse, where
@@ -252,6 +260,8 @@ typedef struct dsv4_backend {
     void (*engram_gate)(float *X, const float *kv, const float *w, int T, int n, int D, float eps, int round_bf16);
     /* X[k] = post[k] * y + sum_j comb[j][k] * X[j], per row. */
     void (*hc_post)(float *X, const float *y, int T, int n, int D, const float *post, const float *comb);
+    /* hc_post and then round_bf16 over all T n D values of X, bit for bit (REF's streams). */
+    void (*hc_post_rb)(float *X, const float *y, int T, int n, int D, const float *post, const float *comb);
     /* Attention of one query row over nk keys (K = V, rows of width d at keys[i]; the table
      * keys [nk] and the rows it points at are in the backend's memory):
      * for each of H heads: softmax over (q_h . k_i * scale, sink[h]) and out_h = sum p_i k_i. */

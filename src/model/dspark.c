@@ -32,8 +32,7 @@ int dsv4_spec_window(dsv4_step *f, const float *mh, dsv4_err *err)
     int rc = err && err->code;
     if (!rc) {
         dsv4_lin(m, &S->main_proj, 0, D, mh, R, (int64_t)nt * D, mx, D, 0);
-        m->be->rmsnorm(mx, R, D, S->main_norm, (float)c->norm_eps, mx);
-        dsv4_rnd(m, mx, (int64_t)R * D);
+        dsv4_norm(m, mx, R, D, S->main_norm, (float)c->norm_eps, mx);
         for (int st = 0; st < S->n; st++) {
             dsv4_v41_window_row(m, &S->st[st], mx, R, f->dpos, kv, 0);
             /* each sequence's rows into its ring: the last kv_cap of them, in at most two runs */
@@ -149,8 +148,7 @@ int dsv4_spec_draft(dsv4_model *m, dsv4_seq *s, int32_t anchor, int32_t *ids, fl
         goto out;
     be->hc_collapse(X, B, n, D, pin, xh);
     dsv4_rnd(m, xh, (int64_t)B * D);
-    be->rmsnorm(xh, B, D, S->norm, (float)c->norm_eps, hn);
-    dsv4_rnd(m, hn, (int64_t)B * D);
+    dsv4_norm(m, xh, B, D, S->norm, (float)c->norm_eps, hn);
     be->linear(&m->head, 0, V, hn, B, D, lg, V);
     ids[0] = anchor;
     for (int r = 0; r < B && !rc; r++) { /* each row's bias reads the draft of the row before */

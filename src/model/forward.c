@@ -358,8 +358,7 @@ int dsv4_forward(dsv4_model *m, const dsv4_batch *b, dsv4_err *err)
         if (!v41 && ref)
             dsv4_rnd(m, h, (int64_t)nr * D);
         if (v41 || ref)
-            be->rmsnorm(h, nr, D, m->norm, eps, h);
-        dsv4_rnd(m, h, (int64_t)nr * D);
+            dsv4_norm(m, h, nr, D, m->norm, eps, h);
         for (int r0 = 0; r0 < nr; r0 += chunk) {
             int rows = nr - r0 < chunk ? nr - r0 : chunk;
             float *out = lg == b->logits ? b->logits + (size_t)r0 * V : lg;

@@ -218,6 +218,13 @@ void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1,
 void dsv4_lin_multi(const dsv4_model *m, int nw, const dsv4_weight *const *w, const float *x, int T, int64_t ldx,
                     float *const *y, int flags);
 void dsv4_rnd(const dsv4_model *m, float *x, int64_t n);          /* REF: round to bf16 */
+/* be->rmsnorm, be->rope (every heads * d value of each row) and be->hc_post (all of X), plus in
+ * REF their outputs rounded to bf16: the ops' _rb forms, each bit for bit the op then dsv4_rnd. */
+void dsv4_norm(const dsv4_model *m, const float *x, int64_t rows, int dim, const float *w, float eps, float *y);
+void dsv4_rope(const dsv4_model *m, float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq,
+               const int64_t *pos, int inverse);
+void dsv4_hc_post(const dsv4_model *m, float *X, const float *y, int T, int n, int D, const float *post,
+                  const float *comb);
 
 static inline float *dsv4_fbuf(size_t n, dsv4_err *err) { return dsv4_xmalloc(n * sizeof(float), err); }
 

@@ -2,8 +2,9 @@
  * where the V4.1 release reference rounds (bf16 activations, e4m3 activation blocks in front of
  * every FP8/FP4 product, V4.1's fp8/fp4 cache round trips), through the backend's rounding ops
  * (linear_q, round_bf16, roundtrip: the reference's formulas bit for bit, spec §3, §6, §7), so
- * the activations stay where the backend keeps them. V4 takes the same rules at the matching
- * places of its graph (docs/numerics.md). */
+ * the activations stay where the backend keeps them; where an op's whole output is rounded, its
+ * _rb form (linear_rb, rmsnorm_rb, rope_rb, hc_post_rb) writes it rounded in the same launch.
+ * V4 takes the same rules at the matching places of its graph (docs/numerics.md). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,32 @@ void dsv4_rnd(const dsv4_model *m, float *x, int64_t n)
 {
     if (m->numerics == DSV4_NUMERICS_REF)
         m->be->round_bf16(x, n);
+}
+
+void dsv4_norm(const dsv4_model *m, const float *x, int64_t rows, int dim, const float *w, float eps, float *y)
+{
+    if (m->numerics == DSV4_NUMERICS_REF)
+        m->be->rmsnorm_rb(x, rows, dim, w, eps, y);
+    else
+        m->be->rmsnorm(x, rows, dim, w, eps, y);
+}
+
+void dsv4_rope(const dsv4_model *m, float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq,
+               const int64_t *pos, int inverse)
+{
+    if (m->numerics == DSV4_NUMERICS_REF)
+        m->be->rope_rb(x, T, stride, heads, d, rd, inv_freq, pos, inverse);
+    else
+        m->be->rope(x, T, stride, heads, d, rd, inv_freq, pos, inverse);
+}
+
+void dsv4_hc_post(const dsv4_model *m, float *X, const float *y, int T, int n, int D, const float *post,
+                  const float *comb)
+{
+    if (m->numerics == DSV4_NUMERICS_REF)
+        m->be->hc_post_rb(X, y, T, n, D, post, comb);
+    else
+        m->be->hc_post(X, y, T, n, D, post, comb);
 }
 
 void dsv4_lin(const dsv4_model *m, const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx,

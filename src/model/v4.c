@@ -52,8 +52,8 @@ static int attention(dsv4_step *f, int li, const float *a, float *y, dsv4_err *e
 
     /* The projections of a (2; 4 with a compressor; 7 with an indexer), then those of qr, each
      * set in one op: on a GPU a launch per storage form rather than one per weight. REF rounds
-     * each bf16 activation as V4.1's reference does (dsv4_rnd, dsv4_lin); the compressors'
-     * projections stay fp32, as V4.1's pooling compressors'. */
+     * each bf16 activation as V4.1's reference does (dsv4_lin, dsv4_norm, dsv4_rope, dsv4_rnd);
+     * the compressors' projections stay fp32, as V4.1's pooling compressors'. */
     const dsv4_weight *wa[7] = {&L->wq_a, &L->wkv, &L->iweights, &L->comp.wkv, &L->comp.wgate, &L->icomp.wkv,
                                 &L->icomp.wgate};
     float *ya[7] = {qr, kv, wt, cc, zz, ic, iz};
@@ -70,26 +70,18 @@ static int attention(dsv4_step *f, int li, const float *a, float *y, dsv4_err *e
             wa[2] = wa[3], wa[3] = wa[4], ya[2] = ya[3], ya[3] = ya[4];
         be->linear_multi(na, wa, a, R, c->dim, ya);
     }
-    be->rmsnorm(qr, R, c->q_lora, L->q_norm, eps, qr);
-    dsv4_rnd(m, qr, (int64_t)R * c->q_lora);
+    dsv4_norm(m, qr, R, c->q_lora, L->q_norm, eps, qr);
     dsv4_lin_multi(m, L->csa ? 2 : 1, wb, qr, R, c->q_lora, yb, 0);
-    be->rmsnorm(q, (int64_t)R * H, d, NULL, eps, q);
-    dsv4_rnd(m, q, (int64_t)R * Hd);
-    be->rope(q, R, Hd, H, d, rd, freq, f->dpos, 0);
-    dsv4_rnd(m, q, (int64_t)R * Hd);
-    be->rmsnorm(kv, R, d, L->kv_norm, eps, kv);
-    dsv4_rnd(m, kv, (int64_t)R * d);
-    be->rope(kv, R, d, 1, d, rd, freq, f->dpos, 0);
-    dsv4_rnd(m, kv, (int64_t)R * d);
-    if (L->csa) {
-        be->rope(qi, R, (int64_t)nI * ci, nI, ci, rd, m->inv_freq_compress, f->dpos, 0);
-        dsv4_rnd(m, qi, (int64_t)R * nI * ci);
-    }
+    dsv4_norm(m, q, (int64_t)R * H, d, NULL, eps, q);
+    dsv4_rope(m, q, R, Hd, H, d, rd, freq, f->dpos, 0);
+    dsv4_norm(m, kv, R, d, L->kv_norm, eps, kv);
+    dsv4_rope(m, kv, R, d, 1, d, rd, freq, f->dpos, 0);
+    if (L->csa)
+        dsv4_rope(m, qi, R, (int64_t)nI * ci, nI, ci, rd, m->inv_freq_compress, f->dpos, 0);
     A.q = q, A.kv = kv, A.cc = cc, A.zz = zz, A.ic = ic, A.iz = iz, A.qi = qi, A.wt = wt, A.o = o;
     be->attn_step(&A);
     dsv4_rnd(m, o, (int64_t)R * Hd);
-    be->rope(o, R, Hd, H, d, rd, freq, f->dpos, 1);
-    dsv4_rnd(m, o, (int64_t)R * Hd);
+    dsv4_rope(m, o, R, Hd, H, d, rd, freq, f->dpos, 1);
     /* the grouped einsum on wo_a dequantized to bf16 (no input quantization), as V4.1's */
     be->linear_blocks(&L->wo_a, c->o_groups, o, R, t);
     dsv4_rnd(m, t, (int64_t)R * c->o_groups * c->o_lora);
@@ -113,8 +105,7 @@ static void site(dsv4_step *f, const float *X, const float *fn, const float *bas
     }
     f->be->hc_pre(X, R, n, D, fn, base, scale, c->hc_iters, hce, eps, pre, post, comb, h, NULL);
     dsv4_rnd(m, h, (int64_t)R * D);
-    f->be->rmsnorm(h, R, D, hw, eps, h);
-    dsv4_rnd(m, h, (int64_t)R * D);
+    dsv4_norm(m, h, R, D, hw, eps, h);
 }
 
 /* The V4 layers over X [R, n, D] (backend memory); h, y [R, D], pre/post [R, n], comb
@@ -123,7 +114,6 @@ int dsv4_v4_layers(dsv4_step *f, float *X, float *h, float *y, float *pre, float
 {
     dsv4_model *m = f->m;
     const dsv4_config *c = &m->cfg;
-    const dsv4_backend *be = f->be;
     int R = f->R, n = c->hc_mult, D = c->dim, rc = 0;
     dsv4_rnd(m, X, (int64_t)R * n * D);
     for (int li = 0; li < c->n_layers && !rc; li++) {
@@ -131,13 +121,11 @@ int dsv4_v4_layers(dsv4_step *f, float *X, float *h, float *y, float *pre, float
         site(f, X, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, L->attn_norm, pre, post, comb, h);
         if ((rc = attention(f, li, h, y, err)))
             break;
-        be->hc_post(X, y, R, n, D, post, comb);
-        dsv4_rnd(m, X, (int64_t)R * n * D);
+        dsv4_hc_post(m, X, y, R, n, D, post, comb);
         site(f, X, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, L->ffn_norm, pre, post, comb, h);
         if ((rc = dsv4_moe(m, li, f->dids, R, h, y, err)))
             break;
-        be->hc_post(X, y, R, n, D, post, comb);
-        dsv4_rnd(m, X, (int64_t)R * n * D);
+        dsv4_hc_post(m, X, y, R, n, D, post, comb);
     }
     return rc;
 }

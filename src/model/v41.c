@@ -151,10 +151,8 @@ void dsv4_v41_window_row(const dsv4_model *m, const dsv4_layer *L, const float *
     const dsv4_config *c = &m->cfg;
     int d = c->head_dim;
     dsv4_lin(m, &L->wkv, 0, d, a, R, c->dim, kv, d, 0);
-    m->be->rmsnorm(kv, R, d, L->kv_norm, (float)c->norm_eps, kv);
-    dsv4_rnd(m, kv, (int64_t)R * d);
-    m->be->rope(kv, R, d, 1, d, c->rope_dim, freq_of(m, L), pos, 0);
-    dsv4_rnd(m, kv, (int64_t)R * d);
+    dsv4_norm(m, kv, R, d, L->kv_norm, (float)c->norm_eps, kv);
+    dsv4_rope(m, kv, R, d, 1, d, c->rope_dim, freq_of(m, L), pos, 0);
     if (m->numerics == DSV4_NUMERICS_REF && !packed) /* a packed cache stores the round trip's codes itself */
         m->be->roundtrip(kv, (int64_t)R * d, 32, DSV4_RT_FP8);
 }
@@ -166,11 +164,9 @@ void dsv4_v41_qkv(const dsv4_model *m, const dsv4_layer *L, const float *a, int 
     int H = c->n_heads, d = c->head_dim;
     int64_t Hd = (int64_t)H * d;
     dsv4_lin(m, &L->wq_a, 0, c->q_lora, a, R, c->dim, qr, c->q_lora, 0);
-    m->be->rmsnorm(qr, R, c->q_lora, L->q_norm, (float)c->norm_eps, qr);
-    dsv4_rnd(m, qr, (int64_t)R * c->q_lora);
+    dsv4_norm(m, qr, R, c->q_lora, L->q_norm, (float)c->norm_eps, qr);
     dsv4_lin(m, &L->wq_b, 0, Hd, qr, R, c->q_lora, q, Hd, 0);
-    m->be->rope(q, R, Hd, H, d, c->rope_dim, freq_of(m, L), pos, 0);
-    dsv4_rnd(m, q, (int64_t)R * Hd);
+    dsv4_rope(m, q, R, Hd, H, d, c->rope_dim, freq_of(m, L), pos, 0);
     dsv4_v41_window_row(m, L, a, R, pos, kv, m->kv_prod);
 }
 
@@ -185,8 +181,7 @@ int dsv4_v41_attn_out(dsv4_model *m, const dsv4_layer *L, float *o, int R, const
     if (!t)
         return err->code;
     dsv4_rnd(m, o, (int64_t)R * Hd);
-    m->be->rope(o, R, Hd, H, d, c->rope_dim, freq_of(m, L), pos, 1);
-    dsv4_rnd(m, o, (int64_t)R * Hd);
+    dsv4_rope(m, o, R, Hd, H, d, c->rope_dim, freq_of(m, L), pos, 1);
     /* the reference's grouped einsum runs on wo_a dequantized to bf16: no input quantization,
      * each group's rows as linear computes them, then the bf16 output */
     m->be->linear_blocks(&L->wo_a, G, o, R, t);
@@ -245,14 +240,12 @@ static int attention(dsv4_step *f, int li, v41_shared *sh, const float *a, float
         dsv4_lin(m, &L->comp.wgate, 0, d, a, R, c->dim, zz, d, DSV4_LIN_F32OUT | DSV4_LIN_NOQ);
     } else if (L->own_ent) {
         dsv4_lin(m, &L->comp.wkv, 0, d, a, R, c->dim, cc, d, 0);
-        be->rmsnorm(cc, R, d, L->comp.norm, eps, cc);
-        dsv4_rnd(m, cc, (int64_t)R * d);
+        dsv4_norm(m, cc, R, d, L->comp.norm, eps, cc);
     }
     if (L->index_source) {
         int64_t qw = (int64_t)nI * ci;
         dsv4_lin(m, &L->iwq_b, 0, qw, qr, R, c->q_lora, qi, qw, 0);
-        be->rope(qi, R, qw, nI, ci, rd, m->inv_freq_compress, f->dpos, 0);
-        dsv4_rnd(m, qi, (int64_t)R * qw);
+        dsv4_rope(m, qi, R, qw, nI, ci, rd, m->inv_freq_compress, f->dpos, 0);
         if (ref)
             be->roundtrip(qi, (int64_t)R * qw, 32, DSV4_RT_FP4);
         dsv4_lin(m, &L->iweights, 0, nI, a, R, c->dim, wt, nI, 0);
@@ -291,21 +284,17 @@ int dsv4_v41_block(dsv4_model *m, const dsv4_layer *L, const int32_t *ids, int R
     be->hc_pre(X, R, n, D, L->hc_attn_fn, L->hc_attn_base, L->hc_attn_scale, c->hc_iters, hce, eps, pre_a, post, comb, NULL, NULL);
     be->hc_collapse(X, R, n, D, pin, h);
     dsv4_rnd(m, h, (int64_t)R * D);
-    be->rmsnorm(h, R, D, L->attn_norm, eps, a);
-    dsv4_rnd(m, a, (int64_t)R * D);
+    dsv4_norm(m, h, R, D, L->attn_norm, eps, a);
     if ((rc = attn(ctx, a, y, err)))
         goto out;
-    be->hc_post(X, y, R, n, D, post, comb);
-    dsv4_rnd(m, X, (int64_t)R * n * D);
+    dsv4_hc_post(m, X, y, R, n, D, post, comb);
     be->hc_pre(X, R, n, D, L->hc_ffn_fn, L->hc_ffn_base, L->hc_ffn_scale, c->hc_iters, hce, eps, pre_f, post, comb, NULL, NULL);
     be->hc_collapse(X, R, n, D, pre_a, h);
     dsv4_rnd(m, h, (int64_t)R * D);
-    be->rmsnorm(h, R, D, L->ffn_norm, eps, a);
-    dsv4_rnd(m, a, (int64_t)R * D);
+    dsv4_norm(m, h, R, D, L->ffn_norm, eps, a);
     if ((rc = dsv4_moe_of(m, L, ids, R, a, y, err)))
         goto out;
-    be->hc_post(X, y, R, n, D, post, comb);
-    dsv4_rnd(m, X, (int64_t)R * n * D);
+    dsv4_hc_post(m, X, y, R, n, D, post, comb);
     m->mem->copy(pin, pre_f, (size_t)R * n * sizeof(float));
 out:
     dsv4_release(m, mk);

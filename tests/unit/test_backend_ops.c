@@ -985,15 +985,24 @@ typedef struct {
     int rows, dim, weighted, in_place;
 } norm_case;
 
-static float *run_rmsnorm(const target *t, const float *x, int rows, int dim, const float *w, int in_place)
+/* How the run_* helpers of the ops with a REF form run them: the op, its _rb form, or the op
+ * followed by the backend's round_bf16 over the range the _rb form rounds. */
+enum { OP_PLAIN, OP_RB, OP_THEN_ROUND };
+
+static float *run_rmsnorm_as(const target *t, const float *x, int rows, int dim, const float *w, int in_place, int mode)
 {
     const dsv4_backend *be = t->be;
     size_t n = (size_t)rows * dim;
     float *dx = bput(be, x, n * sizeof(float)), *dw = w ? bput(be, w, dim * sizeof(float)) : NULL;
     float *dy = in_place ? dx : bpoison(be, n);
-    be->rmsnorm(dx, rows, dim, dw, 1e-6f, dy);
+    if (mode == OP_RB)
+        be->rmsnorm_rb(dx, rows, dim, dw, 1e-6f, dy);
+    else
+        be->rmsnorm(dx, rows, dim, dw, 1e-6f, dy);
+    if (mode == OP_THEN_ROUND)
+        be->round_bf16(dy, (int64_t)n);
     float *y = bget(be, dy, n * sizeof(float));
-    bok(be, "rmsnorm");
+    bok(be, mode == OP_RB ? "rmsnorm_rb" : "rmsnorm");
     if (!in_place)
         be->free(dy);
     be->free(dx);
@@ -1005,6 +1014,11 @@ static float *run_rmsnorm(const target *t, const float *x, int rows, int dim, co
 /* y = x / sqrt(mean(x^2) + eps) * w in double. Bound: the sum of squares (dim positive terms,
  * gamma(dim)), the mean, + eps, then sqrt halves that relative error and adds u, the
  * reciprocal, x * inv, * w and the reference's rounding: |y| gamma(dim / 2 + 6). */
+static float *run_rmsnorm(const target *t, const float *x, int rows, int dim, const float *w, int in_place)
+{
+    return run_rmsnorm_as(t, x, rows, dim, w, in_place, OP_PLAIN);
+}
+
 static void rmsnorm_ref(const float *x, int rows, int dim, const float *w, float *ref, double *tol)
 {
     for (int r = 0; r < rows; r++) {
@@ -1069,18 +1083,29 @@ typedef struct {
     int T, heads, d, rd, pad, inverse;
 } rope_case;
 
-static float *run_rope(const target *t, const float *x, int T, int64_t stride, int heads, int d, int rd,
-                       const float *freq, const int64_t *pos, int inverse)
+static float *run_rope_as(const target *t, const float *x, int T, int64_t stride, int heads, int d, int rd,
+                          const float *freq, const int64_t *pos, int inverse, int mode)
 {
     const dsv4_backend *be = t->be;
     size_t n = (size_t)T * stride;
     float *dx = bput(be, x, n * sizeof(float)), *df = bput(be, freq, rd / 2 * sizeof(float));
     int64_t *dp = bput(be, pos, T * sizeof(int64_t));
-    be->rope(dx, T, stride, heads, d, rd, df, dp, inverse);
+    if (mode == OP_RB)
+        be->rope_rb(dx, T, stride, heads, d, rd, df, dp, inverse);
+    else
+        be->rope(dx, T, stride, heads, d, rd, df, dp, inverse);
+    for (int r = 0; mode == OP_THEN_ROUND && r < T; r++) /* each row's heads, not its padding */
+        be->round_bf16(dx + (size_t)r * stride, (int64_t)heads * d);
     float *y = bget(be, dx, n * sizeof(float));
-    bok(be, "rope");
+    bok(be, mode == OP_RB ? "rope_rb" : "rope");
     be->free(dx), be->free(df), be->free(dp);
     return y;
+}
+
+static float *run_rope(const target *t, const float *x, int T, int64_t stride, int heads, int d, int rd,
+                       const float *freq, const int64_t *pos, int inverse)
+{
+    return run_rope_as(t, x, T, stride, heads, d, rd, freq, pos, inverse, OP_PLAIN);
 }
 
 /* Pairs (a, b) of the last rd channels of each head rotated by the angle pos inv_freq (by its
@@ -1668,18 +1693,29 @@ static void test_hc_collapse(const hcx_case *c)
     free(X), free(pre), free(pre2), free(ref), free(bad), free(cpu_h), free(tol), free(scr);
 }
 
-static float *run_post(const target *t, const float *X, const float *y, int T, int n, int D, const float *post,
-                       const float *comb)
+static float *run_post_as(const target *t, const float *X, const float *y, int T, int n, int D, const float *post,
+                          const float *comb, int mode)
 {
     const dsv4_backend *be = t->be;
     size_t nx = (size_t)T * n * D;
     float *dX = bput(be, X, nx * 4), *dy = bput(be, y, (size_t)T * D * 4), *dp = bput(be, post, (size_t)T * n * 4);
     float *dc = bput(be, comb, (size_t)T * n * n * 4);
-    be->hc_post(dX, dy, T, n, D, dp, dc);
+    if (mode == OP_RB)
+        be->hc_post_rb(dX, dy, T, n, D, dp, dc);
+    else
+        be->hc_post(dX, dy, T, n, D, dp, dc);
+    if (mode == OP_THEN_ROUND)
+        be->round_bf16(dX, (int64_t)nx);
     float *o = bget(be, dX, nx * 4);
-    bok(be, "hc_post");
+    bok(be, mode == OP_RB ? "hc_post_rb" : "hc_post");
     be->free(dX), be->free(dy), be->free(dp), be->free(dc);
     return o;
+}
+
+static float *run_post(const target *t, const float *X, const float *y, int T, int n, int D, const float *post,
+                       const float *comb)
+{
+    return run_post_as(t, X, y, T, n, D, post, comb, OP_PLAIN);
 }
 
 static void post_ref(const float *X, const float *y, int T, int n, int D, const float *post, const float *comb,
@@ -1744,6 +1780,225 @@ static void test_hc_post(const hcx_case *c)
             free(g);
     }
     free(X), free(y), free(post), free(comb), free(comb2), free(ref), free(bad), free(cpu_X), free(tol), free(scr);
+}
+
+/* ---- REF's forms: rmsnorm_rb, rope_rb, hc_post_rb ------------------------------------------------ */
+
+/* Each _rb op, on every backend, over its whole output buffer of n floats:
+ *  - its output equals the same backend's op followed by its round_bf16 over the range
+ *    backend.h states, bit for bit, with no NaN (an element it skips keeps its poison);
+ *    control: it differs from the op's output unrounded (the inputs are not bf16 values, so a
+ *    missing rounding shows); each row alone equals the same row in the batch;
+ *  - against the CPU's output (on the CPU: the double reference through bf16), within the
+ *    op's bound plus the two roundings: each moves a value by at most 2^-8 of it, and the op's
+ *    |y| <= |ref| + s tol, so |got - want| <= s tol + 2^-7 (|ref| + s tol) (rb_mag); the op's
+ *    planted control, its wrong input run through the _rb op (the wrong reference through
+ *    bf16), must fail the same comparison. */
+static void rb_mag(const float *ref, const double *tol, size_t n, double s, double *mag)
+{
+    for (size_t i = 0; i < n; i++)
+        mag[i] = s * tol[i] + 0x1p-7 * (fabs(ref[i]) + s * tol[i]);
+}
+
+/* The bitwise checks: rb the _rb op's output, sep the op then round_bf16, plain the op alone. */
+static void rb_bitwise(const char *what, const float *rb, const float *sep, const float *plain, size_t n, int same_rows)
+{
+    size_t nan = 0;
+    for (size_t i = 0; i < n; i++)
+        nan += isnan(rb[i]) != 0;
+    int eq = nan == 0 && !memcmp(rb, sep, n * sizeof(float)), caught = memcmp(rb, plain, n * sizeof(float)) != 0;
+    CHECK(eq, "%s: differs from the op then round_bf16", what);
+    CHECK(caught, "control %s: the op's unrounded output equals it", what);
+    CHECK(same_rows, "%s: a row alone differs from the same row in the batch", what);
+    printf("  %-52s == op + round_bf16 %s; rows alone %s; control %s\n", what, eq ? "bitwise" : "DIFFER",
+           same_rows ? "bitwise" : "DIFFER", caught ? "caught" : "NOT CAUGHT");
+}
+
+/* A copy of n floats through bf16 (malloc'd). */
+static float *rounded_copy(const float *v, size_t n)
+{
+    float *r = falloc(n);
+    memcpy(r, v, n * sizeof(float));
+    dsv4_round_bf16(r, (int64_t)n);
+    return r;
+}
+
+/* Control: rmsnorm's (the last row's x one index off). */
+static void test_rmsnorm_rb(const norm_case *c)
+{
+    int rows = c->rows, dim = c->dim;
+    size_t n = (size_t)rows * dim;
+    float *x = falloc(n), *w = c->weighted ? falloc(dim) : NULL, *ref = falloc(n), *bad = falloc(n), *xs = falloc(n);
+    float *cpu_y = NULL;
+    double *tol = malloc(n * sizeof(double)), *scr = malloc(n * sizeof(double)), *mag = malloc(n * sizeof(double));
+    fill(x, n, -2, 2);
+    if (w)
+        fill(w, dim, 0.5f, 1.5f);
+    rmsnorm_ref(x, rows, dim, w, ref, tol);
+    memcpy(xs, x, n * sizeof(float));
+    swap_pair(xs + (size_t)(rows - 1) * dim, dim);
+    rmsnorm_ref(xs, rows, dim, w, bad, scr);
+    float *rref = rounded_copy(ref, n), *rbad = rounded_copy(bad, n);
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        double s = o < 0 ? 1.0 : OTHER;
+        float *y = run_rmsnorm_as(t, x, rows, dim, w, c->in_place, OP_RB);
+        float *sep = run_rmsnorm_as(t, x, rows, dim, w, c->in_place, OP_THEN_ROUND);
+        float *plain = run_rmsnorm_as(t, x, rows, dim, w, c->in_place, OP_PLAIN);
+        int same = 1;
+        for (int r = 0; r < rows; r++) {
+            float *one = run_rmsnorm_as(t, x + (size_t)r * dim, 1, dim, w, c->in_place, OP_RB);
+            same &= rows_equal(one, y + (size_t)r * dim, dim);
+            free(one);
+        }
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        rb_bitwise(what, y, sep, plain, n, same);
+        rb_mag(ref, tol, n, s, mag);
+        CHECK(agree_within(what, y, o < 0 ? rref : cpu_y, mag, n, 1.0, 0), "%s: differs", what);
+        float *b = o < 0 ? rbad : run_rmsnorm_as(&cpu_t, xs, rows, dim, w, 0, OP_RB);
+        snprintf(what, sizeof what, "rmsnorm_rb on %s: x index off", t->be->name);
+        control_within(what, y, b, mag, n, 1.0);
+        if (o >= 0)
+            free(b);
+        free(sep), free(plain);
+        if (o < 0)
+            cpu_y = y;
+        else
+            free(y);
+    }
+    free(x), free(w), free(ref), free(bad), free(xs), free(cpu_y), free(tol), free(scr), free(mag), free(rref), free(rbad);
+}
+
+/* Control: rope's (the last row one position off; none without pairs). Range controls: the
+ * rotated channels alone through bf16 (where a head has others), and the row padding through
+ * bf16 too (where rows have padding), must each differ from rope_rb's output. */
+static void test_rope_rb(const rope_case *c)
+{
+    int T = c->T, heads = c->heads, d = c->d, rd = c->rd;
+    int64_t stride = (int64_t)heads * d + c->pad;
+    size_t n = (size_t)T * stride;
+    float *x = falloc(n), *freq = falloc(rd / 2), *ref = falloc(n), *bad = falloc(n), *cpu_y = NULL;
+    int64_t *pos = calloc(T, sizeof(int64_t)), *pb = calloc(T, sizeof(int64_t));
+    double *tol = malloc(n * sizeof(double)), *scr = malloc(n * sizeof(double)), *mag = malloc(n * sizeof(double));
+    fill(x, n, -1, 1);
+    for (int i = 0; i < rd / 2; i++)
+        freq[i] = powf(10000.0f, -(float)(2 * i) / rd);
+    for (int t = 0; t < T; t++)
+        pos[t] = pb[t] = rnd() % 70000;
+    pb[T - 1]++;
+    rope_ref(x, T, stride, heads, d, rd, freq, pos, c->inverse, ref, tol);
+    rope_ref(x, T, stride, heads, d, rd, freq, pb, c->inverse, bad, scr);
+    /* the reference of rope_rb: every heads * d value of a row through bf16, the padding as it was */
+    float *rref = falloc(n), *rbad = falloc(n);
+    memcpy(rref, ref, n * sizeof(float));
+    memcpy(rbad, bad, n * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        dsv4_round_bf16(rref + (size_t)t * stride, (int64_t)heads * d);
+        dsv4_round_bf16(rbad + (size_t)t * stride, (int64_t)heads * d);
+    }
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        double s = o < 0 ? 1.0 : OTHER;
+        float *y = run_rope_as(t, x, T, stride, heads, d, rd, freq, pos, c->inverse, OP_RB);
+        float *sep = run_rope_as(t, x, T, stride, heads, d, rd, freq, pos, c->inverse, OP_THEN_ROUND);
+        float *plain = run_rope_as(t, x, T, stride, heads, d, rd, freq, pos, c->inverse, OP_PLAIN);
+        int same = 1;
+        for (int r = 0; r < T; r++) {
+            float *one = run_rope_as(t, x + (size_t)r * stride, 1, stride, heads, d, rd, freq, pos + r, c->inverse, OP_RB);
+            same &= rows_equal(one, y + (size_t)r * stride, stride);
+            free(one);
+        }
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        rb_bitwise(what, y, sep, plain, n, same);
+        if (d > rd) { /* control: the rotated channels alone rounded */
+            float *part = falloc(n);
+            memcpy(part, plain, n * sizeof(float));
+            for (int r = 0; r < T; r++)
+                for (int h = 0; h < heads; h++)
+                    dsv4_round_bf16(part + (size_t)r * stride + (size_t)h * d + (d - rd), rd);
+            int caught = memcmp(part, y, n * sizeof(float)) != 0;
+            CHECK(caught, "control %s: the rotated channels alone rounded equal it", what);
+            printf("  control %-44s %s\n", "rope_rb: the rotated channels alone rounded", caught ? "caught" : "NOT CAUGHT");
+            free(part);
+        }
+        if (c->pad) { /* control: the padding rounded too */
+            float *all = rounded_copy(sep, n);
+            int caught = memcmp(all, y, n * sizeof(float)) != 0;
+            CHECK(caught, "control %s: the padding rounded too equals it", what);
+            printf("  control %-44s %s\n", "rope_rb: the row padding rounded too", caught ? "caught" : "NOT CAUGHT");
+            free(all);
+        }
+        rb_mag(ref, tol, n, s, mag);
+        CHECK(agree_within(what, y, o < 0 ? rref : cpu_y, mag, n, 1.0, 0), "%s: differs", what);
+        if (rd > 0) {
+            float *b = o < 0 ? rbad : run_rope_as(&cpu_t, x, T, stride, heads, d, rd, freq, pb, c->inverse, OP_RB);
+            snprintf(what, sizeof what, "rope_rb on %s: position one off", t->be->name);
+            control_within(what, y, b, mag, n, 1.0);
+            if (o >= 0)
+                free(b);
+        }
+        free(sep), free(plain);
+        if (o < 0)
+            cpu_y = y;
+        else
+            free(y);
+    }
+    free(x), free(freq), free(ref), free(bad), free(cpu_y), free(pos), free(pb), free(tol), free(scr), free(mag);
+    free(rref), free(rbad);
+}
+
+/* Control: hc_post's (comb transposed; one stream: the first row given the second's comb). */
+static void test_hc_post_rb(const hcx_case *c)
+{
+    int T = c->T, n = c->n, D = c->D;
+    size_t nx = (size_t)T * n * D;
+    float *X = falloc(nx), *y = falloc((size_t)T * D), *post = falloc((size_t)T * n), *comb = falloc((size_t)T * n * n);
+    float *comb2 = falloc((size_t)T * n * n), *ref = falloc(nx), *bad = falloc(nx), *cpu_X = NULL;
+    double *tol = malloc(nx * sizeof(double)), *scr = malloc(nx * sizeof(double)), *mag = malloc(nx * sizeof(double));
+    fill(X, nx, -1, 1);
+    fill(y, (size_t)T * D, -1, 1);
+    fill(post, (size_t)T * n, 0, 2);
+    fill(comb, (size_t)T * n * n, 0, 1);
+    memcpy(comb2, comb, (size_t)T * n * n * 4);
+    for (int j = 0; j < n; j++)
+        for (int k = 0; k < n; k++)
+            comb2[j * n + k] = n > 1 ? comb[k * n + j] : comb[(size_t)n * n + j * n + k];
+    post_ref(X, y, T, n, D, post, comb, ref, tol);
+    post_ref(X, y, T, n, D, post, comb2, bad, scr);
+    float *rref = rounded_copy(ref, nx), *rbad = rounded_copy(bad, nx);
+    char what[160];
+    for (int o = -1; o < n_others; o++) {
+        const target *t = o < 0 ? &cpu_t : &others[o];
+        double s = o < 0 ? 1.0 : OTHER;
+        float *g = run_post_as(t, X, y, T, n, D, post, comb, OP_RB);
+        float *sep = run_post_as(t, X, y, T, n, D, post, comb, OP_THEN_ROUND);
+        float *plain = run_post_as(t, X, y, T, n, D, post, comb, OP_PLAIN);
+        int same = 1;
+        for (int r = 0; r < T; r++) {
+            float *one = run_post_as(t, X + (size_t)r * n * D, y + (size_t)r * D, 1, n, D, post + r * n,
+                                     comb + (size_t)r * n * n, OP_RB);
+            same &= rows_equal(one, g + (size_t)r * n * D, (size_t)n * D);
+            free(one);
+        }
+        snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
+        rb_bitwise(what, g, sep, plain, nx, same);
+        rb_mag(ref, tol, nx, s, mag);
+        CHECK(agree_within(what, g, o < 0 ? rref : cpu_X, mag, nx, 1.0, 0), "%s: differs", what);
+        float *b = o < 0 ? rbad : run_post_as(&cpu_t, X, y, T, n, D, post, comb2, OP_RB);
+        snprintf(what, sizeof what, "hc_post_rb on %s: %s", t->be->name, n > 1 ? "comb transposed" : "comb of the next row");
+        control_within(what, g, b, mag, nx, 1.0);
+        if (o >= 0)
+            free(b);
+        free(sep), free(plain);
+        if (o < 0)
+            cpu_X = g;
+        else
+            free(g);
+    }
+    free(X), free(y), free(post), free(comb), free(comb2), free(ref), free(bad), free(cpu_X), free(tol), free(scr);
+    free(mag), free(rref), free(rbad);
 }
 
 /* ---- attend ------------------------------------------------------------------------------------- */
@@ -2229,7 +2484,8 @@ static void test_table(const target *t)
     CHECK(be->alloc && be->free && be->upload && be->download && be->copy && be->linear && be->linear_blocks &&
               be->linear_multi && be->embed && be->rmsnorm && be->rope && be->hc_pre && be->hc_collapse && be->engram_gate &&
               be->hc_post && be->attend && be->attn_step && be->attn_step41 && be->route && be->experts && be->add &&
-              be->swiglu && be->scale && be->copy2d && be->linear_q && be->round_bf16 && be->roundtrip,
+              be->swiglu && be->scale && be->copy2d && be->linear_q && be->round_bf16 && be->roundtrip && be->rmsnorm_rb &&
+              be->rope_rb && be->hc_post_rb,
           "%s: an op of the table is missing", be->name);
     printf("  table of %-42s recording %s, check %s, attn_work %s, production caches %s\n", be->name,
            all ? "yes" : "none", be->check ? "yes" : "none", be->attn_work ? "yes" : "DSV4_ATTN_WORK",
@@ -3665,6 +3921,28 @@ static const hcx_case engram_cases[] = {
     {.name = "engram_gate T=3 n=2 D=33", .T = 3, .n = 2, .D = 33},
 };
 
+/* The _rb forms' cases: a row longer than a device may hold in registers (5000), a rope with
+ * every channel rotated and one with none. */
+static const norm_case norm_rb_cases[] = {
+    {.name = "rmsnorm_rb 5x1000 weighted", .rows = 5, .dim = 1000, .weighted = 1},
+    {.name = "rmsnorm_rb 3x5000 weighted", .rows = 3, .dim = 5000, .weighted = 1},
+    {.name = "rmsnorm_rb 6x128 in place", .rows = 6, .dim = 128, .in_place = 1},
+    {.name = "rmsnorm_rb 2x7 weighted in place", .rows = 2, .dim = 7, .weighted = 1, .in_place = 1},
+};
+
+static const rope_case rope_rb_cases[] = {
+    {.name = "rope_rb T=4 3x64 rd 16 padded", .T = 4, .heads = 3, .d = 64, .rd = 16, .pad = 8},
+    {.name = "rope_rb T=3 8x128 rd 64 inverse", .T = 3, .heads = 8, .d = 128, .rd = 64, .inverse = 1},
+    {.name = "rope_rb T=2 1x512 rd 64", .T = 2, .heads = 1, .d = 512, .rd = 64},
+    {.name = "rope_rb T=5 4x32 rd 32 odd stride", .T = 5, .heads = 4, .d = 32, .rd = 32, .pad = 3},
+    {.name = "rope_rb T=2 2x40 rd 0", .T = 2, .heads = 2, .d = 40, .rd = 0},
+};
+
+static const hcx_case post_rb_cases[] = {
+    {.name = "hc_post_rb T=3 n=4 D=700", .T = 3, .n = 4, .D = 700},
+    {.name = "hc_post_rb T=2 n=1 D=64", .T = 2, .n = 1, .D = 64},
+};
+
 static const hcx_case post_cases[] = {
     {.name = "hc_post T=3 n=4 D=700", .T = 3, .n = 4, .D = 700},
     {.name = "hc_post T=2 n=1 D=64", .T = 2, .n = 1, .D = 64},
@@ -3781,5 +4059,11 @@ int main(void)
         for (int P = 24; P <= 512; P += 488)
             for (int d = 128; d >= 72; d -= 56)
                 test_attn41_ref(o < 0 ? &cpu_t : &others[o], P, d);
+    for (size_t i = 0; i < N_OF(norm_rb_cases); i++)
+        test_rmsnorm_rb(&norm_rb_cases[i]);
+    for (size_t i = 0; i < N_OF(rope_rb_cases); i++)
+        test_rope_rb(&rope_rb_cases[i]);
+    for (size_t i = 0; i < N_OF(post_rb_cases); i++)
+        test_hc_post_rb(&post_rb_cases[i]);
     return check_summary("backend ops");
 }

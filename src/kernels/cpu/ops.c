@@ -360,7 +360,8 @@ static void cpu_linear(const dsv4_weight *w, int64_t r0, int64_t r1, const float
     }
 }
 
-static void cpu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, float eps, float *y)
+/* rmsnorm, each row's y through bf16 once written when rb (rmsnorm_rb). */
+static void rmsnorm_rows(const float *x, int64_t rows, int dim, const float *w, float eps, float *y, int rb)
 {
 #pragma omp parallel for schedule(static) if (rows * dim > 65536)
     for (int64_t r = 0; r < rows; r++) {
@@ -370,14 +371,27 @@ static void cpu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, f
         float inv = 1.0f / sqrtf(ss / dim + eps);
         for (int i = 0; i < dim; i++)
             yr[i] = w ? xr[i] * inv * w[i] : xr[i] * inv;
+        if (rb)
+            dsv4_round_bf16(yr, dim);
     }
 }
 
-static void cpu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq, const int64_t *pos,
-                     int inverse)
+static void cpu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, float eps, float *y)
+{
+    rmsnorm_rows(x, rows, dim, w, eps, y, 0);
+}
+
+static void cpu_rmsnorm_rb(const float *x, int64_t rows, int dim, const float *w, float eps, float *y)
+{
+    rmsnorm_rows(x, rows, dim, w, eps, y, 1);
+}
+
+/* rope, each row's heads (all heads * d values) through bf16 once rotated when rb (rope_rb). */
+static void rope_rows(float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq, const int64_t *pos,
+                      int inverse, int rb)
 {
     int half = rd / 2;
-    float *cs = malloc(2 * half * sizeof(float));
+    float *cs = malloc((half > 0 ? 2 * half : 1) * sizeof(float));
     for (int t = 0; t < T; t++) {
         for (int i = 0; i < half; i++) {
             float ang = (float)pos[t] * inv_freq[i];
@@ -392,10 +406,23 @@ static void cpu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, 
                 v[2 * i + 1] = a * s + b * c;
             }
         }
+        if (rb)
+            dsv4_round_bf16(x + t * stride, (int64_t)heads * d);
     }
     free(cs);
 }
 
+static void cpu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq, const int64_t *pos,
+                     int inverse)
+{
+    rope_rows(x, T, stride, heads, d, rd, inv_freq, pos, inverse, 0);
+}
+
+static void cpu_rope_rb(float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq,
+                        const int64_t *pos, int inverse)
+{
+    rope_rows(x, T, stride, heads, d, rd, inv_freq, pos, inverse, 1);
+}
 
 /* One row's collapse: h[dd] = sum_i pre[i] X[i, dd], summed in stream order. */
 static void collapse_row(const float *x, int n, int D, const float *pr, float *hr)
@@ -451,7 +478,8 @@ static void cpu_hc_pre(const float *X, int T, int n, int D, const float *fn, con
         cpu_rmsnorm(h, T, D, hw, norm_eps, h);
 }
 
-static void cpu_hc_post(float *X, const float *y, int T, int n, int D, const float *post, const float *comb)
+/* hc_post, each row's n D values through bf16 once written when rb (hc_post_rb). */
+static void hc_post_rows(float *X, const float *y, int T, int n, int D, const float *post, const float *comb, int rb)
 {
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < T; t++) {
@@ -468,7 +496,19 @@ static void cpu_hc_post(float *X, const float *y, int T, int n, int D, const flo
                 x[(int64_t)k * D + dd] = s;
             }
         }
+        if (rb)
+            dsv4_round_bf16(x, (int64_t)n * D);
     }
+}
+
+static void cpu_hc_post(float *X, const float *y, int T, int n, int D, const float *post, const float *comb)
+{
+    hc_post_rows(X, y, T, n, D, post, comb, 0);
+}
+
+static void cpu_hc_post_rb(float *X, const float *y, int T, int n, int D, const float *post, const float *comb)
+{
+    hc_post_rows(X, y, T, n, D, post, comb, 1);
 }
 
 static void cpu_attend(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink,
@@ -580,10 +620,13 @@ static const dsv4_backend cpu_backend = {
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,
     .rope = cpu_rope,
+    .rmsnorm_rb = cpu_rmsnorm_rb,
+    .rope_rb = cpu_rope_rb,
     .hc_pre = cpu_hc_pre,
     .hc_collapse = cpu_hc_collapse,
     .engram_gate = dsv4_cpu_engram_gate,
     .hc_post = cpu_hc_post,
+    .hc_post_rb = cpu_hc_post_rb,
     .attend = cpu_attend,
     .swiglu = cpu_swiglu,
     .attn_step = dsv4_cpu_attn_step,

@@ -1,5 +1,6 @@
 /* CUDA hyper-connection sites: hc_pre (the mixes, Sinkhorn and the collapse, optionally
- * RMS-normed), hc_post, and hc_collapse with given weights (V4.1). */
+ * RMS-normed), hc_post (and hc_post_rb, its values stored through bf16), and hc_collapse with
+ * given weights (V4.1). */
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
@@ -10,6 +11,7 @@
 #include "kernels/cuda/internal.h"
 #include "kernels/hc_mix.h"
 #include "kernels/cuda/norm.cuh"
+#include "kernels/cuda/rounding.cuh"
 
 using namespace dsv4cu;
 
@@ -230,8 +232,9 @@ void dsv4cu::cu_hc_pre(const float *X, int T, int n, int D, const float *fn, con
     op_end();
 }
 
-/* X[k] = post[k] y + sum_j comb[j][k] X[j]: one thread per (row, channel), all n streams. */
-__global__ void k_hc_post(float *X, const float *y, int T, int n, int D, const float *post, const float *comb)
+/* X[k] = post[k] y + sum_j comb[j][k] X[j]: one thread per (row, channel), all n streams; each
+ * value stored through bf16 when rb (hc_post_rb: a thread reads and writes only its channel). */
+__global__ void k_hc_post(float *X, const float *y, int T, int n, int D, const float *post, const float *comb, int rb)
 {
     PDL_WAIT();
     int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -249,25 +252,37 @@ __global__ void k_hc_post(float *X, const float *y, int T, int n, int D, const f
         float s = po[k] * yv;
         for (int j = 0; j < n; j++)
             s = fmaf(c[j * n + k], old[j], s);
-        x[(int64_t)k * D + dd] = s;
+        x[(int64_t)k * D + dd] = rb ? rt_bf16(s) : s;
     }
 }
 
-void dsv4cu::cu_hc_post(float *X, const float *y, int T, int n, int D, const float *post, const float *comb)
+/* hc_post (rb 0) or hc_post_rb; fn names the op in the profile. */
+static void hc_post_op(const char *fn, const char *op, int rb, float *X, const float *y, int T, int n, int D,
+                       const float *post, const float *comb)
 {
     if (T <= 0)
         return;
     int64_t nd = (int64_t)n * D;
     size_t bX = (size_t)T * nd * sizeof(float);
-    op_begin();
+    op_begin_at(fn);
     int ok = n <= HC_MAXN;
     if (!ok)
-        fail(DSV4_E_UNSUPPORTED, "cuda: hc_post: %d streams, the kernel holds at most %d", n, HC_MAXN);
-    ok = ok && given("hc_post", {X, y, post, comb});
+        fail(DSV4_E_UNSUPPORTED, "cuda: %s: %d streams, the kernel holds at most %d", op, n, HC_MAXN);
+    ok = ok && given(op, {X, y, post, comb});
     if (ok) /* X is updated in place: nothing to poison */
-        launch_k(k_hc_post, (unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream, X, y, T, n, D, post, comb);
-    finish(ok, "hc_post", X, bX);
+        launch_k(k_hc_post, (unsigned)cdiv((int64_t)T * D, 256), 256, 0, stream, X, y, T, n, D, post, comb, rb);
+    finish(ok, op, X, bX);
     op_end();
+}
+
+void dsv4cu::cu_hc_post(float *X, const float *y, int T, int n, int D, const float *post, const float *comb)
+{
+    hc_post_op(__func__, "hc_post", 0, X, y, T, n, D, post, comb);
+}
+
+void dsv4cu::cu_hc_post_rb(float *X, const float *y, int T, int n, int D, const float *post, const float *comb)
+{
+    hc_post_op(__func__, "hc_post_rb", 1, X, y, T, n, D, post, comb);
 }
 
 

@@ -348,9 +348,13 @@ void cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x, int T,
 void cu_rmsnorm(const float *x, int64_t rows, int dim, const float *w, float eps, float *y);
 void cu_rope(float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq, const int64_t *pos,
              int inverse);
+void cu_rmsnorm_rb(const float *x, int64_t rows, int dim, const float *w, float eps, float *y);
+void cu_rope_rb(float *x, int T, int64_t stride, int heads, int d, int rd, const float *inv_freq, const int64_t *pos,
+                int inverse);
 void cu_hc_pre(const float *X, int T, int n, int D, const float *fn, const float *base, const float *scale, int iters,
                float hc_eps, float norm_eps, float *pre, float *post, float *comb, float *h, const float *hw);
 void cu_hc_post(float *X, const float *y, int T, int n, int D, const float *post, const float *comb);
+void cu_hc_post_rb(float *X, const float *y, int T, int n, int D, const float *post, const float *comb);
 void cu_hc_collapse(const float *X, int T, int n, int D, const float *pre, float *h);
 void cu_engram_gate(float *X, const float *kv, const float *w, int T, int n, int D, float eps, int round_bf16);
 void cu_attend(const float *q, int H, int d, const float *const *keys, int nk, float scale, const float *sink, float *out);

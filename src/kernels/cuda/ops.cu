@@ -57,10 +57,13 @@ static dsv4_backend make_table(void)
     t.embed = cu_embed;
     t.rmsnorm = cu_rmsnorm;
     t.rope = cu_rope;
+    t.rmsnorm_rb = cu_rmsnorm_rb;
+    t.rope_rb = cu_rope_rb;
     t.hc_pre = cu_hc_pre;
     t.hc_collapse = cu_hc_collapse;
     t.engram_gate = cu_engram_gate;
     t.hc_post = cu_hc_post;
+    t.hc_post_rb = cu_hc_post_rb;
     t.attend = cu_attend;
     t.attn_step = cu_attn_step;
     t.attn_work = cu_attn_work;

@@ -1,6 +1,7 @@
 /* REF numerics' roundings on the device (V4.1 spec §3), bit for bit the CPU's formulas in
  * core/codec.c: the same comparisons, the same round-to-nearest-even steps, the same scale
- * derivations. Used by the rounding ops (rounding.cu) and inside the experts and attn_step41
+ * derivations. Used by the rounding ops (rounding.cu), by the ops that store their outputs
+ * rounded (linear_rb, rmsnorm_rb, rope_rb, hc_post_rb) and inside the experts and attn_step41
  * kernels where REF rounds between their phases. */
 #ifndef DSV4_CUDA_ROUNDING_CUH
 #define DSV4_CUDA_ROUNDING_CUH
