@@ -16,6 +16,10 @@
 # `on_device.sh prod-bench`: issue 12's 43-layer rows in production numerics and exact, with the run's peaks;
 # `on_device.sh v41`: V4.1-Flash's rows at 40 layers, REF and fp32, tensor cores and FMA kernels, a resumed
 # 20k-token turn and the Engram tables streamed.
+# `on_device.sh quick`: the op tests, the fixtures and the batch test, default kernels and tensor cores (about a
+# minute, for a session with little device time; the full list stays the gate);
+# `on_device.sh ab`: two builds' timings side by side, this one (prebuilt/) and the one stage.sh packed from
+# STAGE_ALT (prebuilt-alt/): the linear kernels at two shapes with bf16 and fp32 x, and a 4-layer REF prefill.
 # Logs go to $OUT; the exit status is that of the correctness runs.
 set -u
 cd "$(dirname "$0")/../.."
@@ -83,6 +87,24 @@ if [ "$mode" = prod-bench ]; then
         --prefill 16384 --decode 8 --lanes 16,32 --graphs on --numerics fp32
     run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --prefill 64 --decode 16 \
         --lanes 1,8 --graphs on --numerics ref
+    exit 0
+fi
+if [ "$mode" = ab ]; then
+    [ -x prebuilt-alt/dsv4 ] || { echo "== no prebuilt-alt/: stage with STAGE_ALT=<build dir>"; exit 1; }
+    # rounds alternate the builds, so a drift of the machine shows as a spread within a build
+    for round in 1 2; do
+        for b in prebuilt prebuilt-alt; do
+            echo "== round $round, $b"
+            for sh in "wq_b FP8" "expert w1 FP4"; do
+                for x in fp32 bf16; do
+                    DSV4_CUDA_TC=1 BENCH_X=$x BENCH_ONLY="$sh" BENCH_T=512,4096 timeout 60 $b/tests/cuda/bench_cuda 2>&1 |
+                        grep '\[' | sed "s/^/x $x: /"
+                done
+            done
+            DSV4_CUDA_TC=1 timeout 90 $b/dsv4 bench --synthetic v4-flash --device cuda --layers 4 --prefill 4096 \
+                --decode 4 --lanes 1,8 --graphs on --numerics ref 2>&1 | grep 'prefill:\|^decode'
+        done
+    done
     exit 0
 fi
 if [ "$mode" = v41 ]; then
@@ -164,6 +186,27 @@ ok() { # name, command...: runs it with its log in $T/name.log, records a failur
     if timeout 200 "$@" >"$T/$n.log" 2>&1; then echo "ok   $n"; else echo "FAIL $n"; echo "$n" >>"$T/failed"; fi
 }
 export DSV4_TEST_DEVICE=cuda
+if [ "$mode" = quick ]; then
+    quick="ops backend-ops v4 v41 batch ops-tc backend-ops-tc v4-tc v41-tc batch-tc mini-tc"
+    ok ops $B/tests/cuda/test_cuda_ops
+    ok backend-ops $B/tests/test_backend_ops
+    ok v4 env DSV4_CUDA_POISON=1 $B/tests/test_v4_fixtures
+    ok v41 env DSV4_CUDA_POISON=1 $B/tests/test_v41_fixtures
+    ok batch $B/tests/test_batch
+    ok ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ops
+    ok backend-ops-tc env DSV4_CUDA_TC=1 $B/tests/test_backend_ops
+    ok v4-tc env DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $B/tests/test_v4_fixtures
+    ok v41-tc env DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $B/tests/test_v41_fixtures
+    ok batch-tc env DSV4_CUDA_TC=1 $B/tests/test_batch
+    ok mini-tc env DSV4_CUDA_TC=1 $B/tests/test_mini
+    for n in $quick; do
+        echo "== $n"
+        grep -E "passed|FAIL|fail" "$T/$n.log" | grep -v "^  .* ok$" | head -n 12
+    done
+    tar -czf "$OUT/tests.tgz" -C "$T" .
+    [ -s "$T/failed" ] && exit 1
+    exit 0
+fi
 ok ops $B/tests/cuda/test_cuda_ops
 ok backend-ops $B/tests/test_backend_ops
 ok exl3ops $B/tests/cuda/test_cuda_exl3

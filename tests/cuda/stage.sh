@@ -5,6 +5,10 @@
 # libraries the image lacks. The scripts, fixtures and models are the tree's own. On the device,
 # from the tree's root:
 #   tar -xJf .dev/run/prebuilt.tar.xz && bash tests/cuda/on_device.sh [mode]
+# STAGE_ALT=<build dir>: that build's dsv4 and bench_cuda go too, as prebuilt-alt/ (`on_device.sh ab`
+# times the two side by side; the one dictionary keeps the second copy small).
+# A run carries the tracked tree (about 62 MiB: the fixtures and models/mini) and these files within
+# 64 MiB counted in disk blocks, so the archive is checked against what the tree leaves.
 set -eu
 cd "$(dirname "$0")/../.."
 B=${BUILD:-build-cuda}
@@ -28,7 +32,18 @@ ldd "$B/dsv4" | awk '$3 ~ /^\// {print $3}' |
     while read -r l; do cp -L "$l" "$S/lib/"; done
 cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$S/lib/" 2>/dev/null ||
     cp -L "$(find / -name 'libcudart.so.13' 2>/dev/null | head -1)" "$S/lib/"
+if [ -n "${STAGE_ALT:-}" ]; then
+    mkdir -p "$S/prebuilt-alt/tests/cuda"
+    install -s "$STAGE_ALT/dsv4" "$S/prebuilt-alt/dsv4"
+    install -s "$STAGE_ALT/tests/cuda/bench_cuda" "$S/prebuilt-alt/tests/cuda/bench_cuda"
+fi
 # the binaries carry every kernel (about 3.5 MB each, mostly the same bytes): one dictionary spans
 # them all, so they compress about 100x; the run unpacks them
-XZ_OPT="--lzma2=preset=9,dict=256MiB" tar -C "$S" -cJf "$D/prebuilt.tar.xz" prebuilt lib
+XZ_OPT="--lzma2=preset=9,dict=256MiB" tar -C "$S" -cJf "$D/prebuilt.tar.xz" prebuilt lib $([ -d "$S/prebuilt-alt" ] && echo prebuilt-alt)
 du -sh "$D/prebuilt.tar.xz"
+tree_k=$(git ls-files -z | xargs -0 du -c | tail -n 1 | cut -f1)
+have_k=$(du -s "$D" | cut -f1)
+if [ $((tree_k + have_k)) -gt 65536 ]; then
+    echo "stage.sh: the tree (${tree_k} KiB) and $D (${have_k} KiB) pass a run's 64 MiB: carry less" >&2
+    exit 1
+fi
