@@ -1814,6 +1814,22 @@ static void rb_bitwise(const char *what, const float *rb, const float *sep, cons
            same_rows ? "bitwise" : "DIFFER", caught ? "caught" : "NOT CAUGHT");
 }
 
+/* The checks an _rb op's output y (n values, on target o: -1 the CPU) takes beside rb_bitwise:
+ * within the op's bound plus the roundings (rb_mag) of the rounded reference rref (the CPU) or
+ * of the CPU's output cpu_y (another backend); then, when a control b is given, apart from it by
+ * more than that bound. b is freed unless it is the CPU's own rounded control rbad. */
+static void rb_against(const char *what, const char *ctl, int o, const float *y, const float *ref, const float *rref,
+                       const float *cpu_y, const double *tol, double *mag, size_t n, float *b, const float *rbad)
+{
+    rb_mag(ref, tol, n, o < 0 ? 1.0 : OTHER, mag);
+    CHECK(agree_within(what, y, o < 0 ? rref : cpu_y, mag, n, 1.0, 0), "%s: differs", what);
+    if (!b)
+        return;
+    control_within(ctl, y, b, mag, n, 1.0);
+    if (b != rbad)
+        free(b);
+}
+
 /* A copy of n floats through bf16 (malloc'd). */
 static float *rounded_copy(const float *v, size_t n)
 {
@@ -1842,7 +1858,6 @@ static void test_rmsnorm_rb(const norm_case *c)
     char what[160];
     for (int o = -1; o < n_others; o++) {
         const target *t = o < 0 ? &cpu_t : &others[o];
-        double s = o < 0 ? 1.0 : OTHER;
         float *y = run_rmsnorm_as(t, x, rows, dim, w, c->in_place, OP_RB);
         float *sep = run_rmsnorm_as(t, x, rows, dim, w, c->in_place, OP_THEN_ROUND);
         float *plain = run_rmsnorm_as(t, x, rows, dim, w, c->in_place, OP_PLAIN);
@@ -1854,13 +1869,10 @@ static void test_rmsnorm_rb(const norm_case *c)
         }
         snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
         rb_bitwise(what, y, sep, plain, n, same);
-        rb_mag(ref, tol, n, s, mag);
-        CHECK(agree_within(what, y, o < 0 ? rref : cpu_y, mag, n, 1.0, 0), "%s: differs", what);
-        float *b = o < 0 ? rbad : run_rmsnorm_as(&cpu_t, xs, rows, dim, w, 0, OP_RB);
-        snprintf(what, sizeof what, "rmsnorm_rb on %s: x index off", t->be->name);
-        control_within(what, y, b, mag, n, 1.0);
-        if (o >= 0)
-            free(b);
+        char ctl[96];
+        snprintf(ctl, sizeof ctl, "rmsnorm_rb on %s: x index off", t->be->name);
+        rb_against(what, ctl, o, y, ref, rref, cpu_y, tol, mag, n,
+                   o < 0 ? rbad : run_rmsnorm_as(&cpu_t, xs, rows, dim, w, 0, OP_RB), rbad);
         free(sep), free(plain);
         if (o < 0)
             cpu_y = y;
@@ -1900,7 +1912,6 @@ static void test_rope_rb(const rope_case *c)
     char what[160];
     for (int o = -1; o < n_others; o++) {
         const target *t = o < 0 ? &cpu_t : &others[o];
-        double s = o < 0 ? 1.0 : OTHER;
         float *y = run_rope_as(t, x, T, stride, heads, d, rd, freq, pos, c->inverse, OP_RB);
         float *sep = run_rope_as(t, x, T, stride, heads, d, rd, freq, pos, c->inverse, OP_THEN_ROUND);
         float *plain = run_rope_as(t, x, T, stride, heads, d, rd, freq, pos, c->inverse, OP_PLAIN);
@@ -1930,15 +1941,10 @@ static void test_rope_rb(const rope_case *c)
             printf("  control %-44s %s\n", "rope_rb: the row padding rounded too", caught ? "caught" : "NOT CAUGHT");
             free(all);
         }
-        rb_mag(ref, tol, n, s, mag);
-        CHECK(agree_within(what, y, o < 0 ? rref : cpu_y, mag, n, 1.0, 0), "%s: differs", what);
-        if (rd > 0) {
-            float *b = o < 0 ? rbad : run_rope_as(&cpu_t, x, T, stride, heads, d, rd, freq, pb, c->inverse, OP_RB);
-            snprintf(what, sizeof what, "rope_rb on %s: position one off", t->be->name);
-            control_within(what, y, b, mag, n, 1.0);
-            if (o >= 0)
-                free(b);
-        }
+        char ctl[96];
+        snprintf(ctl, sizeof ctl, "rope_rb on %s: position one off", t->be->name);
+        float *b = rd <= 0 ? NULL : o < 0 ? rbad : run_rope_as(&cpu_t, x, T, stride, heads, d, rd, freq, pb, c->inverse, OP_RB);
+        rb_against(what, ctl, o, y, ref, rref, cpu_y, tol, mag, n, b, rbad);
         free(sep), free(plain);
         if (o < 0)
             cpu_y = y;
@@ -1971,7 +1977,6 @@ static void test_hc_post_rb(const hcx_case *c)
     char what[160];
     for (int o = -1; o < n_others; o++) {
         const target *t = o < 0 ? &cpu_t : &others[o];
-        double s = o < 0 ? 1.0 : OTHER;
         float *g = run_post_as(t, X, y, T, n, D, post, comb, OP_RB);
         float *sep = run_post_as(t, X, y, T, n, D, post, comb, OP_THEN_ROUND);
         float *plain = run_post_as(t, X, y, T, n, D, post, comb, OP_PLAIN);
@@ -1984,13 +1989,10 @@ static void test_hc_post_rb(const hcx_case *c)
         }
         snprintf(what, sizeof what, "%s on %s", c->name, t->be->name);
         rb_bitwise(what, g, sep, plain, nx, same);
-        rb_mag(ref, tol, nx, s, mag);
-        CHECK(agree_within(what, g, o < 0 ? rref : cpu_X, mag, nx, 1.0, 0), "%s: differs", what);
-        float *b = o < 0 ? rbad : run_post_as(&cpu_t, X, y, T, n, D, post, comb2, OP_RB);
-        snprintf(what, sizeof what, "hc_post_rb on %s: %s", t->be->name, n > 1 ? "comb transposed" : "comb of the next row");
-        control_within(what, g, b, mag, nx, 1.0);
-        if (o >= 0)
-            free(b);
+        char ctl[96];
+        snprintf(ctl, sizeof ctl, "hc_post_rb on %s: %s", t->be->name, n > 1 ? "comb transposed" : "comb of the next row");
+        rb_against(what, ctl, o, g, ref, rref, cpu_X, tol, mag, nx,
+                   o < 0 ? rbad : run_post_as(&cpu_t, X, y, T, n, D, post, comb2, OP_RB), rbad);
         free(sep), free(plain);
         if (o < 0)
             cpu_X = g;
