@@ -2320,6 +2320,8 @@ int main(void)
     test_route(5, 64, 6, 0, 0, 1);
     test_experts(DSV4_WF_FP4, 0, 5, 8, 3, 256, 128, 0, 0.0f);
     test_experts(DSV4_WF_FP4, 0, 40, 8, 3, 256, 128, 1, 1.5f);
+    /* 144 pairs over 8 experts: the tensor cores' 64-pair tiles (at least 16 pairs an expert) */
+    test_experts(DSV4_WF_FP4, 0, 48, 8, 3, 256, 128, 0, 0.0f);
     test_experts(DSV4_WF_FP8, 128, 30, 6, 4, 256, 384, 0, 0.0f);
     test_experts(DSV4_WF_FP8, 32, 30, 6, 4, 256, 384, 0, 0.0f);
     const attn_case ac[] = {
