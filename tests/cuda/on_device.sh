@@ -184,7 +184,7 @@ rc=0
 # quick: the op tests, the fixtures, the batch test and the trained model, default kernels and
 # tensor cores, out of the list below
 subset=""
-[ "$mode" = quick ] && subset=" ops backend-ops v4 v41 batch ops-tc backend-ops-tc v4-tc v41-tc batch-tc mini-tc "
+[ "$mode" = quick ] && subset=" ops backend-ops exl3ops v4 v41 batch ops-tc exl3ops-tc backend-ops-tc v4-tc v41-tc batch-tc mini-tc "
 ok() { # name, command...: runs it with its log in $T/name.log, records a failure
     local n=$1; shift
     [ -z "$subset" ] || [[ "$subset" == *" $n "* ]] || return 0
@@ -211,6 +211,7 @@ ok kv $B/tests/test_kv
 ok lanes-prod env DSV4_TEST_KV=production $B/tests/test_lanes
 # the tensor-core path (DSV4_CUDA_TC=1): the op test and the end-to-end contracts again
 ok ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ops
+ok exl3ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_exl3
 ok ranks-ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ranks
 ok backend-ops-tc env DSV4_CUDA_TC=1 $B/tests/test_backend_ops
 ok v4-tc env DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $B/tests/test_v4_fixtures
@@ -242,12 +243,14 @@ for n in $(cat "$T/ran"); do
 done
 tar -czf "$OUT/tests.tgz" -C "$T" .
 [ -n "$subset" ] && exit $rc
-echo "== an EXL3 pack (four layers at K=3) through the CUDA backend against the CPU"
+echo "== an EXL3 pack (four layers at K=3) through the CUDA backend against the CPU, FMA and tensor-core cores"
 ids=$(python3 -c 'import json, sys; print(",".join(map(str, json.load(open(sys.argv[1]))["cases"][0]["ids"])))' "$F/v4/v4-tiny-a/cases.json")
 only=layers.1.attn.wo_a,layers.0.ffn.experts.2.w2,layers.2.ffn.shared_experts.w1,layers.2.attn.wq_b
 if $B/dsv4 quantize --exl3 3 --only $only -m "$F/v4/v4-tiny-a" -o "$T/pack" >"$T/quant.log" 2>&1 &&
    $B/dsv4 logits -m "$T/pack" --ids "$ids" -o "$T/exl3_cpu.f32" && $B/dsv4 logits -m "$T/pack" --ids "$ids" --device cuda -o "$T/exl3_gpu.f32" &&
-   python3 tests/tools/exl3_gen.py maxdiff "$T/exl3_cpu.f32" "$T/exl3_gpu.f32" 1e-4; then echo "ok   exl3 forward"; else echo "FAIL exl3 forward"; rc=1; fi
+   python3 tests/tools/exl3_gen.py maxdiff "$T/exl3_cpu.f32" "$T/exl3_gpu.f32" 1e-4 &&
+   DSV4_CUDA_TC=1 $B/dsv4 logits -m "$T/pack" --ids "$ids" --device cuda -o "$T/exl3_tc.f32" &&
+   python3 tests/tools/exl3_gen.py maxdiff "$T/exl3_cpu.f32" "$T/exl3_tc.f32" 1e-4; then echo "ok   exl3 forward"; else echo "FAIL exl3 forward"; rc=1; fi
 echo "== dsv4 bench --synthetic v4-flash --layers 2 --device cuda (graph replay on, then off)"
 stdbuf -oL timeout 150 $B/dsv4 bench --synthetic v4-flash --layers 2 --device cuda --decode 16 --graphs both >"$T/b.log" 2>&1
 r=$?

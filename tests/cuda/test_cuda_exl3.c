@@ -2,8 +2,14 @@
  * and against an exact (double) reference, on small layers built in memory: trellises from the
  * CPU quantizer (K = 2, 3, 4, 8 x each codebook) and random trellises (any 16-bit words are a
  * valid trellis: K = 1..8, shapes that give the kernel 1 to 8 k slices). n and k are below the
- * padded sizes; with and without bias; T = 1, 3, 9; all rows and sub-ranges [r0, r1); x and y
- * rows strided. Fresh random inputs each run (seed printed; DSV4_SEED=n repeats a run).
+ * padded sizes; with and without bias; T = 1, 3, 9, 40; all rows and sub-ranges [r0, r1); x and
+ * y rows strided; and one call of more rows than a round (exl3.cu computes 1024 rows at a time).
+ * Fresh random inputs each run (seed printed; DSV4_SEED=n repeats a run).
+ *
+ * Both middle steps: the FMA core (the default) and, with DSV4_CUDA_TC=1, the tensor-core core
+ * (exl3_mma.cuh), under the same tolerance. With the tensor cores on, every call also runs with
+ * them off, and the two must differ somewhere in the run (so the tensor-core core is what ran);
+ * only the FMA core is the CPU's operation sequence.
  *
  * Poisoning: device outputs are filled with NaN bytes before each launch and x's stride
  * padding holds NaN, so an element not written, or an x element read past k, shows; NaN never
@@ -20,7 +26,10 @@
  * case of a chain of length L: L * 2^-24); the Hadamard steps add at most 7 roundings of
  * partial sums bounded by the same terms, and x ⊙ suh one. 1e-5 is far below what a wrong
  * bit, sign, codebook or index moves (the controls below move it by orders of magnitude).
- * With S = 1 the GPU runs exactly the CPU's operations: the bitwise agreement is printed.
+ * With S = 1 the FMA core runs exactly the CPU's operations: the bitwise agreement is printed.
+ * The tensor-core core sums each 16-row k-step's six exact products (weight split into two bf16
+ * terms, x into three) in the MMA's accumulator, one rounding a product group instead of one a
+ * product: its error is of the same order, within the same bound.
  *
  * Checks: GPU vs CPU, GPU vs exact, CPU vs exact (the tolerance's own sanity); batch == solo
  * (each row alone, T = 1) bit for bit; a sub-range equals the same columns of the full range
@@ -41,6 +50,7 @@
 #include "core/core.h"
 #include "io/weight.h"
 #include "kernels/cpu/exl3.h"
+#include "kernels/cuda/cuda.h"
 #include "kernels/cuda/exl3_cuda.h"
 
 #include "test_rng.h"
@@ -289,6 +299,24 @@ static int same_bits(const float *a, int64_t lda, const float *b, int64_t ldb, i
 /* ---- one call shape ------------------------------------------------------------------------ */
 
 static int64_t bits_equal, bits_total; /* GPU vs CPU over S = 1 layers */
+static int64_t tc_differ, tc_total;    /* tensor cores on: outputs that differ from the FMA core's */
+
+/* With the tensor cores on: the same call on the FMA core, and how many outputs differ. */
+static void against_fma(const dsv4_weight *w, int64_t r0, int64_t r1, const float *x, int T, int64_t ldx,
+                        const float *yg, int64_t ldy)
+{
+    if (dsv4_cuda_tensor_cores() != DSV4_CUDA_TC_ALL)
+        return;
+    float *yf = malloc((size_t)T * ldy * sizeof(float));
+    dsv4_cuda_set_tensor_cores(DSV4_CUDA_TC_OFF);
+    run_gpu(w, r0, r1, x, T, ldx, yf, ldy, NULL, 0);
+    dsv4_cuda_set_tensor_cores(DSV4_CUDA_TC_ALL);
+    for (int t = 0; t < T; t++)
+        for (int64_t c = 0; c < r1 - r0; c++)
+            tc_differ += memcmp(&yg[t * ldy + c], &yf[t * ldy + c], 4) != 0;
+    tc_total += (int64_t)T * (r1 - r0);
+    free(yf);
+}
 
 static void test_call(lay *L, int64_t r0, int64_t r1, int T, int padx, int pady, int controls, const float *yfull,
                       int64_t ldfull)
@@ -325,6 +353,7 @@ static void test_call(lay *L, int64_t r0, int64_t r1, int T, int padx, int pady,
         for (int64_t c = 0; c < nr; c++)
             eq += !memcmp(&yg[t * ldy + c], &yc[t * ldy + c], 4);
     printf("    bitwise equal to the cpu: %lld of %lld\n", (long long)eq, (long long)(T * nr));
+    against_fma(&L->w, r0, r1, x, T, ldx, yg, ldy);
     if (S == 1) {
         bits_equal += eq;
         bits_total += T * nr;
@@ -394,7 +423,7 @@ static void test_call(lay *L, int64_t r0, int64_t r1, int T, int padx, int pady,
     free(refc);
 }
 
-/* Every call shape on one layer: T = 1, 3, 9; all rows, then a sub-range crossing blocks
+/* Every call shape on one layer: T = 1, 3, 9, 40; all rows, then a sub-range crossing blocks
  * (compared with the full call on the same x). */
 static void test_layer(lay *L)
 {
@@ -406,8 +435,8 @@ static void test_layer(lay *L)
           after - before, dsv4_cuda_exl3_bytes(&L->w));
     CHECK(!dsv4_cuda_exl3_put(&L->w, &err) && dsv4_cuda_exl3_resident() == after, "%s: a second put was not a no-op",
           L->name);
-    const int Ts[3] = {1, 3, 9};
-    for (int ti = 0; ti < 3; ti++) {
+    const int Ts[4] = {1, 3, 9, 40};
+    for (int ti = 0; ti < 4; ti++) {
         int T = Ts[ti];
         int64_t n = L->e.n, r0 = n > 64 ? 37 : 1, r1 = n > 200 ? n - 21 : n - 1;
         /* the full-range call and a sub-range on the same x: draw x once by reseeding */
@@ -487,7 +516,8 @@ int main(void)
     rng = seed ? strtoull(seed, NULL, 10) : ((uint64_t)time(NULL) << 20) ^ (uint64_t)getpid();
     if (!rng)
         rng = 1;
-    printf("exl3 cuda on %s, seed %llu (DSV4_SEED to repeat)\n", prop.name, (unsigned long long)rng);
+    printf("exl3 cuda on %s, seed %llu (DSV4_SEED to repeat), middle step on the %s\n", prop.name,
+           (unsigned long long)rng, dsv4_cuda_tensor_cores() == DSV4_CUDA_TC_ALL ? "tensor cores" : "FMA core");
 
     test_interface();
     /* quantized: K = 2, 3, 4, 8 x each codebook; [200, 300] pads to [256, 384] (S = 1) */
@@ -513,8 +543,22 @@ int main(void)
         test_layer(L);
         free_lay(L);
     }
+    /* more rows than a round: the rounds' rows against the CPU, and each alone */
+    {
+        lay *L = make_lay(3, DSV4_EXL3_MCG, 129, 640, 1, 0);
+        dsv4_err err = {0};
+        CHECK(!dsv4_cuda_exl3_put(&L->w, &err), "%s: put: %s", L->name, err.msg);
+        test_call(L, 0, L->e.n, 1030, 3, 0, 0, NULL, 0);
+        dsv4_cuda_exl3_drop(&L->w);
+        free_lay(L);
+    }
     printf("S = 1 layers: %lld of %lld outputs bitwise equal to the cpu\n", (long long)bits_equal,
            (long long)bits_total);
+    if (dsv4_cuda_tensor_cores() == DSV4_CUDA_TC_ALL) {
+        printf("tensor cores: %lld of %lld outputs differ from the FMA core's (the tensor-core core ran)\n",
+               (long long)tc_differ, (long long)tc_total);
+        CHECK(tc_differ > 0, "tensor cores on, yet every output is the FMA core's: the tensor-core core did not run");
+    }
     CHECK(dsv4_cuda_exl3_resident() == 0, "%zu bytes still resident after every drop", dsv4_cuda_exl3_resident());
     return check_summary("exl3 cuda");
 }

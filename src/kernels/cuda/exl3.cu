@@ -40,6 +40,9 @@ extern "C" { /* the C headers carry no linkage of their own */
 #include "io/weight.h"
 }
 #include "kernels/cuda/exl3_cuda.h"
+#include "kernels/cuda/exl3_code.cuh"
+#include "kernels/cuda/exl3_mma.cuh"
+#include "kernels/cuda/internal.h"
 
 namespace {
 
@@ -47,39 +50,9 @@ constexpr int BT = 128;              /* threads of a core block = output columns
 constexpr int64_t TARGET = 528;      /* core blocks wanted (4 a SM on an H200); a constant, so
                                         S is a function of the shape only */
 constexpr int MIN_CHUNKS = 2;        /* 128-row chunks a slice has at least */
-constexpr uint32_t INST3_MULT = 89226354u, INST3_ADD = 64248484u;
+constexpr int ROUND = 1024;          /* rows of x a call computes at once: bounds the scratch */
 
 /* ------------------------------------------------------------------------ device code */
-
-__device__ __forceinline__ __half2 u32_half2(uint32_t u)
-{
-    return __halves2half2(__ushort_as_half((unsigned short)(u & 0xffffu)), __ushort_as_half((unsigned short)(u >> 16)));
-}
-
-/* The codebook values of states sa and sb (16-bit), exactly as dsv4_exl3_codebook. */
-template <int CB>
-__device__ __forceinline__ float2 decode2(uint32_t sa, uint32_t sb)
-{
-    if (CB == DSV4_EXL3_MUL1) {
-        uint32_t xa = sa * DSV4_EXL3_MUL1_MULT, xb = sb * DSV4_EXL3_MUL1_MULT;
-        /* 1024 + byte sum (<= 2044) is the fp16 bit pattern 0x6400 + sum, exactly */
-        uint32_t ha = 0x6400u + __dp4a(xa, 0x01010101u, 0u), hb = 0x6400u + __dp4a(xb, 0x01010101u, 0u);
-        const __half2 kinv = u32_half2(0x1eee1eeeu), kbias = u32_half2(0xc931c931u);
-        return __half22float2(__hfma2(u32_half2(ha | hb << 16), kinv, kbias));
-    }
-    uint32_t xa, xb;
-    if (CB == DSV4_EXL3_MCG) {
-        xa = sa * DSV4_EXL3_MCG_MULT;
-        xb = sb * DSV4_EXL3_MCG_MULT;
-    } else {
-        xa = sa * INST3_MULT + INST3_ADD;
-        xb = sb * INST3_MULT + INST3_ADD;
-    }
-    xa = (xa & 0x8fff8fffu) ^ 0x3b603b60u;
-    xb = (xb & 0x8fff8fffu) ^ 0x3b603b60u;
-    /* (a.lo, b.lo) + (a.hi, b.hi), each sum rounded once to fp16 */
-    return __half22float2(__hadd2(u32_half2(__byte_perm(xa, xb, 0x5410)), u32_half2(__byte_perm(xa, xb, 0x7632))));
-}
 
 /* The CPU's fwht128 on 128 values held by a warp, lane l holding v[m] = element l + 32m:
  * stages h = 1..16 across lanes, 32 and 64 across m; at each stage the pair (j, j + h) becomes
@@ -146,13 +119,8 @@ __global__ void __launch_bounds__(BT, 4)
     const int jj = tid >> 4, cc = tid & 15;
     int wi[4], off[4];
 #pragma unroll
-    for (int g = 0; g < 4; g++) {
-        int P = 32 * (cc & 7) + 8 * g + 4 * (cc >> 3), st = (P + 1) * K - 16;
-        if (st < 0)
-            st += 256 * K;
-        wi[g] = st >> 5;
-        off[g] = st & 31;
-    }
+    for (int g = 0; g < 4; g++)
+        dsv4cu::exl3_run_at<K>(cc, g, wi[g], off[g]);
 
     uint4 rg[K];
     float rx[TT];
@@ -202,11 +170,8 @@ __global__ void __launch_bounds__(BT, 4)
             float wv[16];
 #pragma unroll
             for (int g = 0; g < 4; g++) {
-                uint32_t w0 = tw[wi[g]], w1 = tw[wi[g] + 1], w2 = tw[wi[g] + 2];
-                uint32_t hi = __funnelshift_l(w1, w0, off[g]), lo = __funnelshift_l(w2, w1, off[g]);
-                uint32_t s0 = hi >> 16, s1 = __funnelshift_l(lo, hi, K) >> 16;
-                uint32_t s2 = __funnelshift_l(lo, hi, 2 * K) >> 16, s3 = __funnelshift_l(lo, hi, 3 * K) >> 16;
-                float2 d01 = decode2<CB>(s0, s1), d23 = decode2<CB>(s2, s3);
+                float2 d01, d23;
+                dsv4cu::exl3_run<K, CB>(tw, wi[g], off[g], d01, d23);
                 wv[2 * g] = d01.x;
                 wv[2 * g + 1] = d01.y;
                 wv[2 * g + 8] = d23.x;
@@ -283,10 +248,27 @@ void launch_core(dim3 grid, cudaStream_t st, const uint4 *tr, const float *xh, f
     exl3_core<K, CB, TT><<<grid, BT, 0, st>>>(tr, xh, part, kp, np, T, b0, nbr, chunks, S);
 }
 
+/* The tensor-core core (exl3_mma.cuh); its shared memory is past the default limit. */
+template <int K, int CB>
+void launch_core_tc(dim3 grid, cudaStream_t st, const uint4 *tr, const float *xh, float *part, int64_t kp, int64_t np,
+                    int T, int64_t b0, int nbr, int chunks, int S)
+{
+    static bool attr; /* set once a kernel; setting it twice is harmless */
+    if (!attr) {
+        cudaFuncSetAttribute(dsv4cu::exl3_core_tc<K, CB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (int)dsv4cu::exl3_tc_smem(K));
+        attr = true;
+    }
+    dsv4cu::exl3_core_tc<K, CB>
+        <<<grid, dsv4cu::X3_THREADS, dsv4cu::exl3_tc_smem(K), st>>>(tr, xh, part, kp, np, T, b0, nbr, chunks, S);
+}
+
+/* TT: rows a block of the FMA core takes (1, 2, 4, 8), or 0 for the tensor-core core. */
 template <int K, int CB>
 core_fn pick_tt(int TT)
 {
     switch (TT) {
+    case 0: return launch_core_tc<K, CB>;
     case 1: return launch_core<K, CB, 1>;
     case 2: return launch_core<K, CB, 2>;
     case 4: return launch_core<K, CB, 4>;
@@ -388,6 +370,8 @@ const char *bad_layer(const dsv4_weight *w)
 
 size_t ws_need(const dsv4_exl3 *e, int64_t r0, int64_t r1, int T)
 {
+    if (T > ROUND)
+        T = ROUND;
     int64_t nbr = (r1 + 127) / 128 - r0 / 128;
     return align256((size_t)T * (size_t)e->kp * 4) + (size_t)slices(e->kp, e->np) * (size_t)T * (size_t)nbr * 128 * 4;
 }
@@ -493,7 +477,7 @@ extern "C" int dsv4_cuda_exl3_linear_ws(const dsv4_weight *w, int64_t r0, int64_
         return record(DSV4_E_ARG, "exl3 linear %s: %s", w && w->name ? w->name : "?", why);
     const dsv4_exl3 *e = w->exl3;
     const char *name = e->prefix ? e->prefix : "?";
-    if (r0 < 0 || r1 < r0 || r1 > e->n || T < 0 || T > 65535 * 8 || ldx < e->k || ldy < r1 - r0)
+    if (r0 < 0 || r1 < r0 || r1 > e->n || T < 0 || ldx < e->k || ldy < r1 - r0)
         return record(DSV4_E_ARG, "exl3 linear %s: rows %lld..%lld of %lld, T %d, ldx %lld (k %lld), ldy %lld", name,
                       (long long)r0, (long long)r1, (long long)e->n, T, (long long)ldx, (long long)e->k, (long long)ldy);
     if (r0 == r1 || T == 0)
@@ -518,16 +502,23 @@ extern "C" int dsv4_cuda_exl3_linear_ws(const dsv4_weight *w, int64_t r0, int64_
     cudaStream_t st = (cudaStream_t)stream;
     const float s128 = 1.0f / sqrtf(128.0f); /* the CPU's constant, the same way */
     const int64_t nblk = e->kp / 128, b0 = r0 / 128, nbr = (r1 + 127) / 128 - b0;
-    const int S = slices(e->kp, e->np), TT = rows_per_pass(T);
-    float *xh = (float *)ws, *part = (float *)((char *)ws + align256((size_t)T * (size_t)e->kp * 4));
+    const int S = slices(e->kp, e->np), tc = dsv4cu::tc_family("linear");
+    const int TR = T < ROUND ? T : ROUND;
+    float *xh = (float *)ws, *part = (float *)((char *)ws + align256((size_t)TR * (size_t)e->kp * 4));
 
-    int64_t warps = (int64_t)T * nblk;
-    exl3_in<<<(unsigned)((warps + 3) / 4), 128, 0, st>>>(dx, ldx, L.suh, xh, e->k, e->kp, T, s128);
-    dim3 grid((unsigned)nbr, (unsigned)S, (unsigned)((T + TT - 1) / TT));
-    pick(e->K, e->cb, TT)(grid, st, (const uint4 *)L.tr, xh, part, e->kp, e->np, T, b0, (int)nbr, (int)nblk, S);
-    warps = (int64_t)T * nbr;
-    exl3_out<<<(unsigned)((warps + 3) / 4), 128, 0, st>>>(part, S, T, (int)nbr, b0, L.svh, L.bias, dy, ldy, r0, r1,
-                                                          s128);
+    /* rounds of at most ROUND rows, each the three steps over its rows (rows never meet) */
+    for (int t0 = 0; t0 < T; t0 += ROUND) {
+        const int Tr = T - t0 < ROUND ? T - t0 : ROUND, TT = tc ? 0 : rows_per_pass(Tr);
+        int64_t warps = (int64_t)Tr * nblk;
+        exl3_in<<<(unsigned)((warps + 3) / 4), 128, 0, st>>>(dx + (int64_t)t0 * ldx, ldx, L.suh, xh, e->k, e->kp, Tr,
+                                                             s128);
+        const int per = tc ? (int)dsv4cu::X3_TN : TT;
+        dim3 grid((unsigned)nbr, (unsigned)S, (unsigned)((Tr + per - 1) / per));
+        pick(e->K, e->cb, TT)(grid, st, (const uint4 *)L.tr, xh, part, e->kp, e->np, Tr, b0, (int)nbr, (int)nblk, S);
+        warps = (int64_t)Tr * nbr;
+        exl3_out<<<(unsigned)((warps + 3) / 4), 128, 0, st>>>(part, S, Tr, (int)nbr, b0, L.svh, L.bias,
+                                                              dy + (int64_t)t0 * ldy, ldy, r0, r1, s128);
+    }
     cudaError_t ce = cudaGetLastError();
     if (ce != cudaSuccess)
         return record(DSV4_E_DEVICE, "exl3 linear %s: launch: %s", name, cudaGetErrorString(ce));
