@@ -1,5 +1,5 @@
-/* bench_cuda — the CUDA linear kernels at V4-Flash shapes (and three of V4.1-Flash's) against
- * the device's bandwidth.
+/* bench_cuda — the CUDA linear kernels at V4-Flash shapes (three of V4.1-Flash's, and three
+ * EXL3 layers) against the device's bandwidth.
  *
  * Ceilings, on a 2 GiB buffer: cudaMemcpy device-to-device and a plain copy kernel (bytes read
  * + written), and a read-only kernel (bytes read), which is the matvec's own pattern.
@@ -17,6 +17,7 @@
 #include <string.h>
 extern "C" {
 #include "core/core.h"
+#include "io/exl3_format.h"
 }
 #include "kernels/cuda/cuda.h"
 
@@ -25,13 +26,19 @@ extern "C" {
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
 
+static uint64_t rng_next(void)
+{
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
 static void fill_bytes(uint8_t *p, size_t n)
 {
     for (size_t i = 0; i < n; i += 8) {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        memcpy(p + i, &rng, n - i < 8 ? n - i : 8);
+        uint64_t r = rng_next();
+        memcpy(p + i, &r, n - i < 8 ? n - i : 8);
     }
 }
 
@@ -90,21 +97,45 @@ __global__ void k_copy(const uint4 *p, uint4 *q, size_t n)
 typedef struct {
     const char *name;
     dsv4_wform form;
-    int64_t n, k;
-    int bn, bk;
+    int64_t n, k; /* EXL3: multiples of 128 */
+    int bn, bk;   /* EXL3: bn the bits a weight (K), bk the codebook */
 } shape;
 
 static size_t data_bytes(const shape *s)
 {
     size_t e = (size_t)s->n * s->k;
-    return s->form == DSV4_WF_FP8 ? e : s->form == DSV4_WF_FP4 ? e / 2 : e * 2;
+    return s->form == DSV4_WF_FP8 ? e : s->form == DSV4_WF_FP4 ? e / 2 : s->form == DSV4_WF_EXL3 ? e * s->bn / 8 : e * 2;
 }
 
+/* FP8 block and FP4 group scales; EXL3's suh and svh as the device holds them (fp32) */
 static size_t scale_bytes(const shape *s)
 {
     if (s->form == DSV4_WF_FP8)
         return (size_t)((s->n + s->bn - 1) / s->bn) * ((s->k + s->bk - 1) / s->bk);
+    if (s->form == DSV4_WF_EXL3)
+        return 4 * (size_t)(s->n + s->k);
     return s->form == DSV4_WF_FP4 ? (size_t)s->n * (s->k / s->bk) : 0;
+}
+
+/* An EXL3 record over random trellis words p (any words are a valid trellis), suh and svh
+ * random signs times 1/2. */
+static dsv4_exl3 *exl3_record(const shape *s, const uint8_t *p)
+{
+    dsv4_exl3 *e = (dsv4_exl3 *)calloc(1, sizeof *e);
+    e->prefix = (char *)s->name;
+    e->K = s->bn;
+    e->cb = s->bk;
+    e->kp = e->k = s->k;
+    e->np = e->n = s->n;
+    e->trellis = (const uint16_t *)p;
+    e->suh = (float *)malloc(s->k * sizeof(float));
+    e->svh = (float *)malloc(s->n * sizeof(float));
+    for (int64_t i = 0; i < s->k; i++)
+        e->suh[i] = (rng_next() & 1) ? 0.5f : -0.5f;
+    for (int64_t i = 0; i < s->n; i++)
+        e->svh[i] = (rng_next() & 1) ? 0.5f : -0.5f;
+    e->bytes = data_bytes(s);
+    return e;
 }
 
 /* `count` resident copies of a random weight of shape s, in one host block. */
@@ -117,19 +148,24 @@ static dsv4_weight *make_copies(const shape *s, int count, uint8_t **block)
     dsv4_err err = {};
     for (int c = 0; c < count; c++) {
         uint8_t *p = h + per * c;
-        if (sb) /* e8m0 scales in a sane range: 2^-8 .. 2^7 */
-            for (size_t i = 0; i < sb; i++)
-                p[db + i] = (uint8_t)(119 + p[db + i] % 16);
         w[c].name = s->name;
         w[c].form = s->form;
         w[c].n = s->n;
         w[c].k = s->k;
-        w[c].data = p;
-        w[c].scale = sb ? p + db : NULL;
-        w[c].scale_e8m0 = 1;
-        w[c].bn = s->bn;
-        w[c].bk = s->bk;
-        w[c].bytes = db + sb;
+        if (s->form == DSV4_WF_EXL3) {
+            w[c].exl3 = exl3_record(s, p);
+            w[c].bytes = db;
+        } else {
+            if (sb) /* e8m0 scales in a sane range: 2^-8 .. 2^7 */
+                for (size_t i = 0; i < sb; i++)
+                    p[db + i] = (uint8_t)(119 + p[db + i] % 16);
+            w[c].data = p;
+            w[c].scale = sb ? p + db : NULL;
+            w[c].scale_e8m0 = 1;
+            w[c].bn = s->bn;
+            w[c].bk = s->bk;
+            w[c].bytes = db + sb;
+        }
         if (dsv4_cuda_put_weight(&w[c], &err)) {
             fprintf(stderr, "bench_cuda: %s\n", err.msg);
             exit(1);
@@ -141,8 +177,15 @@ static dsv4_weight *make_copies(const shape *s, int count, uint8_t **block)
 
 static void free_copies(dsv4_weight *w, int count, uint8_t *block)
 {
-    for (int c = 0; c < count; c++)
+    for (int c = 0; c < count; c++) {
         dsv4_cuda_drop_weight(&w[c]);
+        if (w[c].exl3) {
+            dsv4_exl3 *e = (dsv4_exl3 *)w[c].exl3;
+            free(e->suh);
+            free(e->svh);
+            free(e);
+        }
+    }
     free(w);
     free(block);
 }
@@ -242,6 +285,10 @@ int main(void)
         {"41 wq_a FP8/32", DSV4_WF_FP8, 1280, 5120, 32, 32},
         {"41 wo_b FP8/32", DSV4_WF_FP8, 5120, 8192, 32, 32},
         {"41 w1 FP4", DSV4_WF_FP4, 2304, 5120, 1, 32},
+        /* EXL3 packs (K bits a weight, 3INST codebook; random trellis words) */
+        {"wq_a EXL3 K4", DSV4_WF_EXL3, 1024, 4096, 4, DSV4_EXL3_3INST},
+        {"wo_b EXL3 K3", DSV4_WF_EXL3, 4096, 8192, 3, DSV4_EXL3_3INST},
+        {"w1 EXL3 K2", DSV4_WF_EXL3, 2048, 4096, 2, DSV4_EXL3_3INST},
     };
     printf("%-16s %-14s %4s %10s %7s %9s %8s %8s %8s\n", "weight", "[n, k]", "T", "us/call", "x T=1", "GB/s", "of copy",
            "of read", "TFLOP/s");
@@ -263,6 +310,11 @@ int main(void)
                 continue;
             /* a call over many rows is compute-bound: L2 reuse across calls does not matter */
             int nc = Ts[ti] > 16 ? 16 : calls;
+            /* one call before the capture: EXL3's scratch grows outside it */
+            if (dsv4_cuda_linear_dev(&w[0], 0, s->n, dx, Ts[ti], dy, st, &err)) {
+                fprintf(stderr, "bench_cuda: %s\n", err.msg);
+                return 1;
+            }
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
             for (int c = 0; c < nc; c++)
                 if (dsv4_cuda_linear_dev(&w[c % count], 0, s->n, dx, Ts[ti], dy, st, &err)) {

@@ -79,7 +79,8 @@ int dsv4_cuda_tensor_cores(void);
 /* The linear op over device buffers, queued on `stream` (a cudaStream_t; NULL: the default
  * stream) without waiting, for benchmarks and graph capture:
  * dy[t, i] = sum_k W[r0 + i, k] dx[t, k]; dx: [T, w->k] dense, dy: [T, r1 - r0] dense.
- * The weight must have been put. */
+ * The weight must have been put. EXL3 weights go through dsv4_cuda_exl3_linear, whose scratch
+ * cannot grow while the stream is captured: call once at the same T before capturing. */
 int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy, void *stream,
                          dsv4_err *err);
 

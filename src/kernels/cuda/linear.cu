@@ -679,10 +679,15 @@ void dsv4cu::cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x
 extern "C" int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy,
                                     void *stream, dsv4_err *err)
 {
+    if (w->form == DSV4_WF_EXL3) {
+        int rc = dsv4_cuda_exl3_linear(w, r0, r1, dx, T, w->k, dy, r1 - r0, stream);
+        int kept = dsv4_cuda_exl3_check(err); /* names the failure of rc */
+        return kept ? kept : rc;
+    }
     pthread_mutex_lock(&dsv4cu::lock);
     resident *rq = resident_of(w->data), *rs = w->scale ? resident_of(w->scale) : NULL;
     pthread_mutex_unlock(&dsv4cu::lock);
-    if (w->form >= DSV4_WF_EXL3 || !rq || (w->scale && !rs))
+    if (w->form > DSV4_WF_EXL3 || !rq || (w->scale && !rs))
         return dsv4_fail(err, DSV4_E_ARG, "cuda: weight %s is not resident on the device (dsv4_cuda_put_weight first)",
                          w->name ? w->name : "?");
     lin_jobs J = one_job(wdev_of(w, rq->dev, rs ? rs->dev : NULL), r0, (int)(r1 - r0), dx, dy);
