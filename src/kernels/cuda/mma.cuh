@@ -214,30 +214,6 @@ struct tc_tile {
     uint32_t sa[RT], sb[RT]; /* raw (tc_scale_raw) */
 };
 
-/* A thread's place in a pass over weight w (rows r0 .. r0 + nr - 1, block blk of them): its lane
- * (g, t) and warp, the warp's 16-row group i0 (live: inside nr), its rows ra and rb (g and g + 8
- * of the group, clamped to r0 past nr) with their first scale indices sa and sb, and the runs its
- * block sums: slices s_beg .. s_end - 1 of S (all of them unsplit; group z's share of Z when
- * split), which are runs c_beg .. c_end - 1 of the row's nrun. */
-template <int F>
-struct tc_place {
-    int lane, wid, g, t, S, i0, k, nrun, s_beg, s_end, c_beg, c_end;
-    bool live;
-    int64_t ra, rb, sa, sb;
-    __device__ __forceinline__ tc_place(const wdev &w, int64_t r0, int nr, int blk, bool split, int z, int Z)
-    {
-        enum { G = tcf<F>::G };
-        lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-        S = w.tcs, i0 = (blk * TC_TW + wid) * 16, live = i0 < nr;
-        k = (int)w.k, nrun = (k + 16 * G - 1) / (16 * G);
-        ra = r0 + (i0 + g < nr ? i0 + g : 0), rb = r0 + (i0 + g + 8 < nr ? i0 + g + 8 : 0);
-        const bool scaled = F != DSV4_WF_BF16;
-        sa = scaled ? tc_srow<F>(w, ra) : 0, sb = scaled ? tc_srow<F>(w, rb) : 0;
-        s_beg = split ? z * (S / Z) : 0, s_end = split ? (z + 1) * (S / Z) : S;
-        c_beg = tc_slice(nrun, S, s_beg), c_end = tc_slice(nrun, S, s_end);
-    }
-};
-
 /* A thread's sums in a pass of NT n-tiles: rows g and g + 8 of its warp's 16-row group (i0) and
  * tokens 2t, 2t + 1 of each n-tile (acc[j][q]: row g + 8 (q >> 1), token t0 + 8 j + 2 t + (q & 1)),
  * in the order the sum above tc_rows_few states: acc sums the current slice from zero and tot
@@ -379,13 +355,20 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
     static_assert(RT % IL == 0, "a tile is whole groups of interleaved runs");
     __shared__ uint2 xs[2][E][NT][KS][32];
     __shared__ float4 xr[XV][TC_TW * 32];
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    const int S = w.tcs, i0 = (blk * TC_TW + wid) * 16;
     if (part && z >= Z)
         return;
-    const tc_place<F> P(w, r0, nr, blk, part != NULL, z, Z);
+    const bool live = i0 < nr;
+    const int k = (int)w.k, nrun = (k + 16 * G - 1) / (16 * G);
+    const int64_t ra = r0 + (i0 + g < nr ? i0 + g : 0), rb = r0 + (i0 + g + 8 < nr ? i0 + g + 8 : 0);
     typedef typename tcf<F>::CT CT;
     /* thread t's chunk of run c of each row: CT c * 4 + t (a run is four chunks) */
-    const CT *ca = (const CT *)tc_row<F>(w, P.ra) + P.t, *cb = (const CT *)tc_row<F>(w, P.rb) + P.t;
-    const int nch = P.k / (4 * G);
+    const CT *ca = (const CT *)tc_row<F>(w, ra) + t, *cb = (const CT *)tc_row<F>(w, rb) + t;
+    const int nch = k / (4 * G);
+    const int64_t sa = scaled ? tc_srow<F>(w, ra) : 0, sb = scaled ? tc_srow<F>(w, rb) : 0;
+    const int s_beg = part ? z * (S / Z) : 0, s_end = part ? (z + 1) * (S / Z) : S;
+    const int c_beg = tc_slice(nrun, S, s_beg), c_end = tc_slice(nrun, S, s_end);
     /* float4 f of token tok's XT in a tile (the v-th this thread stages) is run f / 4G's elements
      * 4 (f % 4G) .. + 3, which thread t' = (f % 4G) / G holds in step (f / 4G) G + f % G */
     const int xf = (int)threadIdx.x % XT, xq = xf % (4 * G), xoff = (xf / (4 * G)) * 16 * G + 4 * xq;
@@ -404,10 +387,10 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
                 if (XN < TC_TW * 32 && (int)threadIdx.x >= XN)
                     break;
                 const float *xv = xp[v];
-                bool in = xv && c * 16 * G + xoff < P.k;
+                bool in = xv && c * 16 * G + xoff < k;
                 cp16(&xr[v][threadIdx.x], in ? (const void *)(xv + c * 16 * G) : (const void *)w.q, in);
             }
-            if (P.live && c >= P.c_beg && c + RT <= P.c_end && (c + RT) * 4 <= nch) {
+            if (live && c >= c_beg && c + RT <= c_end && (c + RT) * 4 <= nch) {
                 /* a tile of whole runs inside the block's runs and inside k: every load, without
                  * the per-run checks below */
 #pragma unroll
@@ -415,8 +398,8 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
                     L.qa[v] = __ldg(ca + (c + v) * 4);
                     L.qb[v] = __ldg(cb + (c + v) * 4);
                     if (scaled) {
-                        L.sa[v] = tc_scale_raw(w, P.sa + ((c + v) >> w.kss));
-                        L.sb[v] = tc_scale_raw(w, P.sb + ((c + v) >> w.kss));
+                        L.sa[v] = tc_scale_raw(w, sa + ((c + v) >> w.kss));
+                        L.sb[v] = tc_scale_raw(w, sb + ((c + v) >> w.kss));
                     }
                 }
                 return;
@@ -426,22 +409,22 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
                 /* a thread's accumulators hold whole runs (its tokens), so every thread takes the
                  * run's scales, while only the chunks inside k are loaded */
                 int cc = c + v;
-                bool run = P.live && cc >= P.c_beg && cc < P.c_end, in = run && cc * 4 + P.t < nch;
+                bool run = live && cc >= c_beg && cc < c_end, in = run && cc * 4 + t < nch;
                 L.qa[v] = in ? __ldg(ca + cc * 4) : CT{};
                 L.qb[v] = in ? __ldg(cb + cc * 4) : CT{};
                 if (scaled) {
                     int bi = cc >> w.kss;
-                    L.sa[v] = run ? tc_scale_raw(w, P.sa + bi) : 0u;
-                    L.sb[v] = run ? tc_scale_raw(w, P.sb + bi) : 0u;
+                    L.sa[v] = run ? tc_scale_raw(w, sa + bi) : 0u;
+                    L.sb[v] = run ? tc_scale_raw(w, sb + bi) : 0u;
                 }
             }
         };
-        tc_sums<NT, M> sm(m, part, pld, slab, t0, T, P.i0, nr, P.lane, P.nrun, P.S, P.s_beg);
-        const int c_first = P.c_beg / RT * RT;
+        tc_sums<NT, M> sm(m, part, pld, slab, t0, T, i0, nr, lane, nrun, S, s_beg);
+        const int c_first = c_beg / RT * RT;
         TL cur;
         load(cur, c_first);
         int buf = 0;
-        for (int c0 = c_first; c0 < P.c_end; c0 += RT) {
+        for (int c0 = c_first; c0 < c_end; c0 += RT) {
             cp_wait();
             uint32_t wide = 0; /* a mid or lo term this thread staged */
 #pragma unroll
@@ -462,7 +445,7 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
             }
             /* the tile takes its mid and lo MMAs only where some token's x needs them */
             const bool x3 = __syncthreads_or(wide != 0) != 0;
-            const bool more = c0 + RT < P.c_end;
+            const bool more = c0 + RT < c_end;
             TL nx;
             if (more)
                 load(nx, c0 + RT);
@@ -470,7 +453,7 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
              * a tile inside the block's runs and inside one slice issues them TC_IL at a time,
              * interleaved (MMA latency hidden behind the other chains); each run's own sequence
              * of operations, and the order the runs reach the total, are the loop's below. */
-            const bool whole = IL > 1 && P.live && c0 >= P.c_beg && c0 + RT <= P.c_end;
+            const bool whole = IL > 1 && live && c0 >= c_beg && c0 + RT <= c_end;
             while (whole && c0 == sm.next) /* a slice ends where the tile starts */
                 sm.end_slice();
             if (whole && sm.next >= c0 + RT) {
@@ -501,7 +484,7 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
                             for (int j = 0; j < NT; j++)
 #pragma unroll
                                 for (int h = 0; h < IL; h++) {
-                                    uint2 b = xs[buf][e][j][(v0 + h) * G + u][P.lane];
+                                    uint2 b = xs[buf][e][j][(v0 + h) * G + u][lane];
                                     mma_bf16(p[h][j], a[h][u], b.x, b.y, p[h][j]);
                                 }
                         }
@@ -517,16 +500,16 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
                         }
                     }
                 }
-            } else if (P.live) {
+            } else if (live) {
                 tc_tile_runs<F, E, RT>(
-                    sm, w, c0, P.c_beg, P.c_end, [&](int v, CT &qa, CT &qb) { qa = cur.qa[v], qb = cur.qb[v]; }, cur.sa,
-                    cur.sb, [&](int j, int st, int e) { return xs[buf][e][j][st][P.lane]; }, x3);
+                    sm, w, c0, c_beg, c_end, [&](int v, CT &qa, CT &qb) { qa = cur.qa[v], qb = cur.qb[v]; }, cur.sa,
+                    cur.sb, [&](int j, int st, int e) { return xs[buf][e][j][st][lane]; }, x3);
             }
             if (more)
                 cur = nx;
             buf ^= 1;
         }
-        if (P.live)
+        if (live)
             sm.finish();
         /* the next pass restages both buffers */
         __syncthreads();

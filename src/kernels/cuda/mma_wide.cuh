@@ -61,10 +61,16 @@ __device__ __forceinline__ void tc_rows_wide(const wdev &w, int64_t r0, int nr, 
     uint8_t *wsm = (uint8_t *)(xraw + NS * XN);                          /* [NS][TC_TW 16][WS] */
     typedef uint2 XS[E][NT][KS][32];
     XS *xs = (XS *)(wsm + (size_t)NS * TC_TW * 16 * W::WS);              /* [2] */
+    const int th = (int)threadIdx.x, lane = th & 31, wid = th >> 5, g = lane >> 2, t = lane & 3;
+    const int S = w.tcs, i0 = (blk * TC_TW + wid) * 16;
     if (part && z >= Z)
         return;
-    const tc_place<F> P(w, r0, nr, blk, part != NULL, z, Z);
-    const int th = (int)threadIdx.x;
+    const bool live = i0 < nr;
+    const int k = (int)w.k, nrun = (k + 16 * G - 1) / (16 * G);
+    const int64_t ra = r0 + (i0 + g < nr ? i0 + g : 0), rb = r0 + (i0 + g + 8 < nr ? i0 + g + 8 : 0);
+    const int64_t sa = scaled ? tc_srow<F>(w, ra) : 0, sb = scaled ? tc_srow<F>(w, rb) : 0;
+    const int s_beg = part ? z * (S / Z) : 0, s_end = part ? (z + 1) * (S / Z) : S;
+    const int c_beg = tc_slice(nrun, S, s_beg), c_end = tc_slice(nrun, S, s_end);
     /* a row's bytes; rows whose starts are 16-byte aligned take cp.async, others (a FP4 or
      * FP8_32 row of an odd length) are copied by CT loads, in step with the ring */
     const int64_t rowb = (int64_t)(tc_row<F>(w, 1) - tc_row<F>(w, 0));
@@ -80,9 +86,9 @@ __device__ __forceinline__ void tc_rows_wide(const wdev &w, int64_t r0, int nr, 
 #pragma unroll
         for (int v = 0; v < RT; v++) {
             int cc = c0 + v;
-            bool run = scaled && P.live && cc >= P.c_beg && cc < P.c_end;
-            L.a[v] = run ? tc_scale_raw(w, P.sa + (cc >> w.kss)) : 0u;
-            L.b[v] = run ? tc_scale_raw(w, P.sb + (cc >> w.kss)) : 0u;
+            bool run = scaled && live && cc >= c_beg && cc < c_end;
+            L.a[v] = run ? tc_scale_raw(w, sa + (cc >> w.kss)) : 0u;
+            L.b[v] = run ? tc_scale_raw(w, sb + (cc >> w.kss)) : 0u;
         }
     };
     for (int t0 = 0; t0 < T; t0 += TC_TN) {
@@ -94,11 +100,11 @@ __device__ __forceinline__ void tc_rows_wide(const wdev &w, int64_t r0, int nr, 
         }
         /* tile c0's copies into its slots (tiles past the block's runs copy nothing), as one group */
         auto issue = [&](int c0) {
-            if (c0 < P.c_end) {
+            if (c0 < c_end) {
                 const int sl = (c0 / RT) % NS;
 #pragma unroll
                 for (int v = 0; v < XV; v++) {
-                    bool in = xp[v] && c0 * 16 * G + 4 * xf < P.k;
+                    bool in = xp[v] && c0 * 16 * G + 4 * xf < k;
                     cp16(&xraw[sl * XN + th + v * NTH], in ? (const void *)(xp[v] + c0 * 16 * G) : (const void *)w.q, in);
                 }
 #pragma unroll
@@ -140,8 +146,8 @@ __device__ __forceinline__ void tc_rows_wide(const wdev &w, int64_t r0, int nr, 
             }
             return wide;
         };
-        tc_sums<NT, M> sm(m, part, pld, slab, t0, T, P.i0, nr, P.lane, P.nrun, P.S, P.s_beg);
-        const int c_first = P.c_beg / RT * RT;
+        tc_sums<NT, M> sm(m, part, pld, slab, t0, T, i0, nr, lane, nrun, S, s_beg);
+        const int c_first = c_beg / RT * RT;
 #pragma unroll
         for (int i = 0; i < NS - 1; i++)
             issue(c_first + i * RT);
@@ -150,31 +156,31 @@ __device__ __forceinline__ void tc_rows_wide(const wdev &w, int64_t r0, int nr, 
         SC cur;
         lscale(cur, c_first);
         int buf = 0;
-        for (int c0 = c_first; c0 < P.c_end; c0 += RT) {
+        for (int c0 = c_first; c0 < c_end; c0 += RT) {
             cp_wait_group<NS - 3>();
             /* the tile takes its mid and lo MMAs only where some token's x needs them */
             const bool x3 = __syncthreads_or(wide != 0) != 0;
             issue(c0 + (NS - 1) * RT);
-            const bool more = c0 + RT < P.c_end;
+            const bool more = c0 + RT < c_end;
             SC nx;
             if (more) {
                 lscale(nx, c0 + RT);
                 wide = split(c0 + RT, buf ^ 1);
             }
-            const uint8_t *wt = wsm + ((size_t)((c0 / RT) % NS) * TC_TW * 16 + P.wid * 16 + P.g) * W::WS;
-            if (P.live)
+            const uint8_t *wt = wsm + ((size_t)((c0 / RT) % NS) * TC_TW * 16 + wid * 16 + g) * W::WS;
+            if (live)
                 tc_tile_runs<F, E, RT>(
-                    sm, w, c0, P.c_beg, P.c_end,
+                    sm, w, c0, c_beg, c_end,
                     [&](int v, CT &qa, CT &qb) {
-                        qa = ((const CT *)wt)[v * 4 + P.t];
-                        qb = ((const CT *)(wt + 8 * W::WS))[v * 4 + P.t];
+                        qa = ((const CT *)wt)[v * 4 + t];
+                        qb = ((const CT *)(wt + 8 * W::WS))[v * 4 + t];
                     },
-                    cur.a, cur.b, [&](int j, int st, int e) { return xs[buf][e][j][st][P.lane]; }, x3);
+                    cur.a, cur.b, [&](int j, int st, int e) { return xs[buf][e][j][st][lane]; }, x3);
             if (more)
                 cur = nx;
             buf ^= 1;
         }
-        if (P.live)
+        if (live)
             sm.finish();
         /* the next pass refills the ring from empty */
         cp_wait_group<0>();
