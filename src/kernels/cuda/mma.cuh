@@ -214,105 +214,6 @@ struct tc_tile {
     uint32_t sa[RT], sb[RT]; /* raw (tc_scale_raw) */
 };
 
-/* A thread's sums in a pass of NT n-tiles: rows g and g + 8 of its warp's 16-row group (i0) and
- * tokens 2t, 2t + 1 of each n-tile (acc[j][q]: row g + 8 (q >> 1), token t0 + 8 j + 2 t + (q & 1)),
- * in the order the sum above tc_rows_few states: acc sums the current slice from zero and tot
- * the slices before it, folded left to right as each slice ends; a split launch (part) writes
- * each slice's acc to its own slab instead. */
-template <int NT, class M>
-struct tc_sums {
-    float tot[NT][4], acc[NT][4];
-    int slice, next; /* the current slice, and the run where the next begins */
-    const M &m;
-    float *part;
-    int64_t pld, slab;
-    int t0, T, i0, nr, g, t, nrun, S;
-    __device__ __forceinline__ tc_sums(const M &m_, float *part_, int64_t pld_, int64_t slab_, int t0_, int T_, int i0_,
-                                       int nr_, int lane, int nrun_, int S_, int s_beg)
-        : m(m_), part(part_), pld(pld_), slab(slab_), t0(t0_), T(T_), i0(i0_), nr(nr_), g(lane >> 2), t(lane & 3),
-          nrun(nrun_), S(S_)
-    {
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++)
-                tot[j][q] = acc[j][q] = 0.0f;
-        slice = s_beg;
-        next = tc_slice(nrun, S, s_beg + 1);
-    }
-    /* acc (with tot before it when total and a slice came before) into om's y */
-    __device__ __forceinline__ void put(const M &om, bool total) const
-    {
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                int tk = t0 + 8 * j + 2 * t + (q & 1), i = i0 + g + (q >> 1) * 8;
-                if (tk < T && i < nr)
-                    om.put(tk, i, total && slice ? tot[j][q] + acc[j][q] : acc[j][q]);
-            }
-    }
-    /* the current slice ends: to its slab, or into the total */
-    __device__ __forceinline__ void end_slice()
-    {
-        if (part)
-            put(m.with_y(part + slice * slab, pld), false);
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-#pragma unroll
-            for (int q = 0; q < 4; q++) {
-                tot[j][q] = slice ? tot[j][q] + acc[j][q] : acc[j][q];
-                acc[j][q] = 0.0f;
-            }
-        slice++;
-        next = tc_slice(nrun, S, slice + 1);
-    }
-    /* the pass's last slice: to its slab, or with the total into y */
-    __device__ __forceinline__ void finish() const
-    {
-        if (part)
-            put(m.with_y(part + slice * slab, pld), false);
-        else
-            put(m, true);
-    }
-};
-
-/* The runs c0 .. c0 + RT - 1 of a k-tile one by one, those inside [c_beg, c_end), each after the
- * slices that end before it: chunks(v, qa, qb) gives run v's chunks of rows g and g + 8, sa[v]
- * and sb[v] their raw block scales (tc_scale_raw), xfrag(j, s, e) n-tile j's split x of the tile's k-step s
- * (run v's k-step u is s = v G + u), term e.
- * Each run is decoded once and added to every n-tile's acc by tc_run. */
-template <int F, int E, int RT, int NT, class M, class CH, class XF>
-__device__ __forceinline__ void tc_tile_runs(tc_sums<NT, M> &sm, const wdev &w, int c0, int c_beg, int c_end,
-                                             const CH &chunks, const uint32_t *sa, const uint32_t *sb, const XF &xfrag,
-                                             bool x3)
-{
-    enum { G = tcf<F>::G };
-#pragma unroll
-    for (int v = 0; v < RT; v++) {
-        int c = c0 + v;
-        if (c >= c_end)
-            break;
-        if (c < c_beg)
-            continue;
-        while (c == sm.next)
-            sm.end_slice();
-        const bool scaled = F != DSV4_WF_BF16;
-        const float s0 = scaled ? tc_scale_of(w, sa[v]) : 1.0f, s1 = scaled ? tc_scale_of(w, sb[v]) : 1.0f;
-        typename tcf<F>::CT qa, qb;
-        chunks(v, qa, qb);
-        uint32_t a[G][4];
-#pragma unroll
-        for (int u = 0; u < G; u++) {
-            tc_decode<F>(qa, u, a[u][0], a[u][2]);
-            tc_decode<F>(qb, u, a[u][1], a[u][3]);
-        }
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-            tc_run<F, E>(sm.acc[j], a, [&](int u, int e) { return xfrag(j, v * G + u, e); }, s0, s1, x3);
-    }
-}
-
 /* y[t, i] = sum_k W[r0 + i, k] x[t, k] for rows i < nr and tokens t < T of a row map M
  * (linear.cuh), computed for weight row i of a 16-row group and token t as
  *   y = P_0 + P_1 + ... + P_{S-1}, added left to right, where P_s is run slice s (tc_slice)
@@ -419,7 +320,39 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
                 }
             }
         };
-        tc_sums<NT, M> sm(m, part, pld, slab, t0, T, i0, nr, lane, nrun, S, s_beg);
+        float tot[NT][4], acc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                tot[j][q] = acc[j][q] = 0.0f;
+        /* slice s's partial into its slab (split) */
+        auto emit = [&](int sl) {
+            const M om = m.with_y(part + sl * slab, pld);
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    int tk = t0 + 8 * j + 2 * t + (q & 1), i = i0 + g + (q >> 1) * 8;
+                    if (tk < T && i < nr)
+                        om.put(tk, i, acc[j][q]);
+                }
+        };
+        int slice = s_beg, next = tc_slice(nrun, S, s_beg + 1);
+        /* slice `slice` ends: to its slab, or into the total */
+        auto slice_end = [&]() {
+            if (part)
+                emit(slice);
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    tot[j][q] = slice ? tot[j][q] + acc[j][q] : acc[j][q];
+                    acc[j][q] = 0.0f;
+                }
+            slice++;
+            next = tc_slice(nrun, S, slice + 1);
+        };
         const int c_first = c_beg / RT * RT;
         TL cur;
         load(cur, c_first);
@@ -454,9 +387,9 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
              * interleaved (MMA latency hidden behind the other chains); each run's own sequence
              * of operations, and the order the runs reach the total, are the loop's below. */
             const bool whole = IL > 1 && live && c0 >= c_beg && c0 + RT <= c_end;
-            while (whole && c0 == sm.next) /* a slice ends where the tile starts */
-                sm.end_slice();
-            if (whole && sm.next >= c0 + RT) {
+            while (whole && c0 == next) /* a slice ends where the tile starts */
+                slice_end();
+            if (whole && next >= c0 + RT) {
 #pragma unroll
                 for (int v0 = 0; v0 < RT; v0 += IL) {
                     uint32_t a[IL][G][4];
@@ -493,24 +426,50 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
                         const float s0 = tc_scale_of(w, cur.sa[v0 + h]), s1 = tc_scale_of(w, cur.sb[v0 + h]);
 #pragma unroll
                         for (int j = 0; j < NT; j++) {
-                            sm.acc[j][0] = fmaf(p[h][j][0], s0, sm.acc[j][0]);
-                            sm.acc[j][1] = fmaf(p[h][j][1], s0, sm.acc[j][1]);
-                            sm.acc[j][2] = fmaf(p[h][j][2], s1, sm.acc[j][2]);
-                            sm.acc[j][3] = fmaf(p[h][j][3], s1, sm.acc[j][3]);
+                            acc[j][0] = fmaf(p[h][j][0], s0, acc[j][0]);
+                            acc[j][1] = fmaf(p[h][j][1], s0, acc[j][1]);
+                            acc[j][2] = fmaf(p[h][j][2], s1, acc[j][2]);
+                            acc[j][3] = fmaf(p[h][j][3], s1, acc[j][3]);
                         }
                     }
                 }
-            } else if (live) {
-                tc_tile_runs<F, E, RT>(
-                    sm, w, c0, c_beg, c_end, [&](int v, CT &qa, CT &qb) { qa = cur.qa[v], qb = cur.qb[v]; }, cur.sa,
-                    cur.sb, [&](int j, int st, int e) { return xs[buf][e][j][st][lane]; }, x3);
-            }
+            } else if (live)
+#pragma unroll
+                for (int v = 0; v < RT; v++) {
+                    int c = c0 + v;
+                    if (c >= c_end)
+                        break;
+                    if (c < c_beg)
+                        continue;
+                    while (c == next)
+                        slice_end();
+                    const float s0 = scaled ? tc_scale_of(w, cur.sa[v]) : 1.0f, s1 = scaled ? tc_scale_of(w, cur.sb[v]) : 1.0f;
+                    uint32_t a[G][4];
+#pragma unroll
+                    for (int u = 0; u < G; u++) {
+                        tc_decode<F>(cur.qa[v], u, a[u][0], a[u][2]);
+                        tc_decode<F>(cur.qb[v], u, a[u][1], a[u][3]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+                        tc_run<F, E>(acc[j], a, [&](int u, int e) { return xs[buf][e][j][v * G + u][lane]; }, s0, s1, x3);
+                }
             if (more)
                 cur = nx;
             buf ^= 1;
         }
-        if (live)
-            sm.finish();
+        if (live && part)
+            emit(slice);
+        else if (live)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float v = slice ? tot[j][q] + acc[j][q] : acc[j][q];
+                    int tk = t0 + 8 * j + 2 * t + (q & 1), i = i0 + g + (q >> 1) * 8;
+                    if (tk < T && i < nr)
+                        m.put(tk, i, v);
+                }
         /* the next pass restages both buffers */
         __syncthreads();
     }

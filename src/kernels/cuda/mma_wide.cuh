@@ -146,7 +146,37 @@ __device__ __forceinline__ void tc_rows_wide(const wdev &w, int64_t r0, int nr, 
             }
             return wide;
         };
-        tc_sums<NT, M> sm(m, part, pld, slab, t0, T, i0, nr, lane, nrun, S, s_beg);
+        float tot[NT][4], acc[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; j++)
+#pragma unroll
+            for (int q = 0; q < 4; q++)
+                tot[j][q] = acc[j][q] = 0.0f;
+        auto emit = [&](int sl) {
+            const M om = m.with_y(part + sl * slab, pld);
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    int tk = t0 + 8 * j + 2 * t + (q & 1), i = i0 + g + (q >> 1) * 8;
+                    if (tk < T && i < nr)
+                        om.put(tk, i, acc[j][q]);
+                }
+        };
+        int slice = s_beg, next = tc_slice(nrun, S, s_beg + 1);
+        auto slice_end = [&]() {
+            if (part)
+                emit(slice);
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    tot[j][q] = slice ? tot[j][q] + acc[j][q] : acc[j][q];
+                    acc[j][q] = 0.0f;
+                }
+            slice++;
+            next = tc_slice(nrun, S, slice + 1);
+        };
         const int c_first = c_beg / RT * RT;
 #pragma unroll
         for (int i = 0; i < NS - 1; i++)
@@ -169,19 +199,43 @@ __device__ __forceinline__ void tc_rows_wide(const wdev &w, int64_t r0, int nr, 
             }
             const uint8_t *wt = wsm + ((size_t)((c0 / RT) % NS) * TC_TW * 16 + wid * 16 + g) * W::WS;
             if (live)
-                tc_tile_runs<F, E, RT>(
-                    sm, w, c0, c_beg, c_end,
-                    [&](int v, CT &qa, CT &qb) {
-                        qa = ((const CT *)wt)[v * 4 + t];
-                        qb = ((const CT *)(wt + 8 * W::WS))[v * 4 + t];
-                    },
-                    cur.a, cur.b, [&](int j, int st, int e) { return xs[buf][e][j][st][lane]; }, x3);
+#pragma unroll
+                for (int v = 0; v < RT; v++) {
+                    int c = c0 + v;
+                    if (c >= c_end)
+                        break;
+                    if (c < c_beg)
+                        continue;
+                    while (c == next)
+                        slice_end();
+                    const float s0 = scaled ? tc_scale_of(w, cur.a[v]) : 1.0f, s1 = scaled ? tc_scale_of(w, cur.b[v]) : 1.0f;
+                    const CT qa = ((const CT *)wt)[v * 4 + t], qb = ((const CT *)(wt + 8 * W::WS))[v * 4 + t];
+                    uint32_t a[G][4];
+#pragma unroll
+                    for (int u = 0; u < G; u++) {
+                        tc_decode<F>(qa, u, a[u][0], a[u][2]);
+                        tc_decode<F>(qb, u, a[u][1], a[u][3]);
+                    }
+#pragma unroll
+                    for (int j = 0; j < NT; j++)
+                        tc_run<F, E>(acc[j], a, [&](int u, int e) { return xs[buf][e][j][v * G + u][lane]; }, s0, s1, x3);
+                }
             if (more)
                 cur = nx;
             buf ^= 1;
         }
-        if (live)
-            sm.finish();
+        if (live && part)
+            emit(slice);
+        else if (live)
+#pragma unroll
+            for (int j = 0; j < NT; j++)
+#pragma unroll
+                for (int q = 0; q < 4; q++) {
+                    float v = slice ? tot[j][q] + acc[j][q] : acc[j][q];
+                    int tk = t0 + 8 * j + 2 * t + (q & 1), i = i0 + g + (q >> 1) * 8;
+                    if (tk < T && i < nr)
+                        m.put(tk, i, v);
+                }
         /* the next pass refills the ring from empty */
         cp_wait_group<0>();
         __syncthreads();
