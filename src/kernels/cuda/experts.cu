@@ -9,7 +9,7 @@
 #include <string.h>
 #include "kernels/cuda/internal.h"
 #include "kernels/cuda/rounding.cuh"
-#include "kernels/cuda/mma_wide.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/expert_stage.cuh"
 
 using namespace dsv4cu;
@@ -324,7 +324,7 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
     if ((sp1 && !p1) || (sp2 && !p2))
         return;
     dim3 g1((unsigned)NT, (unsigned)rb1, 2u * (unsigned)z1), g2((unsigned)NT, (unsigned)rb2, (unsigned)z2);
-    tc_launch(k_tc_ex_up<F, NTT, E>, tc_smem<F, E>(NTT), g1, threads, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
+    launch_k(k_tc_ex_up<F, NTT, E>, g1, threads, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
              d1.tcs);
     if (sp1) {
         tc_fold(p1, d1.tcs, RK, I, I, slab1, G, I, stream);
@@ -341,7 +341,7 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
     /* the fold writes every pair's row: other ranks' pairs must fold to -0 (comm.cu) */
     if (sp2)
         ep_clear(p2, (int64_t)d2.tcs * slab2);
-    tc_launch(k_tc_ex_down<F, NTT, E>, tc_smem<F, E>(NTT), g2, threads, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);
+    launch_k(k_tc_ex_down<F, NTT, E>, g2, threads, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);
     if (sp2)
         tc_fold(p2, d2.tcs, RK, D, D, slab2, Y, D, stream);
     launched("experts w2");

@@ -9,7 +9,7 @@
 #include <string.h>
 #include "kernels/cuda/internal.h"
 #include "kernels/cuda/exl3_cuda.h"
-#include "kernels/cuda/mma_wide.cuh"
+#include "kernels/cuda/mma.cuh"
 
 using namespace dsv4cu;
 
@@ -126,13 +126,13 @@ static int sm_count(void)
 }
 
 /* A launch of `blocks` blocks is split into Z slice groups, a power of two up to S, chosen for
- * the fewest waves per group of the device's block slots (two a multiprocessor for the few-token
- * passes, one for the 64-token pass: TC_BOUNDS): a group's blocks walk S / Z slices each, so the
- * time goes as waves(blocks Z) / Z. Ties and gains under 1/8 keep the smaller Z (fewer slabs to
- * fold). The 64-token pass (nt > 2) splits into single slices below one wave, or not at all. */
+ * the fewest waves per group of the device's block slots (two a multiprocessor: TC_BOUNDS):
+ * a group's blocks walk S / Z slices each, so the time goes as waves(blocks Z) / Z. Ties and
+ * gains under 1/8 keep the smaller Z (fewer slabs to fold). The 64-token pass (nt > 2) splits
+ * into single slices below one wave, or not at all (mma.cuh). */
 int dsv4cu::tc_groups(int S, int64_t blocks, int nt)
 {
-    const int64_t slots = (nt > 2 ? 1 : 2) * (int64_t)sm_count();
+    const int64_t slots = 2 * (int64_t)sm_count();
     if (nt > 2)
         return blocks < slots ? S : 1;
     int best = 1;
@@ -287,15 +287,15 @@ static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
         for (int j = 0; j < J.n; j++)
             J.b0[j + 1] = J.b0[j] + tc_blocks(J.nrj[j]);
         grid.x = (unsigned)J.b0[J.n];
-        tc_launch(k_tc_multi<F, NT>, tc_smem<F, TC_X3>(NT), grid, threads, st, J, T, TB);
+        launch_k(k_tc_multi<F, NT>, grid, threads, 0, st, J, T, TB);
     } else if (J.n > 1) {
         J.bpj = tc_blocks(J.nr);
         grid.x = (unsigned)(J.bpj * J.n);
-        tc_launch(k_tc_group<F, NT>, tc_smem<F, TC_X3>(NT), grid, threads, st, J, T, TB);
+        launch_k(k_tc_group<F, NT>, grid, threads, 0, st, J, T, TB);
     } else {
         dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};
         grid.x = (unsigned)tc_blocks(J.nr);
-        tc_launch(k_tc_linear<F, NT, E>, tc_smem<F, E>(NT), grid, threads, st, J.w[0], J.r0[0], J.nr, m, T, TB, J.part[0]);
+        launch_k(k_tc_linear<F, NT, E>, grid, threads, 0, st, J.w[0], J.r0[0], J.nr, m, T, TB, J.part[0]);
     }
     for (int j = 0; j < J.n; j++)
         if (J.part[j])

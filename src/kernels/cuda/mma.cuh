@@ -15,7 +15,7 @@
  *
  * Batch invariance. In m16n8k16 the weight rows are the M side (16) and the tokens the N side
  * (8), so an output depends only on its weight row, its token's x and the sequence of k-steps,
- * which the weight's shape alone fixes (tc_run, and the sum stated above tc_rows_few). How many
+ * which the weight's shape alone fixes (tc_run, and the sum stated above tc_rows). How many
  * tokens a launch holds, where a token sits in it, how many tokens a pass takes and whether the
  * launch splits change nothing in a token's operations. */
 #ifndef DSV4_CUDA_MMA_CUH
@@ -123,29 +123,34 @@ enum { TC_TW = 8, TC_TN = 64, TC_SMAX = 64 };
 enum { TC_IL = 2 };
 
 /* k-steps a k-tile (a whole number of runs): few-token passes take longer tiles, so that a warp
- * keeps about 2 KB of weights in flight while it computes the tile before. */
+ * keeps about 2 KB of weights in flight while it computes the tile before. Few-token passes
+ * double-buffer the split x tile (one barrier a tile); the 64-token pass has room for one. */
 template <int F, int NT>
 __host__ __device__ constexpr int tc_ks()
 {
     return NT > 2 ? 4 : F == DSV4_WF_BF16 ? 4 : 8;
 }
+template <int NT>
+__host__ __device__ constexpr int tc_xbufs()
+{
+    return NT > 2 ? 1 : 2;
+}
+/* Whether the next tile's operands are loaded before the current one is computed: few-token
+ * passes, whose tiles compute quickly; a 64-token pass computes long enough for its block's
+ * other warps to cover the loads, and needs the registers for its sums. */
+template <int NT>
+__host__ __device__ constexpr bool tc_prefetch()
+{
+    return NT <= 2;
+}
 
-/* The first n of 16 bytes from global src to shared dst without passing through registers, the
- * rest zeros (n = 0 reads nothing; src must still be a global address). */
-__device__ __forceinline__ void cp16n(void *dst, const void *src, int n)
+/* 16 bytes from global src to shared dst without passing through registers; zeros when !valid. */
+__device__ __forceinline__ void cp16(void *dst, const void *src, bool valid)
 {
     unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(n));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0));
 }
-__device__ __forceinline__ void cp16(void *dst, const void *src, bool valid) { cp16n(dst, src, valid ? 16 : 0); }
 __device__ __forceinline__ void cp_wait(void) { asm volatile("cp.async.wait_all;" ::: "memory"); }
-__device__ __forceinline__ void cp_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
-/* Until at most N of this thread's committed copy groups are still in flight. */
-template <int N>
-__device__ __forceinline__ void cp_wait_group(void)
-{
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 /* Where run slice s of S begins: slices are contiguous, in order, fixed by the run count and S. */
 __device__ __forceinline__ int tc_slice(int nrun, int S, int s) { return (int)((int64_t)nrun * s / S); }
@@ -233,29 +238,27 @@ struct tc_tile {
  * 16-byte aligned.
  *
  * The block walks k-tiles of RT runs (k-tiles are aligned to RT runs from 0, so a slice may
- * start inside one). Each thread copies its share of a tile's x ahead into shared memory with
- * cp.async (its own slots: xr), splits it into the three bf16 terms and stores them in fragment
- * order (xs[buffer][term][n-tile][step][lane]: one 8-byte read a fragment).
- *
- * This is the few-token pass (NT = 1, 2; the 64-token pass is tc_rows_wide, mma_wide.cuh, with
- * the same sums): the next tile's x copies and weight loads are issued before the current tile
- * is computed, so they are in flight while it runs, and the split x tile is double-buffered
- * (one barrier a tile). */
+ * start inside one). Each thread reads its share of a tile's x (few-token passes copy it ahead
+ * into shared memory with cp.async, into its own slots: xr), splits it into the three bf16
+ * terms and stores them in fragment order
+ * (xs[buffer][term][n-tile][step][lane]: one 8-byte read a fragment). In few-token passes the
+ * next tile's x copies and weight loads are issued before the current tile is computed, so they
+ * are in flight while it runs (tc_prefetch). */
 template <int F, int NT, class M, int E = TC_X3>
-__device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, const M &m, int T, int blk, float *part,
+__device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const M &m, int T, int blk, float *part,
                                         int64_t pld, int64_t slab, int z, int Z)
 {
     typedef tc_tile<F, NT> TL;
     enum { G = TL::G, KS = TL::KS, RT = TL::RT, TN = 8 * NT, XT = 4 * KS, XN = TN * XT,
-           XV = (XN + TC_TW * 32 - 1) / (TC_TW * 32) };
-    static_assert(NT <= 2, "the few-token pass");
+           XV = (XN + TC_TW * 32 - 1) / (TC_TW * 32), XB = tc_xbufs<NT>(), PF = tc_prefetch<NT>() };
     static_assert(KS % G == 0 && (XN % (TC_TW * 32) == 0 || XV == 1), "a k-tile is whole runs, staged evenly");
     const bool scaled = F != DSV4_WF_BF16;
-    /* a scaled form's runs are interleaved (below) */
-    constexpr int IL = scaled ? TC_IL : 1;
+    /* few-token passes of a scaled form interleave runs (below); the 64-token pass's n-tiles are
+     * independent chains already */
+    constexpr int IL = scaled && NT <= 2 ? TC_IL : 1;
     static_assert(RT % IL == 0, "a tile is whole groups of interleaved runs");
-    __shared__ uint2 xs[2][E][NT][KS][32];
-    __shared__ float4 xr[XV][TC_TW * 32];
+    __shared__ uint2 xs[XB][E][NT][KS][32];
+    __shared__ float4 xr[PF ? XV : 1][TC_TW * 32];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int S = w.tcs, i0 = (blk * TC_TW + wid) * 16;
     if (part && z >= Z)
@@ -275,21 +278,25 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
     const int xf = (int)threadIdx.x % XT, xq = xf % (4 * G), xoff = (xf / (4 * G)) * 16 * G + 4 * xq;
     const int xslot = ((xf / (4 * G)) * G + xq % G) * 32 + (((int)threadIdx.x / XT) & 7) * 4 + xq / G;
     for (int t0 = 0; t0 < T; t0 += TN) {
-        const float *xp[XV];
-#pragma unroll
-        for (int v = 0; v < XV; v++) {
+        /* few-token passes keep their x rows' addresses; the 64-token pass needs the registers */
+        const float *xp[PF ? XV : 1];
+        auto xrow = [&](int v) -> const float * {
             int tok = ((int)threadIdx.x + v * TC_TW * 32) / XT;
-            xp[v] = t0 + tok < T ? m.xr(t0 + tok) + xoff : NULL;
-        }
+            return t0 + tok < T ? m.xr(t0 + tok) + xoff : NULL;
+        };
+        if constexpr (PF)
+#pragma unroll
+            for (int v = 0; v < XV; v++)
+                xp[v] = xrow(v);
         /* tile c: this thread's x copies into xr, and its weights into L */
         auto load = [&](TL &L, int c) {
 #pragma unroll
             for (int v = 0; v < XV; v++) {
-                if (XN < TC_TW * 32 && (int)threadIdx.x >= XN)
+                if (!PF || (XN < TC_TW * 32 && (int)threadIdx.x >= XN))
                     break;
-                const float *xv = xp[v];
+                const float *xv = xp[PF ? v : 0];
                 bool in = xv && c * 16 * G + xoff < k;
-                cp16(&xr[v][threadIdx.x], in ? (const void *)(xv + c * 16 * G) : (const void *)w.q, in);
+                cp16(&xr[PF ? v : 0][threadIdx.x], in ? (const void *)(xv + c * 16 * G) : (const void *)w.q, in);
             }
             if (live && c >= c_beg && c + RT <= c_end && (c + RT) * 4 <= nch) {
                 /* a tile of whole runs inside the block's runs and inside k: every load, without
@@ -341,7 +348,7 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
         int slice = s_beg, next = tc_slice(nrun, S, s_beg + 1);
         /* slice `slice` ends: to its slab, or into the total */
         auto slice_end = [&]() {
-            if (part)
+            if (PF && part)
                 emit(slice);
 #pragma unroll
             for (int j = 0; j < NT; j++)
@@ -355,16 +362,29 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
         };
         const int c_first = c_beg / RT * RT;
         TL cur;
-        load(cur, c_first);
+        if (PF)
+            load(cur, c_first);
         int buf = 0;
         for (int c0 = c_first; c0 < c_end; c0 += RT) {
-            cp_wait();
+            if (!PF)
+                load(cur, c0);
+            if (PF)
+                cp_wait();
+            if (XB == 1 && c0 != c_first) /* the single buffer's last readers are done */
+                __syncthreads();
             uint32_t wide = 0; /* a mid or lo term this thread staged */
 #pragma unroll
             for (int v = 0; v < XV; v++) {
                 if (XN < TC_TW * 32 && (int)threadIdx.x >= XN)
                     break;
-                float4 xv = xr[v][threadIdx.x];
+                float4 xv;
+                if constexpr (PF)
+                    xv = xr[v][threadIdx.x];
+                else {
+                    const float *xq = xrow(v);
+                    xv = xq && c0 * 16 * G + xoff < k ? __ldg((const float4 *)(xq + c0 * 16 * G))
+                                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
                 uint32_t b01[E], b23[E];
                 split_terms<E>(xv.x, xv.y, b01);
                 split_terms<E>(xv.z, xv.w, b23);
@@ -378,7 +398,7 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
             }
             /* the tile takes its mid and lo MMAs only where some token's x needs them */
             const bool x3 = __syncthreads_or(wide != 0) != 0;
-            const bool more = c0 + RT < c_end;
+            const bool more = PF && c0 + RT < c_end;
             TL nx;
             if (more)
                 load(nx, c0 + RT);
@@ -456,7 +476,7 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
                 }
             if (more)
                 cur = nx;
-            buf ^= 1;
+            buf = XB == 1 ? 0 : buf ^ 1;
         }
         if (live && part)
             emit(slice);
@@ -474,6 +494,9 @@ __device__ __forceinline__ void tc_rows_few(const wdev &w, int64_t r0, int nr, c
         __syncthreads();
     }
 }
+
+/* Kernels that run tc_rows with NT n-tiles a pass take this block size and bound. */
+#define TC_BOUNDS(NT) __launch_bounds__(TC_TW * 32, 2)
 
 /* Host side (linear.cu): whether a weight takes the tensor-core path (from its form, shape and
  * scale blocks alone, so every call over it sums the same way); the kind it takes (its form, or
