@@ -10,6 +10,7 @@
 #include "kernels/cuda/internal.h"
 #include "kernels/cuda/exl3_cuda.h"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/rounding.cuh"
 
 using namespace dsv4cu;
 
@@ -515,9 +516,9 @@ void dsv4cu::linear_x(const dsv4_weight *w, int64_t r0, int64_t r1, const float 
     }
     if (w->form == DSV4_WF_EXL3) { /* EXL3's kernels write as they are: the rounding follows */
         exl3_linear(w, r0, r1, x, T, ldx, y, ldy);
+        if (rb)
+            round_bf16_rows_launch(y, T, nr, ldy);
         op_end();
-        for (int t = 0; rb && t < T; t++)
-            cu_round_bf16(y + (int64_t)t * ldy, nr);
         return;
     }
     int ok = w->form < DSV4_WF_EXL3 && w->data;

@@ -17,6 +17,15 @@ __global__ void k_round_bf16(float *x, int64_t n)
         x[i] = rt_bf16(x[i]);
 }
 
+/* x[r * ld + c] for r < rows, c < n: a row per blockIdx.y. */
+__global__ void k_round_bf16_rows(float *x, int64_t n, int64_t ld)
+{
+    PDL_WAIT();
+    int64_t c = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c < n)
+        x[(int64_t)blockIdx.y * ld + c] = rt_bf16(x[(int64_t)blockIdx.y * ld + c]);
+}
+
 /* Thread per block of `block` values (the last one may be short). */
 __global__ void k_roundtrip(float *x, int64_t n, int block, int code)
 {
@@ -76,6 +85,18 @@ void dsv4cu::round_bf16_launch(float *x, int64_t n)
 {
     if (n > 0)
         launch_k(k_round_bf16, (unsigned)cdiv(n, 256), 256, 0, stream, x, n);
+}
+
+void dsv4cu::round_bf16_rows_launch(float *x, int rows, int64_t n, int64_t ld)
+{
+    if (n <= 0 || rows <= 0)
+        return;
+    if (ld == n)
+        round_bf16_launch(x, rows * n);
+    else
+        for (int r0 = 0; r0 < rows; r0 += 65535) /* grid y's limit */
+            launch_k(k_round_bf16_rows, dim3((unsigned)cdiv(n, 256), (unsigned)(rows - r0 < 65535 ? rows - r0 : 65535)),
+                     256, 0, stream, x + (int64_t)r0 * ld, n, ld);
 }
 
 void dsv4cu::cu_round_bf16(float *x, int64_t n)

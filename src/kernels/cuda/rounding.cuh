@@ -87,9 +87,10 @@ __device__ __forceinline__ void rt_block(const float *src, float *dst, int n, in
 /* Launches on the stream (rounding.cu): rows [rows, k] of x (row stride ldx) through e4m3 blocks
  * of `block` values into xq [rows, k] dense (xq may be x itself when ldx = k, else must not
  * overlap it; false, with the error recorded, for a block it cannot take); and n values
- * through bf16 in place. */
+ * through bf16 in place; and n values of each of `rows` rows of stride ld through bf16 in place. */
 bool quant_rows(const float *x, int64_t rows, int k, int64_t ldx, int block, float *xq);
 void round_bf16_launch(float *x, int64_t n);
+void round_bf16_rows_launch(float *x, int rows, int64_t n, int64_t ld);
 /* The device buffer REF's quantized inputs go to (linear_q, experts): at least n floats, NULL
  * after recording an error. It only grows, and a buffer it outgrew is kept, since a recorded
  * graph may still read it. */
