@@ -64,8 +64,9 @@ const char *dsv4_cuda_graph_why(void);
 void dsv4_cuda_set_poison(int on);
 
 /* Which kernels take the tensor cores. ALL: the linear and expert ops run BF16, FP8 and FP4
- * weights on them (mma.cuh) at every row count, and so do attn_step's indexer scores and
- * attention for the shapes they take (index_tc.cu, attn_tc.cu). ATTN (the default): the
+ * weights on them (mma.cuh) at every row count, and EXL3 layers' middle step (exl3_mma.cuh);
+ * so do attn_step's indexer scores and attention for the shapes they take (index_tc.cu,
+ * attn_tc.cu). ATTN (the default): the
  * attention and the indexer scores only; the linear and expert ops on the fp32 FMA kernels
  * (linear.cuh), which read a few rows faster. OFF: every op on the FMA kernels (step.cu's
  * attention and indexer too). In every mode a row's bits do not depend on the batch; the modes
