@@ -103,9 +103,7 @@ __global__ void __launch_bounds__(BT, 4)
     exl3_core(const uint4 *__restrict__ tr, const float *__restrict__ xh, float *__restrict__ part, int64_t kp,
               int64_t np, int T, int64_t b0, int nbr, int chunks, int S)
 {
-    constexpr int TW = 8 * K + 2; /* u32 a tile in shared memory: its 8K words, then words 0, 1 again */
-    constexpr int Q4 = 2 * K;     /* 16-byte units a tile */
-    constexpr int ROW4 = 8 * Q4;  /* 16-byte units of the block's 8 tiles in one tile row */
+    constexpr int TW = 8 * K + 2; /* u32 a tile in shared memory (exl3_chunk_store) */
     __shared__ uint32_t ts[2][64 * TW];
     __shared__ __align__(16) float xs[2][TT][128];
 
@@ -126,28 +124,16 @@ __global__ void __launch_bounds__(BT, 4)
     float rx[TT];
     auto load = [&](int ch) {
 #pragma unroll
-        for (int v = 0; v < K; v++) {
-            int u = tid + BT * v, ii = u / ROW4, w = u % ROW4;
-            rg[v] = tr[((int64_t)(8 * ch + ii) * tiles_n + 8 * b) * Q4 + w];
-        }
+        for (int v = 0; v < K; v++)
+            rg[v] = dsv4cu::exl3_chunk_load<K>(tr, tiles_n, b, ch, tid + BT * v);
 #pragma unroll
         for (int t = 0; t < TT; t++)
             rx[t] = t < nt ? xh[(int64_t)(t0 + t) * kp + 128 * (int64_t)ch + tid] : 0.0f;
     };
     auto store = [&](int buf) {
 #pragma unroll
-        for (int v = 0; v < K; v++) {
-            int u = tid + BT * v, ii = u / ROW4, w = u % ROW4, tile = w / Q4, q = w % Q4;
-            uint32_t *d = &ts[buf][(ii * 8 + tile) * TW];
-            d[4 * q] = rg[v].x;
-            d[4 * q + 1] = rg[v].y;
-            d[4 * q + 2] = rg[v].z;
-            d[4 * q + 3] = rg[v].w;
-            if (q == 0) {
-                d[8 * K] = rg[v].x;
-                d[8 * K + 1] = rg[v].y;
-            }
-        }
+        for (int v = 0; v < K; v++)
+            dsv4cu::exl3_chunk_store<K>(ts[buf], tid + BT * v, rg[v]);
 #pragma unroll
         for (int t = 0; t < TT; t++)
             xs[buf][t][tid] = rx[t];

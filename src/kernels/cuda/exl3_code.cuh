@@ -70,5 +70,34 @@ __device__ __forceinline__ void exl3_run(const uint32_t *tw, int wi, int off, fl
     d23 = exl3_decode2<CB>(s2, s3);
 }
 
+/* A block's chunk is 8 tile rows of the 8 tiles (128 columns) of output block b: 128 K uint4,
+ * stored in the trellis as 8 runs of 16 K contiguous uint4 (one a tile row). Uint4 u of chunk ch
+ * in global memory (tiles_n tiles a tile row). */
+template <int K>
+__device__ __forceinline__ uint4 exl3_chunk_load(const uint4 *__restrict__ tr, int64_t tiles_n, int64_t b, int ch, int u)
+{
+    constexpr int ROW4 = 16 * K;
+    return tr[((int64_t)(8 * ch + u / ROW4) * tiles_n + 8 * b) * (2 * K) + u % ROW4];
+}
+
+/* Uint4 u of a chunk into its tile's words in shared memory: tile (u / 16K) * 8 + its place in
+ * the tile row at ts + tile * (8K + 2), a tile's first two words repeated after its last (so a
+ * run's three words never wrap: exl3_run). */
+template <int K>
+__device__ __forceinline__ void exl3_chunk_store(uint32_t *ts, int u, uint4 v)
+{
+    constexpr int TW = 8 * K + 2, Q4 = 2 * K, ROW4 = 16 * K;
+    int ii = u / ROW4, w = u % ROW4, tile = w / Q4, q = w % Q4;
+    uint32_t *d = &ts[(ii * 8 + tile) * TW];
+    d[4 * q] = v.x;
+    d[4 * q + 1] = v.y;
+    d[4 * q + 2] = v.z;
+    d[4 * q + 3] = v.w;
+    if (q == 0) {
+        d[8 * K] = v.x;
+        d[8 * K + 1] = v.y;
+    }
+}
+
 } // namespace dsv4cu
 #endif

@@ -46,8 +46,8 @@ __global__ void __launch_bounds__(X3_THREADS, 2)
     exl3_core_tc(const uint4 *__restrict__ tr, const float *__restrict__ xh, float *__restrict__ part, int64_t kp,
                  int64_t np, int T, int64_t b0, int nbr, int chunks, int S)
 {
-    constexpr int TW = 8 * K + 2, Q4 = 2 * K, ROW4 = 8 * Q4; /* as exl3_core */
-    constexpr int LD = (8 * ROW4 + X3_THREADS - 1) / X3_THREADS;   /* uint4 of a chunk's trellis a thread loads */
+    constexpr int TW = 8 * K + 2, C4 = 128 * K;             /* u32 a tile; uint4 a chunk (exl3_code.cuh) */
+    constexpr int LD = (C4 + X3_THREADS - 1) / X3_THREADS; /* uint4 of a chunk a thread loads */
     constexpr int XPLANE = X3_TN * X3_XS / 2;                      /* u32 a term's staged x */
     extern __shared__ __align__(16) uint32_t x3_smem[];
     uint32_t *xs0 = x3_smem, *ts0 = x3_smem + 2 * 3 * XPLANE;
@@ -68,8 +68,8 @@ __global__ void __launch_bounds__(X3_THREADS, 2)
 #pragma unroll
         for (int v = 0; v < LD; v++) {
             int u = tid + X3_THREADS * v;
-            if (u < 8 * ROW4)
-                rg[v] = tr[((int64_t)(8 * ch + u / ROW4) * tiles_n + 8 * b) * Q4 + u % ROW4];
+            if (u < C4)
+                rg[v] = exl3_chunk_load<K>(tr, tiles_n, b, ch, u);
         }
 #pragma unroll
         for (int v = 0; v < 4; v++) {
@@ -83,18 +83,8 @@ __global__ void __launch_bounds__(X3_THREADS, 2)
 #pragma unroll
         for (int v = 0; v < LD; v++) {
             int u = tid + X3_THREADS * v;
-            if (u < 8 * ROW4) {
-                int ii = u / ROW4, w = u % ROW4, tile = w / Q4, qq = w % Q4;
-                uint32_t *d = &ts[(ii * 8 + tile) * TW];
-                d[4 * qq] = rg[v].x;
-                d[4 * qq + 1] = rg[v].y;
-                d[4 * qq + 2] = rg[v].z;
-                d[4 * qq + 3] = rg[v].w;
-                if (qq == 0) {
-                    d[8 * K] = rg[v].x;
-                    d[8 * K + 1] = rg[v].y;
-                }
-            }
+            if (u < C4)
+                exl3_chunk_store<K>(ts, u, rg[v]);
         }
 #pragma unroll
         for (int v = 0; v < 4; v++) {
