@@ -143,13 +143,7 @@ __global__ void __launch_bounds__(BT, 4)
 #pragma unroll
     for (int t = 0; t < TT; t++)
         acc[t] = 0.0f;
-    load(ch0);
-    store(0);
-    __syncthreads();
-    for (int ch = ch0; ch < ch1; ch++) {
-        const int buf = (ch - ch0) & 1;
-        if (ch + 1 < ch1)
-            load(ch + 1);
+    dsv4cu::exl3_chunks(ch0, ch1, load, store, [&](int buf) {
 #pragma unroll 2
         for (int i = 0; i < 8; i++) {
             const uint32_t *tw = &ts[buf][(i * 8 + jj) * TW];
@@ -178,10 +172,7 @@ __global__ void __launch_bounds__(BT, 4)
                 acc[t] = a;
             }
         }
-        if (ch + 1 < ch1)
-            store(buf ^ 1);
-        __syncthreads();
-    }
+    });
     const int64_t ncols = (int64_t)nbr * 128;
 #pragma unroll
     for (int t = 0; t < TT; t++)

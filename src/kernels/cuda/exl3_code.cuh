@@ -99,5 +99,25 @@ __device__ __forceinline__ void exl3_chunk_store(uint32_t *ts, int u, uint4 v)
     }
 }
 
+/* A slice's chunks ch0 .. ch1 - 1 through two shared buffers: load(ch) reads chunk ch into the
+ * thread's registers, store(buf) writes them to buffer buf, compute(buf) uses buffer buf. The
+ * next chunk's loads are issued before the current one is computed, and stored after it. */
+template <class L, class S, class C>
+__device__ __forceinline__ void exl3_chunks(int ch0, int ch1, L &&load, S &&store, C &&compute)
+{
+    load(ch0);
+    store(0);
+    __syncthreads();
+    for (int ch = ch0; ch < ch1; ch++) {
+        const int buf = (ch - ch0) & 1;
+        if (ch + 1 < ch1)
+            load(ch + 1);
+        compute(buf);
+        if (ch + 1 < ch1)
+            store(buf ^ 1);
+        __syncthreads();
+    }
+}
+
 } // namespace dsv4cu
 #endif

@@ -7,9 +7,11 @@
  * exact operation sequence. The middle step splits the kp rows into S slices (S from the
  * layer's shape only: more slices when there are few 128-wide output blocks), each an fma
  * chain in the CPU's order, and adds the slices' sums in slice order; with S = 1 the result
- * is the CPU's bit for bit. Each output row's operations depend only on the layer's shape,
- * never on T, the row's place in the batch or [r0, r1): a batch equals its rows one at a time
- * bit for bit. */
+ * is the CPU's bit for bit. When the linear family takes the tensor cores (cuda.h), the middle
+ * step runs on them instead (exl3_mma.cuh: the same slices, exact products, fp32 sums in another
+ * order). Each output row's operations depend only on the layer's shape and that switch, never
+ * on T, the row's place in the batch or [r0, r1): a batch equals its rows one at a time bit for
+ * bit. A call computes its rows in rounds of at most 1024, which bounds the scratch. */
 #ifndef DSV4_CUDA_EXL3_H
 #define DSV4_CUDA_EXL3_H
 

@@ -102,13 +102,7 @@ __global__ void __launch_bounds__(X3_THREADS, 2)
 #pragma unroll
     for (int n = 0; n < X3_TN / 8; n++)
         acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-    load(ch0);
-    store(0);
-    __syncthreads();
-    for (int ch = ch0; ch < ch1; ch++) {
-        const int buf = (ch - ch0) & 1;
-        if (ch + 1 < ch1)
-            load(ch + 1);
+    exl3_chunks(ch0, ch1, load, store, [&](int buf) {
         const uint32_t *ts = ts0 + buf * 64 * TW, *xs = xs0 + buf * 3 * XPLANE;
 #pragma unroll 2
         for (int i = 0; i < 8; i++) {
@@ -139,10 +133,7 @@ __global__ void __launch_bounds__(X3_THREADS, 2)
                 }
             }
         }
-        if (ch + 1 < ch1)
-            store(buf ^ 1);
-        __syncthreads();
-    }
+    });
     const int64_t ncols = (int64_t)nbr * 128;
     float *ps = part + (int64_t)s * T * ncols + (int64_t)bx * 128 + 16 * jj;
 #pragma unroll
