@@ -11,6 +11,8 @@
 # `on_device.sh depths`: long context, decode and a chunk's prefill at depths to 1M, production and exact caches;
 # `on_device.sh peers`: the transformers and PyTorch peers beside ours on the same 2 layers;
 # `on_device.sh ncu`: the hardware counters of each kernel of one decode step;
+# `on_device.sh ncu-tc`: the 64-token tensor-core pass and EXL3's tensor-core core under the counters (needs
+# STAGE_BENCH_CUDA=1);
 # `on_device.sh profile`: the op profile of a 4k prefill and of an 8-lane step (tensor cores on);
 # `on_device.sh prod`: the linear kernels beside PyTorch at every row count, tensor cores on;
 # `on_device.sh prod-bench`: issue 12's 43-layer rows in production numerics and exact, with the run's peaks;
@@ -150,6 +152,22 @@ if [ "$mode" = profile ]; then
         --prefill 4096 --decode 4
     DSV4_CUDA_TC=1 DSV4_CUDA_PROFILE=1 run $B/dsv4 bench --synthetic v4-flash --device cuda --layers 4 --graphs off \
         --prefill 64 --decode 6 --lanes 8
+    exit 0
+fi
+if [ "$mode" = ncu-tc ]; then
+    # the 64-token tensor-core pass under the counters: wq_b FP8 and expert w1 FP4 at T = 4096 with
+    # REF's bf16 x (one term), and the EXL3 tensor-core core at T = 4096: throughput, occupancy,
+    # where the warps stall and what the schedulers issue, to $OUT/ncu_tc.txt
+    for sh in "wq_b FP8" "expert w1 FP4" "wo_b EXL3"; do
+        DSV4_CUDA_TC=1 BENCH_X=bf16 BENCH_ONLY="$sh" BENCH_T=4096 BENCH_NO_T1=1 timeout 150 ncu --clock-control none \
+            --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+            --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats \
+            -k 'regex:k_tc_linear|exl3_core_tc' --launch-skip 2 --launch-count 1 \
+            $B/tests/cuda/bench_cuda >>"$OUT/ncu_tc.txt" 2>&1
+        echo "ncu $sh exit $?"
+    done
+    grep -E 'Duration|Compute \(SM\) Throughput|Memory Throughput|Issued Ipc|No Eligible|Achieved Occupancy|Registers Per|Stall|One or More' \
+        "$OUT/ncu_tc.txt" | head -n 60
     exit 0
 fi
 if [ "$mode" = ncu ]; then
