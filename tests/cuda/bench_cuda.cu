@@ -7,7 +7,9 @@
  * copies (>= 512 MB) that L2 (60 MB) cannot serve them; the launches are captured in a CUDA
  * graph and the replays timed with events (median of 10), so launch gaps stay out.
  * GB/s counts the weight bytes (data + scales) read once per call; activations are ignored
- * (x is <= 32 KB per token).
+ * (x is <= 32 KB per token). The compute ceilings: mma.sync's rate in bf16 and in e4m3 (the
+ * instruction the tensor-core kernels issue; PyTorch's peaks, tests/cuda/peer_torch.py, go
+ * through wgmma).
  * Then a batch-1 estimate of V4-Flash decode from its matvecs alone: one CSA layer's
  * projections, 6 routed + 1 shared expert, timed as one graph, times 43, plus the head. */
 #include <cuda_runtime.h>
@@ -92,6 +94,57 @@ __global__ void k_copy(const uint4 *p, uint4 *q, size_t n)
     size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
         q[i] = __ldg(p + i);
+}
+
+/* The tensor cores' rate through mma.sync, the instruction the kernels use: each warp issues
+ * CH independent chains of MMAs on constant operands (bf16 m16n8k16, or with FP8 set e4m3
+ * m16n8k32, both with fp32 accumulation) and writes the sums, so nothing is optimised away. */
+template <int FP8>
+__global__ void k_mma_rate(float *out, int iters)
+{
+    enum { CH = 8 };
+    const uint32_t a = FP8 ? 0x30303030u : 0x3c003c00u, b = FP8 ? 0x30303030u : 0x3c003c00u;
+    float acc[CH][4] = {};
+    for (int i = 0; i < iters; i++)
+#pragma unroll
+        for (int c = 0; c < CH; c++) {
+            if (FP8)
+                asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                             "{%8,%9}, {%0,%1,%2,%3};"
+                             : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
+                             : "r"(a), "r"(a), "r"(a), "r"(a), "r"(b), "r"(b));
+            else
+                asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                             "{%8,%9}, {%0,%1,%2,%3};"
+                             : "+f"(acc[c][0]), "+f"(acc[c][1]), "+f"(acc[c][2]), "+f"(acc[c][3])
+                             : "r"(a), "r"(a), "r"(a), "r"(a), "r"(b), "r"(b));
+        }
+    float sum = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CH; c++)
+        sum += acc[c][0] + acc[c][1] + acc[c][2] + acc[c][3];
+    out[(size_t)blockIdx.x * blockDim.x + threadIdx.x] = sum;
+}
+
+/* TFLOP/s of k_mma_rate over every multiprocessor (8 blocks of 4 warps each), median of 10. */
+template <int FP8>
+static double mma_rate(int sms, cudaStream_t st)
+{
+    const int blocks = sms * 8, threads = 128, iters = 1024;
+    float *out;
+    CK(cudaMalloc((void **)&out, (size_t)blocks * threads * sizeof(float)));
+    cudaGraph_t gr;
+    cudaGraphExec_t ge;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    k_mma_rate<FP8><<<blocks, threads, 0, st>>>(out, iters);
+    CK(cudaStreamEndCapture(st, &gr));
+    CK(cudaGraphInstantiate(&ge, gr, 0));
+    float ms = time_graph(ge, st, 10);
+    cudaGraphExecDestroy(ge);
+    cudaGraphDestroy(gr);
+    CK(cudaFree(out));
+    double mmas = (double)blocks * (threads / 32) * iters * 8, flops = 2.0 * 16 * 8 * (FP8 ? 32 : 16);
+    return mmas * flops / (ms * 1e-3) / 1e12;
 }
 
 typedef struct {
@@ -249,11 +302,13 @@ int main(void)
     CK(cudaGraphInstantiate(&ge, gr, 0));
     ms = time_graph(ge, st, 10);
     double read_gbs = (double)cb / (ms * 1e-3) / 1e9;
-    printf("read kernel    %zu MiB: %.3f ms, %.0f GB/s (read)\n\n", cb >> 20, ms, read_gbs);
+    printf("read kernel    %zu MiB: %.3f ms, %.0f GB/s (read)\n", cb >> 20, ms, read_gbs);
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(gr);
     if (kcopy_gbs > copy_gbs)
         copy_gbs = kcopy_gbs;
+    printf("mma.sync rate: bf16 m16n8k16 %.1f TFLOP/s, e4m3 m16n8k32 %.1f TFLOP/s (fp32 accumulation)\n\n",
+           mma_rate<0>(sms, st), mma_rate<1>(sms, st));
     CK(cudaFree(a));
     CK(cudaFree(b));
 
