@@ -88,6 +88,8 @@ __global__ void __launch_bounds__(X3_THREADS, 2)
         }
 #pragma unroll
         for (int v = 0; v < 4; v++) {
+            if (v >= ng) /* tokens 8v .. 8v + 7: an n-tile the block does not compute */
+                break;
             int u = tid + X3_THREADS * v, t = u >> 5, c4 = u & 31;
             uint32_t p01[3], p23[3];
             split3(rx[v].x, rx[v].y, p01);
