@@ -157,7 +157,9 @@ fi
 if [ "$mode" = ncu-tc ]; then
     # the 64-token tensor-core pass under the counters: wq_b FP8 and expert w1 FP4 at T = 4096 with
     # REF's bf16 x (one term), and the EXL3 tensor-core core at T = 4096: throughput, occupancy,
-    # where the warps stall and what the schedulers issue, to $OUT/ncu_tc.txt
+    # where the warps stall and what the schedulers issue, to $OUT/ncu_tc.txt. One launch a shape is
+    # profiled: the third, inside the first timed graph's warm-up (the first is the call bench_cuda
+    # makes before capturing, so that EXL3's scratch grows outside the capture)
     for sh in "wq_b FP8" "expert w1 FP4" "wo_b EXL3"; do
         DSV4_CUDA_TC=1 BENCH_X=bf16 BENCH_ONLY="$sh" BENCH_T=4096 BENCH_NO_T1=1 timeout 150 ncu --clock-control none \
             --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \

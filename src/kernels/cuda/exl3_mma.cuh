@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(X3_THREADS, 2)
 {
     constexpr int TW = 8 * K + 2, C4 = 128 * K;             /* u32 a tile; uint4 a chunk (exl3_code.cuh) */
     constexpr int LD = (C4 + X3_THREADS - 1) / X3_THREADS; /* uint4 of a chunk a thread loads */
-    constexpr int XPLANE = X3_TN * X3_XS / 2;                      /* u32 a term's staged x */
+    constexpr int XPLANE = X3_TN * X3_XS / 2;              /* u32 a term's staged x */
     extern __shared__ __align__(16) uint32_t x3_smem[];
     uint32_t *xs0 = x3_smem, *ts0 = x3_smem + 2 * 3 * XPLANE;
 
