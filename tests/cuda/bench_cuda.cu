@@ -318,9 +318,12 @@ int main(void)
     CK(cudaMalloc((void **)&dx, (size_t)PREFILL_T * 32768 * sizeof(float)));
     CK(cudaMalloc((void **)&dy, (size_t)PREFILL_T * 131072 * sizeof(float)));
     /* x: every fp32 bit pattern 0x3c3c3c3c (three bf16 terms on the tensor cores), or with
-     * BENCH_X=bf16 the pattern 0x3c3c0000, a bf16 value as REF's quantized inputs are (one term) */
+     * BENCH_X=bf16 the pattern 0x3c3c0000, a bf16 value as REF's quantized inputs are, through
+     * the one-term call REF's products make (dsv4_cuda_linear_dev_bf16x) */
     const char *xform = getenv("BENCH_X");
     int x_bf16 = xform && !strcmp(xform, "bf16");
+    int (*lin)(const dsv4_weight *, int64_t, int64_t, const float *, int, float *, void *, dsv4_err *) =
+        x_bf16 ? dsv4_cuda_linear_dev_bf16x : dsv4_cuda_linear_dev;
     if (x_bf16)
         CK(cudaMemset2D(dx, 4, 0, 2, (size_t)PREFILL_T * 32768));
     if (x_bf16)
@@ -367,13 +370,13 @@ int main(void)
             /* a call over many rows is compute-bound: L2 reuse across calls does not matter */
             int nc = Ts[ti] > 16 ? 16 : calls;
             /* one call before the capture: EXL3's scratch grows outside it */
-            if (dsv4_cuda_linear_dev(&w[0], 0, s->n, dx, Ts[ti], dy, st, &err)) {
+            if (lin(&w[0], 0, s->n, dx, Ts[ti], dy, st, &err)) {
                 fprintf(stderr, "bench_cuda: %s\n", err.msg);
                 return 1;
             }
             CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
             for (int c = 0; c < nc; c++)
-                if (dsv4_cuda_linear_dev(&w[c % count], 0, s->n, dx, Ts[ti], dy, st, &err)) {
+                if (lin(&w[c % count], 0, s->n, dx, Ts[ti], dy, st, &err)) {
                     fprintf(stderr, "bench_cuda: %s\n", err.msg);
                     return 1;
                 }

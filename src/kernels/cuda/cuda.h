@@ -84,6 +84,11 @@ int dsv4_cuda_tensor_cores(void);
  * cannot grow while the stream is captured: call once at the same T before capturing. */
 int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy, void *stream,
                          dsv4_err *err);
+/* The same over dx whose values are all bf16 values (REF's quantized inputs): the tensor-core
+ * path takes them as one term, as REF's linear_q does (linear.cu). Other values are summed
+ * wrongly (their low bits are dropped). */
+int dsv4_cuda_linear_dev_bf16x(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy,
+                               void *stream, dsv4_err *err);
 
 /* Several weights of one form, shape and block layout (the active experts' w1, say) in one
  * launch, for j < n: dy[j] = W_j dx[j] over all rows; dx[j] [T, k], dy[j] [T, n] dense device

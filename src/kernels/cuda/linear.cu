@@ -677,8 +677,8 @@ void dsv4cu::cu_linear_multi(int nw, const dsv4_weight *const *w, const float *x
             cu_linear(w[j], 0, w[j]->n, x, T, ldx, y[j], w[j]->n);
 }
 
-extern "C" int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy,
-                                    void *stream, dsv4_err *err)
+static int linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy, void *stream,
+                      int x1, dsv4_err *err)
 {
     if (w->form == DSV4_WF_EXL3) {
         int rc = dsv4_cuda_exl3_linear(w, r0, r1, dx, T, w->k, dy, r1 - r0, stream);
@@ -692,11 +692,24 @@ extern "C" int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1
         return dsv4_fail(err, DSV4_E_ARG, "cuda: weight %s is not resident on the device (dsv4_cuda_put_weight first)",
                          w->name ? w->name : "?");
     lin_jobs J = one_job(wdev_of(w, rq->dev, rs ? rs->dev : NULL), r0, (int)(r1 - r0), dx, dy);
+    J.x1 = x1;
     launch_linear(w, J, T, (cudaStream_t)stream);
     cudaError_t e = cudaGetLastError();
     if (e != cudaSuccess)
         return dsv4_fail(err, DSV4_E_DEVICE, "cuda: linear launch: %s", cudaGetErrorString(e));
     return 0;
+}
+
+extern "C" int dsv4_cuda_linear_dev(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T, float *dy,
+                                    void *stream, dsv4_err *err)
+{
+    return linear_dev(w, r0, r1, dx, T, dy, stream, 0, err);
+}
+
+extern "C" int dsv4_cuda_linear_dev_bf16x(const dsv4_weight *w, int64_t r0, int64_t r1, const float *dx, int T,
+                                          float *dy, void *stream, dsv4_err *err)
+{
+    return linear_dev(w, r0, r1, dx, T, dy, stream, 1, err);
 }
 
 extern "C" int dsv4_cuda_linear_group_dev(const dsv4_weight *const *w, int n, const float *const *dx, int T,
