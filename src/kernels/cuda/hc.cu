@@ -25,12 +25,16 @@ static_assert(HC_MAXN * HC_MAXN <= 32, "k_hc_pre holds the comb matrix in one wa
 enum { HC_SPAN = 2048, HC_U = 8 };
 
 /* Partial sums of the site's dot products over span sp of row t: part[t][j][sp] = fn_j . X_t
- * for j < nm, X_t . X_t for j = nm. Block (t, j, sp); fixed order per shape. */
-__global__ void __launch_bounds__(NB) k_hc_mix(const float *X, int64_t nd, const float *fn, int nm, float *part)
+ * for j < nm, X_t . X_t for j = nm; fixed order per shape. Block b is (j, sp, t) with j
+ * varying fastest, then sp: the nm + 1 blocks that read one span of X_t run together, so the
+ * span comes from memory once and from the L2 for the others (fn, a few MB, stays there). */
+__global__ void __launch_bounds__(NB) k_hc_mix(const float *X, int64_t nd, const float *fn, int nm, int nsp, float *part)
 {
     PDL_WAIT();
     __shared__ float sh[NW + 1];
-    int t = blockIdx.x, j = blockIdx.y, sp = blockIdx.z, nsp = gridDim.z;
+    int64_t b = blockIdx.x;
+    int j = (int)(b % (nm + 1)), sp = (int)(b / (nm + 1) % nsp);
+    int64_t t = b / (nm + 1) / nsp;
     const float *x = X + t * nd, *f = j < nm ? fn + j * nd : x;
     int64_t i0 = (int64_t)sp * HC_SPAN, i1 = i0 + HC_SPAN < nd ? i0 + HC_SPAN : nd;
     float a = 0.0f;
@@ -213,7 +217,7 @@ void dsv4cu::cu_hc_pre(const float *X, int T, int n, int D, const float *fn, con
     bool ran = part && poison_out(pre, bp) && poison_out(h, bh) &&
                (!post || (poison_out(post, bp) && poison_out(comb, bc)));
     if (ran) {
-        launch_k(k_hc_mix, dim3((unsigned)T, (unsigned)nm + 1, (unsigned)nsp), NB, 0, stream, X, nd, dfn, nm, part);
+        launch_k(k_hc_mix, dim3((unsigned)((int64_t)T * (nm + 1) * nsp)), NB, 0, stream, X, nd, dfn, nm, nsp, part);
         prof_split("hc_pre: mixes");
         launch_k(k_hc_pre, T, NB, 0, stream, X, n, D, part, nsp, db, ds, iters, hc_eps, norm_eps, pre, post, comb, h, dhw);
         if (dhw && D > NB * RMS_V && launched("hc_pre"))
