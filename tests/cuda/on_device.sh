@@ -19,7 +19,8 @@
 # `on_device.sh v41`: V4.1-Flash's rows at 40 layers, REF and fp32, tensor cores and FMA kernels, a resumed
 # 20k-token turn and the Engram tables streamed.
 # `on_device.sh quick`: the op tests, the fixtures and the batch test, default kernels and tensor cores (about a
-# minute, for a session with little device time; the full list stays the gate);
+# minute, for a session with little device time; the full list stays the gate); SUBSET="ops v4-tc ..." runs the
+# named runs of the list alone;
 # `on_device.sh ab`: two builds' timings side by side, this one (prebuilt/) and the one stage.sh packed from
 # STAGE_ALT (prebuilt-alt/): the linear kernels at two shapes with bf16 and fp32 x, and a 4-layer REF prefill.
 # Logs go to $OUT; the exit status is that of the correctness runs.
@@ -205,6 +206,7 @@ rc=0
 # tensor cores, out of the list below
 subset=""
 [ "$mode" = quick ] && subset=" ops backend-ops exl3ops v4 v41 batch ops-tc exl3ops-tc backend-ops-tc v4-tc v41-tc batch-tc mini-tc "
+[ -n "${SUBSET:-}" ] && subset=" $SUBSET "
 ok() { # name, command...: runs it with its log in $T/name.log, records a failure
     local n=$1; shift
     [ -z "$subset" ] || [[ "$subset" == *" $n "* ]] || return 0

@@ -222,20 +222,22 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_d
 
 /* The tensor-core builds of the two (mma.cuh): NT = 1 for tiles of up to 8 pairs, TC_TN / 8 for
  * tiles of up to TC_TN. Split (part != NULL): W1's slabs at part, W3's after them (S1 slabs of
- * [RK, I] each), W2's at part; blockIdx.z is W1 / W3 in its low bit and the slice above it. */
+ * [RK, I] each), W2's at part; blockIdx.z is W1 / W3 in its low bit and the slice above it.
+ * blockIdx.x is row block + tile * (the row blocks, tc_blocks of the rows): a tile's row blocks
+ * run together, so its x rows come from memory once and from the L2 for the others. */
 template <int F, int NT, int E>
 __global__ void TC_BOUNDS(NT) k_tc_ex_up(const wdev *t1, const wdev *t3, const int *tiles, const int *ntiles,
                                          const int *ord, const float *x, float *G, float *U, int K, int D, int I,
                                          float *part, int64_t slab, int S1)
 {
     PDL_WAIT();
-    int tl = blockIdx.x, z = blockIdx.z & 1;
+    const int nrb = tc_blocks_dev(I), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
     if (tl >= *ntiles)
         return;
     int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = z ? t3[e] : t1[e];
     pair_map m = {x, z ? U : G, ord + s0, K, D, I};
-    tc_rows<F, NT, pair_map, E>(w, 0, I, m, n, blockIdx.y, part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, I, slab,
+    tc_rows<F, NT, pair_map, E>(w, 0, I, m, n, (int)(blockIdx.x % nrb), part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, I, slab,
                    (int)(blockIdx.z >> 1), (int)(gridDim.z >> 1));
 }
 
@@ -244,13 +246,13 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_down(const wdev *t2, const int *tiles, con
                                            const float *G, float *Y, int D, int I, float *part, int64_t slab)
 {
     PDL_WAIT();
-    int tl = blockIdx.x;
+    const int nrb = tc_blocks_dev(D), tl = (int)(blockIdx.x / nrb);
     if (tl >= *ntiles)
         return;
     int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = t2[e];
     pair_map m = {G, Y, ord + s0, 1, I, D};
-    tc_rows<F, NT, pair_map, E>(w, 0, D, m, n, blockIdx.y, part, D, slab, (int)blockIdx.z, (int)gridDim.z);
+    tc_rows<F, NT, pair_map, E>(w, 0, D, m, n, (int)(blockIdx.x % nrb), part, D, slab, (int)blockIdx.z, (int)gridDim.z);
 }
 
 /* h = swiglu(g, u), times the pair's weight when pre_weight; into G. */
@@ -323,7 +325,7 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
     float *p2 = sp2 ? (sp1 ? p1 + (size_t)2 * d1.tcs * slab1 : tc_part_buf((size_t)d2.tcs * slab2)) : NULL;
     if ((sp1 && !p1) || (sp2 && !p2))
         return;
-    dim3 g1((unsigned)NT, (unsigned)rb1, 2u * (unsigned)z1), g2((unsigned)NT, (unsigned)rb2, (unsigned)z2);
+    dim3 g1((unsigned)((int64_t)NT * rb1), 1u, 2u * (unsigned)z1), g2((unsigned)((int64_t)NT * rb2), 1u, (unsigned)z2);
     launch_k(k_tc_ex_up<F, NTT, E>, g1, threads, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
              d1.tcs);
     if (sp1) {

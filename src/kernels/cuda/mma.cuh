@@ -471,8 +471,11 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                         tc_decode<F>(cur.qb[v], u, a[u][1], a[u][3]);
                     }
 #pragma unroll
-                    for (int j = 0; j < NT; j++)
+                    for (int j = 0; j < NT; j++) {
+                        if (8 * j >= T - t0) /* an n-tile past the pass's last token (a partial tile) */
+                            break;
                         tc_run<F, E>(acc[j], a, [&](int u, int e) { return xs[buf][e][j][v * G + u][lane]; }, s0, s1, x3);
+                    }
                 }
             if (more)
                 cur = nx;
@@ -497,6 +500,9 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
 
 /* Kernels that run tc_rows with NT n-tiles a pass take this block size and bound. */
 #define TC_BOUNDS(NT) __launch_bounds__(TC_TW * 32, 2)
+
+/* tc_blocks (below) where a kernel needs it. */
+__device__ __forceinline__ int tc_blocks_dev(int64_t nr) { return (int)((nr + TC_TW * 16 - 1) / (TC_TW * 16)); }
 
 /* Host side (linear.cu): whether a weight takes the tensor-core path (from its form, shape and
  * scale blocks alone, so every call over it sums the same way); the kind it takes (its form, or
