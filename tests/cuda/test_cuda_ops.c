@@ -2322,6 +2322,9 @@ int main(void)
     test_experts(DSV4_WF_FP4, 0, 40, 8, 3, 256, 128, 1, 1.5f);
     /* 144 pairs over 8 experts: the tensor cores' 64-pair tiles (at least 16 pairs an expert) */
     test_experts(DSV4_WF_FP4, 0, 48, 8, 3, 256, 128, 0, 0.0f);
+    /* 600 pairs over 4 experts: two full 64-pair tiles and a partial one an expert (its live
+     * n-tiles alone), several row blocks a tile (I = 384: 3, D = 256: 2) */
+    test_experts(DSV4_WF_FP4, 0, 200, 4, 3, 256, 384, 0, 0.0f);
     test_experts(DSV4_WF_FP8, 128, 30, 6, 4, 256, 384, 0, 0.0f);
     test_experts(DSV4_WF_FP8, 32, 30, 6, 4, 256, 384, 0, 0.0f);
     const attn_case ac[] = {
