@@ -231,7 +231,7 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_up(const wdev *t1, const wdev *t3, const i
                                          float *part, int64_t slab, int S1)
 {
     PDL_WAIT();
-    const int nrb = tc_blocks_dev(I), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
+    const int nrb = tc_blocks(I), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
     if (tl >= *ntiles)
         return;
     int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
@@ -246,7 +246,7 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_down(const wdev *t2, const int *tiles, con
                                            const float *G, float *Y, int D, int I, float *part, int64_t slab)
 {
     PDL_WAIT();
-    const int nrb = tc_blocks_dev(D), tl = (int)(blockIdx.x / nrb);
+    const int nrb = tc_blocks(D), tl = (int)(blockIdx.x / nrb);
     if (tl >= *ntiles)
         return;
     int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];

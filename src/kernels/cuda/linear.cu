@@ -112,11 +112,6 @@ void dsv4cu::tc_fold(const float *part, int S, int64_t rows, int nr, int64_t pld
     launch_k(k_tc_fold, (unsigned)cdiv(rows * nr, 256), 256, 0, st, part, S, rows, nr, pld, slab, y, ldy, rb);
 }
 
-int dsv4cu::tc_blocks(int64_t nr)
-{
-    return (int)cdiv(nr, TC_TW * 16);
-}
-
 /* The device's multiprocessors (device 0: the backend runs on one). */
 static int sm_count(void)
 {

@@ -501,18 +501,16 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
 /* Kernels that run tc_rows with NT n-tiles a pass take this block size and bound. */
 #define TC_BOUNDS(NT) __launch_bounds__(TC_TW * 32, 2)
 
-/* tc_blocks (below) where a kernel needs it. */
-__device__ __forceinline__ int tc_blocks_dev(int64_t nr) { return (int)((nr + TC_TW * 16 - 1) / (TC_TW * 16)); }
-
 /* Host side (linear.cu): whether a weight takes the tensor-core path (from its form, shape and
  * scale blocks alone, so every call over it sums the same way); the kind it takes (its form, or
  * TC_FP8_32); the n-tiles a pass for T tokens (1, 2 or TC_TN / 8). */
 bool tc_ok(const dsv4_weight *w);
 int tc_kind(const dsv4_weight *w);
 int tc_nt(int T);
-/* Blocks a launch over nr rows takes (for each token pass), and the slice groups Z a launch of
- * that many blocks in all splits into (1: unsplit), from the device's block slots alone. */
-int tc_blocks(int64_t nr);
+/* Blocks a launch over nr rows takes (for each token pass; kernels that fold the row blocks into
+ * another grid dimension ask it too), and the slice groups Z a launch of that many blocks in all
+ * splits into (1: unsplit), from the device's block slots alone. */
+__host__ __device__ inline int tc_blocks(int64_t nr) { return (int)cdiv(nr, TC_TW * 16); }
 int tc_groups(int S, int64_t blocks, int nt);
 /* A device buffer of n floats for slice partials (grows, never freed: recordings may read it). */
 float *tc_part_buf(size_t n);
