@@ -153,7 +153,7 @@ template <int F>
 static void tc_run_shape_of(int *G, int *RT)
 {
     *G = (int)tcf<F>::G;
-    *RT = tc_ks<F>() / *G;
+    *RT = tc_ks<F, 1>() / *G;
 }
 /* A tensor-core kind's run (mma.cuh, tcf): k-steps a run (G), and runs a few-token k-tile (RT). */
 static void tc_run_shape(int kind, int *G, int *RT)

@@ -123,12 +123,26 @@ enum { TC_TW = 8, TC_TN = 128, TC_SMAX = 64 };
 /* Runs of a scaled form whose chains a tile issues interleaved (tc_rows). */
 enum { TC_IL = 2 };
 
-/* k-steps a k-tile of the few-token pass (a whole number of runs): long enough that a warp
- * keeps about 2 KB of weights in flight while it computes the tile before. */
-template <int F>
+/* k-steps a k-tile (a whole number of runs): few-token passes take longer tiles, so that a warp
+ * keeps about 2 KB of weights in flight while it computes the tile before. Few-token passes
+ * double-buffer the split x tile (one barrier a tile); the 64-token pass has room for one. */
+template <int F, int NT>
 __host__ __device__ constexpr int tc_ks()
 {
-    return F == DSV4_WF_BF16 ? 4 : 8;
+    return NT > 2 ? 4 : F == DSV4_WF_BF16 ? 4 : 8;
+}
+template <int NT>
+__host__ __device__ constexpr int tc_xbufs()
+{
+    return NT > 2 ? 1 : 2;
+}
+/* Whether the next tile's operands are loaded before the current one is computed: few-token
+ * passes, whose tiles compute quickly; a 64-token pass computes long enough for its block's
+ * other warps to cover the loads, and needs the registers for its sums. */
+template <int NT>
+__host__ __device__ constexpr bool tc_prefetch()
+{
+    return NT <= 2;
 }
 
 /* 16 bytes from global src to shared dst without passing through registers; zeros when !valid. */
@@ -199,20 +213,20 @@ __device__ __forceinline__ void tc_run(float acc[4], const uint32_t (*a)[4], con
 
 /* One k-tile's weights in a thread's registers: its two rows' chunks of each run (zero where
  * the run is not loaded) and their block scales. */
-template <int F>
+template <int F, int NT>
 struct tc_tile {
-    enum { G = tcf<F>::G, KS = tc_ks<F>(), RT = KS / G };
+    enum { G = tcf<F>::G, KS = tc_ks<F, NT>(), RT = KS / G };
     typename tcf<F>::CT qa[RT], qb[RT];
     uint32_t sa[RT], sb[RT]; /* raw (tc_scale_raw) */
 };
 
-/* The few-token pass, NT = 1 or 2 n-tiles (8 or 16 tokens) a pass:
- * y[t, i] = sum_k W[r0 + i, k] x[t, k] for rows i < nr and tokens t < T of a row map M
+/* y[t, i] = sum_k W[r0 + i, k] x[t, k] for rows i < nr and tokens t < T of a row map M
  * (linear.cuh), computed for weight row i of a 16-row group and token t as
  *   y = P_0 + P_1 + ... + P_{S-1}, added left to right, where P_s is run slice s (tc_slice)
  *   summed from zero over its runs in order, each run added by tc_run.
  * S = tcs is fixed by the weight's shape. Unsplit (part == NULL, Z = 1), a warp walks every
- * slice and folds each into the total at its end; split into Z groups (Z a power of two <= S),
+ * slice and folds each into the total at its end; split into Z groups (Z a power of two <= S;
+ * the 64-token pass takes Z = S only),
  * block z's warps compute slices z S / Z .. (z + 1) S / Z - 1, each into its own slab
  * m.with_y(part + s slab, pld), and tc_fold adds the slabs in slice order. Either way, and for
  * every T, NT, Z, launch shape and place of a token in it, a token's sum is the same sequence of
@@ -225,26 +239,27 @@ struct tc_tile {
  * 16-byte aligned.
  *
  * The block walks k-tiles of RT runs (k-tiles are aligned to RT runs from 0, so a slice may
- * start inside one). Each thread copies its share of a tile's x ahead into shared memory with
- * cp.async (its own slots: xr), splits it into the three bf16 terms and stores them in
- * fragment order (xs[buffer][term][n-tile][step][lane]: one 8-byte read a fragment). The next
- * tile's x copies and weight loads are issued before the current tile is computed, so they
- * are in flight while it runs. */
+ * start inside one). Each thread reads its share of a tile's x (few-token passes copy it ahead
+ * into shared memory with cp.async, into its own slots: xr), splits it into the three bf16
+ * terms and stores them in fragment order
+ * (xs[buffer][term][n-tile][step][lane]: one 8-byte read a fragment). In few-token passes the
+ * next tile's x copies and weight loads are issued before the current tile is computed, so they
+ * are in flight while it runs (tc_prefetch). */
 template <int F, int NT, class M, int E = TC_X3>
 __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const M &m, int T, int blk, float *part,
                                         int64_t pld, int64_t slab, int z, int Z)
 {
-    typedef tc_tile<F> TL;
+    typedef tc_tile<F, NT> TL;
     enum { G = TL::G, KS = TL::KS, RT = TL::RT, TN = 8 * NT, XT = 4 * KS, XN = TN * XT,
-           XV = (XN + TC_TW * 32 - 1) / (TC_TW * 32) };
-    static_assert(NT <= 2, "more tokens take the block-tiled pass (mma_gemm.cuh)");
+           XV = (XN + TC_TW * 32 - 1) / (TC_TW * 32), XB = tc_xbufs<NT>(), PF = tc_prefetch<NT>() };
     static_assert(KS % G == 0 && (XN % (TC_TW * 32) == 0 || XV == 1), "a k-tile is whole runs, staged evenly");
     const bool scaled = F != DSV4_WF_BF16;
-    /* a scaled form interleaves runs (below) */
-    constexpr int IL = scaled ? TC_IL : 1;
+    /* few-token passes of a scaled form interleave runs (below); the 64-token pass's n-tiles are
+     * independent chains already */
+    constexpr int IL = scaled && NT <= 2 ? TC_IL : 1;
     static_assert(RT % IL == 0, "a tile is whole groups of interleaved runs");
-    __shared__ uint2 xs[2][E][NT][KS][32];
-    __shared__ float4 xr[XV][TC_TW * 32];
+    __shared__ uint2 xs[XB][E][NT][KS][32];
+    __shared__ float4 xr[PF ? XV : 1][TC_TW * 32];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     const int S = w.tcs, i0 = (blk * TC_TW + wid) * 16;
     if (part && z >= Z)
@@ -264,21 +279,25 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
     const int xf = (int)threadIdx.x % XT, xq = xf % (4 * G), xoff = (xf / (4 * G)) * 16 * G + 4 * xq;
     const int xslot = ((xf / (4 * G)) * G + xq % G) * 32 + (((int)threadIdx.x / XT) & 7) * 4 + xq / G;
     for (int t0 = 0; t0 < T; t0 += TN) {
-        const float *xp[XV];
-#pragma unroll
-        for (int v = 0; v < XV; v++) {
+        /* few-token passes keep their x rows' addresses; the 64-token pass needs the registers */
+        const float *xp[PF ? XV : 1];
+        auto xrow = [&](int v) -> const float * {
             int tok = ((int)threadIdx.x + v * TC_TW * 32) / XT;
-            xp[v] = t0 + tok < T ? m.xr(t0 + tok) + xoff : NULL;
-        }
+            return t0 + tok < T ? m.xr(t0 + tok) + xoff : NULL;
+        };
+        if constexpr (PF)
+#pragma unroll
+            for (int v = 0; v < XV; v++)
+                xp[v] = xrow(v);
         /* tile c: this thread's x copies into xr, and its weights into L */
         auto load = [&](TL &L, int c) {
 #pragma unroll
             for (int v = 0; v < XV; v++) {
-                if (XN < TC_TW * 32 && (int)threadIdx.x >= XN)
+                if (!PF || (XN < TC_TW * 32 && (int)threadIdx.x >= XN))
                     break;
-                const float *xv = xp[v];
+                const float *xv = xp[PF ? v : 0];
                 bool in = xv && c * 16 * G + xoff < k;
-                cp16(&xr[v][threadIdx.x], in ? (const void *)(xv + c * 16 * G) : (const void *)w.q, in);
+                cp16(&xr[PF ? v : 0][threadIdx.x], in ? (const void *)(xv + c * 16 * G) : (const void *)w.q, in);
             }
             if (live && c >= c_beg && c + RT <= c_end && (c + RT) * 4 <= nch) {
                 /* a tile of whole runs inside the block's runs and inside k: every load, without
@@ -330,7 +349,7 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
         int slice = s_beg, next = tc_slice(nrun, S, s_beg + 1);
         /* slice `slice` ends: to its slab, or into the total */
         auto slice_end = [&]() {
-            if (part)
+            if (PF && part)
                 emit(slice);
 #pragma unroll
             for (int j = 0; j < NT; j++)
@@ -344,16 +363,29 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
         };
         const int c_first = c_beg / RT * RT;
         TL cur;
-        load(cur, c_first);
+        if (PF)
+            load(cur, c_first);
         int buf = 0;
         for (int c0 = c_first; c0 < c_end; c0 += RT) {
-            cp_wait();
+            if (!PF)
+                load(cur, c0);
+            if (PF)
+                cp_wait();
+            if (XB == 1 && c0 != c_first) /* the single buffer's last readers are done */
+                __syncthreads();
             uint32_t wide = 0; /* a mid or lo term this thread staged */
 #pragma unroll
             for (int v = 0; v < XV; v++) {
                 if (XN < TC_TW * 32 && (int)threadIdx.x >= XN)
                     break;
-                float4 xv = xr[v][threadIdx.x];
+                float4 xv;
+                if constexpr (PF)
+                    xv = xr[v][threadIdx.x];
+                else {
+                    const float *xq = xrow(v);
+                    xv = xq && c0 * 16 * G + xoff < k ? __ldg((const float4 *)(xq + c0 * 16 * G))
+                                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                }
                 uint32_t b01[E], b23[E];
                 split_terms<E>(xv.x, xv.y, b01);
                 split_terms<E>(xv.z, xv.w, b23);
@@ -367,7 +399,7 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
             }
             /* the tile takes its mid and lo MMAs only where some token's x needs them */
             const bool x3 = __syncthreads_or(wide != 0) != 0;
-            const bool more = c0 + RT < c_end;
+            const bool more = PF && c0 + RT < c_end;
             TL nx;
             if (more)
                 load(nx, c0 + RT);
@@ -440,12 +472,15 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                         tc_decode<F>(cur.qb[v], u, a[u][1], a[u][3]);
                     }
 #pragma unroll
-                    for (int j = 0; j < NT; j++)
+                    for (int j = 0; j < NT; j++) {
+                        if (8 * j >= T - t0) /* an n-tile past the pass's last token (a partial tile) */
+                            break;
                         tc_run<F, E>(acc[j], a, [&](int u, int e) { return xs[buf][e][j][v * G + u][lane]; }, s0, s1, x3);
+                    }
                 }
             if (more)
                 cur = nx;
-            buf ^= 1;
+            buf = XB == 1 ? 0 : buf ^ 1;
         }
         if (live && part)
             emit(slice);
