@@ -9,7 +9,7 @@
 #include <string.h>
 #include "kernels/cuda/internal.h"
 #include "kernels/cuda/rounding.cuh"
-#include "kernels/cuda/mma_gemm.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/expert_stage.cuh"
 
 using namespace dsv4cu;
@@ -237,7 +237,7 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_up(const wdev *t1, const wdev *t3, const i
     int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = z ? t3[e] : t1[e];
     pair_map m = {x, z ? U : G, ord + s0, K, D, I};
-    tc_pass<F, NT, pair_map, E>(w, 0, I, m, n, (int)(blockIdx.x % nrb), part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, I, slab,
+    tc_rows<F, NT, pair_map, E>(w, 0, I, m, n, (int)(blockIdx.x % nrb), part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, I, slab,
                    (int)(blockIdx.z >> 1), (int)(gridDim.z >> 1));
 }
 
@@ -252,7 +252,7 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_down(const wdev *t2, const int *tiles, con
     int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = t2[e];
     pair_map m = {G, Y, ord + s0, 1, I, D};
-    tc_pass<F, NT, pair_map, E>(w, 0, D, m, n, (int)(blockIdx.x % nrb), part, D, slab, (int)blockIdx.z, (int)gridDim.z);
+    tc_rows<F, NT, pair_map, E>(w, 0, D, m, n, (int)(blockIdx.x % nrb), part, D, slab, (int)blockIdx.z, (int)gridDim.z);
 }
 
 /* h = swiglu(g, u), times the pair's weight when pre_weight; into G. */
@@ -316,7 +316,7 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
                               const int *tiles, const int *ntiles, const int *ord, float *G, float *U, float *Y)
 {
     wdev d1 = wdev_of_n(&a->w1[0], NULL, NULL, a->K), d2 = wdev_of_n(&a->w2[0], NULL, NULL, a->K);
-    int K = a->K, D = a->D, I = a->I, threads = tc_threads(NTT);
+    int K = a->K, D = a->D, I = a->I, threads = TC_TW * 32;
     int64_t RK = (int64_t)a->R * K, slab1 = RK * I, slab2 = RK * D;
     int rb1 = tc_blocks(I), rb2 = tc_blocks(D);
     int z1 = tc_groups(d1.tcs, (int64_t)NT * rb1 * 2, NTT), z2 = tc_groups(d2.tcs, (int64_t)NT * rb2, NTT);
@@ -326,10 +326,7 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
     if ((sp1 && !p1) || (sp2 && !p2))
         return;
     dim3 g1((unsigned)((int64_t)NT * rb1), 1u, 2u * (unsigned)z1), g2((unsigned)((int64_t)NT * rb2), 1u, (unsigned)z2);
-    size_t sm1, sm2;
-    if (!tc_launch_smem<NTT, E, k_tc_ex_up<F, NTT, E>>(&sm1) || !tc_launch_smem<NTT, E, k_tc_ex_down<F, NTT, E>>(&sm2))
-        return;
-    launch_k(k_tc_ex_up<F, NTT, E>, g1, threads, sm1, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
+    launch_k(k_tc_ex_up<F, NTT, E>, g1, threads, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
              d1.tcs);
     if (sp1) {
         tc_fold(p1, d1.tcs, RK, I, I, slab1, G, I, stream);
@@ -346,7 +343,7 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
     /* the fold writes every pair's row: other ranks' pairs must fold to -0 (comm.cu) */
     if (sp2)
         ep_clear(p2, (int64_t)d2.tcs * slab2);
-    launch_k(k_tc_ex_down<F, NTT, E>, g2, threads, sm2, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);
+    launch_k(k_tc_ex_down<F, NTT, E>, g2, threads, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);
     if (sp2)
         tc_fold(p2, d2.tcs, RK, D, D, slab2, Y, D, stream);
     launched("experts w2");

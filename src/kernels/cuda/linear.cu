@@ -9,7 +9,7 @@
 #include <string.h>
 #include "kernels/cuda/internal.h"
 #include "kernels/cuda/exl3_cuda.h"
-#include "kernels/cuda/mma_gemm.cuh"
+#include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/rounding.cuh"
 
 using namespace dsv4cu;
@@ -50,7 +50,7 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 0) k_line
     linear_rows<F, VEC, TT>(J.w[j], J.r0[j], J.nrj[j], m, T, b - J.b0[j]);
 }
 
-/* The tensor-core builds of the three (mma.cuh, mma_gemm.cuh): NT n-tiles a pass; blockIdx.y takes tokens
+/* The tensor-core builds of the three (mma.cuh): NT n-tiles a pass; blockIdx.y takes tokens
  * y TB .. y TB + TB - 1, blockIdx.z is the slice of a split launch. */
 template <int F, int NT, int E>
 __global__ void TC_BOUNDS(NT) k_tc_linear(wdev w, int64_t r0, int nr, dense_map m, int T, int TB, float *part)
@@ -58,7 +58,7 @@ __global__ void TC_BOUNDS(NT) k_tc_linear(wdev w, int64_t r0, int nr, dense_map 
     PDL_WAIT();
     int tb = (int)blockIdx.y * TB;
     /* a split launch's slabs are [T, nr] dense, shifted with the tokens */
-    tc_pass<F, NT, dense_map, E>(w, r0, nr, m.at(tb), min(TB, T - tb), blockIdx.x, part ? part + (int64_t)tb * nr : NULL, nr,
+    tc_rows<F, NT, dense_map, E>(w, r0, nr, m.at(tb), min(TB, T - tb), blockIdx.x, part ? part + (int64_t)tb * nr : NULL, nr,
                    (int64_t)T * nr, (int)blockIdx.z, (int)gridDim.z);
 }
 
@@ -71,7 +71,7 @@ __global__ void TC_BOUNDS(NT) k_tc_group(lin_jobs J, int T, int TB)
     float *pt = J.part[j];
     if (!pt && blockIdx.z)
         return;
-    tc_pass<F, NT, dense_map, TC_X3>(J.w[j], J.r0[j], J.nr, m.at(tb), min(TB, T - tb), blockIdx.x % J.bpj, pt ? pt + (int64_t)tb * J.nr : NULL,
+    tc_rows<F, NT>(J.w[j], J.r0[j], J.nr, m.at(tb), min(TB, T - tb), blockIdx.x % J.bpj, pt ? pt + (int64_t)tb * J.nr : NULL,
                    J.nr, (int64_t)T * J.nr, (int)blockIdx.z, J.zj[j]);
 }
 
@@ -86,7 +86,7 @@ __global__ void TC_BOUNDS(NT) k_tc_multi(lin_jobs J, int T, int TB)
     float *pt = J.part[j];
     if (!pt && blockIdx.z)
         return;
-    tc_pass<F, NT, dense_map, TC_X3>(J.w[j], J.r0[j], J.nrj[j], m.at(tb), min(TB, T - tb), b - J.b0[j],
+    tc_rows<F, NT>(J.w[j], J.r0[j], J.nrj[j], m.at(tb), min(TB, T - tb), b - J.b0[j],
                    pt ? pt + (int64_t)tb * J.nrj[j] : NULL, J.nrj[j], (int64_t)T * J.nrj[j], (int)blockIdx.z, J.zj[j]);
 }
 
@@ -122,14 +122,13 @@ static int sm_count(void)
 }
 
 /* A launch of `blocks` blocks is split into Z slice groups, a power of two up to S, chosen for
- * the fewest waves per group of the device's block slots (TC_BOUNDS: two a multiprocessor for
- * few tokens, one for the block-tiled pass): a group's blocks walk S / Z slices each, so the
- * time goes as waves(blocks Z) / Z. Ties and gains under 1/8 keep the smaller Z (fewer slabs
- * to fold). The block-tiled pass (nt > 2) splits into single slices below one wave, or not at
- * all. */
+ * the fewest waves per group of the device's block slots (two a multiprocessor: TC_BOUNDS):
+ * a group's blocks walk S / Z slices each, so the time goes as waves(blocks Z) / Z. Ties and
+ * gains under 1/8 keep the smaller Z (fewer slabs to fold). The 64-token pass (nt > 2) splits
+ * into single slices below one wave, or not at all (mma.cuh). */
 int dsv4cu::tc_groups(int S, int64_t blocks, int nt)
 {
-    const int64_t slots = (nt > 2 ? 1 : 2) * (int64_t)sm_count();
+    const int64_t slots = 2 * (int64_t)sm_count();
     if (nt > 2)
         return blocks < slots ? S : 1;
     int best = 1;
@@ -248,7 +247,7 @@ static bool reads_x4(const dsv4_weight *w)
 template <int F, int NT, int E>
 static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
 {
-    const int TB = 8 * NT, threads = tc_threads(NT);
+    const int TB = 8 * NT, threads = TC_TW * 32;
     unsigned ty = (unsigned)cdiv(T, TB);
     int nb = 0, S = 1;
     size_t need = 0;
@@ -284,21 +283,15 @@ static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
         for (int j = 0; j < J.n; j++)
             J.b0[j + 1] = J.b0[j] + tc_blocks(J.nrj[j]);
         grid.x = (unsigned)J.b0[J.n];
-        size_t sm;
-        if (tc_launch_smem<NT, TC_X3, k_tc_multi<F, NT>>(&sm))
-            launch_k(k_tc_multi<F, NT>, grid, threads, sm, st, J, T, TB);
+        launch_k(k_tc_multi<F, NT>, grid, threads, 0, st, J, T, TB);
     } else if (J.n > 1) {
         J.bpj = tc_blocks(J.nr);
         grid.x = (unsigned)(J.bpj * J.n);
-        size_t sm;
-        if (tc_launch_smem<NT, TC_X3, k_tc_group<F, NT>>(&sm))
-            launch_k(k_tc_group<F, NT>, grid, threads, sm, st, J, T, TB);
+        launch_k(k_tc_group<F, NT>, grid, threads, 0, st, J, T, TB);
     } else {
         dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};
         grid.x = (unsigned)tc_blocks(J.nr);
-        size_t sm;
-        if (tc_launch_smem<NT, E, k_tc_linear<F, NT, E>>(&sm))
-            launch_k(k_tc_linear<F, NT, E>, grid, threads, sm, st, J.w[0], J.r0[0], J.nr, m, T, TB, J.part[0]);
+        launch_k(k_tc_linear<F, NT, E>, grid, threads, 0, st, J.w[0], J.r0[0], J.nr, m, T, TB, J.part[0]);
     }
     for (int j = 0; j < J.n; j++)
         if (J.part[j])

@@ -117,9 +117,8 @@ __device__ __forceinline__ const uint8_t *tc_row(const wdev &w, int64_t r)
 }
 
 /* A block: TC_TW warps, warp wid owning the 16-row group blk * TC_TW + wid, over up to 8 NT
- * tokens a pass (NT = 1, 2 for few tokens); many tokens take the block-tiled pass of
- * mma_gemm.cuh, TC_TN a pass (NT = TC_TN / 8). TC_SMAX bounds tcs. */
-enum { TC_TW = 8, TC_TN = 128, TC_SMAX = 64 };
+ * tokens a pass (NT = 1, 2 for few tokens, TC_TN / 8 for many). TC_SMAX bounds tcs. */
+enum { TC_TW = 8, TC_TN = 64, TC_SMAX = 64 };
 /* Runs of a scaled form whose chains a tile issues interleaved (tc_rows). */
 enum { TC_IL = 2 };
 
@@ -499,10 +498,8 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
     }
 }
 
-/* Threads a block of a pass of NT n-tiles (the block-tiled pass's: mma_gemm.cuh, TG_THREADS). */
-__host__ __device__ constexpr int tc_threads(int NT) { return NT > 2 ? 512 : TC_TW * 32; }
-/* Kernels that run a pass of NT n-tiles take this block size and bound. */
-#define TC_BOUNDS(NT) __launch_bounds__(tc_threads(NT), NT > 2 ? 1 : 2)
+/* Kernels that run tc_rows with NT n-tiles a pass take this block size and bound. */
+#define TC_BOUNDS(NT) __launch_bounds__(TC_TW * 32, 2)
 
 /* Host side (linear.cu): whether a weight takes the tensor-core path (from its form, shape and
  * scale blocks alone, so every call over it sums the same way); the kind it takes (its form, or
