@@ -6,13 +6,14 @@
 # from the tree's root:
 #   tar -xJf .dev/run/prebuilt.tar.xz && bash tests/cuda/on_device.sh [mode]
 # STAGE_ALT=<build dir>: that build's dsv4 and bench_cuda go too, as prebuilt-alt/ (`on_device.sh ab`
-# times the two side by side; the one dictionary keeps the second copy small).
+# times the two side by side; the one dictionary keeps the second copy small); more dirs, space
+# separated, go as prebuilt-alt2/, prebuilt-alt3/ ... STAGE_DIR: where the archive goes (.dev/run).
 # A run carries the tracked tree (about 62 MiB: the fixtures and models/mini) and these files within
 # 64 MiB counted in disk blocks, so the archive is checked against what the tree leaves.
 set -eu
 cd "$(dirname "$0")/../.."
 B=${BUILD:-build-cuda}
-D=.dev/run
+D=${STAGE_DIR:-.dev/run}
 S=$(mktemp -d)
 trap 'rm -rf "$S"' EXIT
 make -j"$(nproc)" CUDA=1 BUILD="$B" all "$B/tests/cuda/test_cuda_ops" >/dev/null
@@ -32,14 +33,20 @@ ldd "$B/dsv4" | awk '$3 ~ /^\// {print $3}' |
     while read -r l; do cp -L "$l" "$S/lib/"; done
 cp -L "$(dirname "$(command -v nvcc)")/../lib64/libcudart.so.13" "$S/lib/" 2>/dev/null ||
     cp -L "$(find / -name 'libcudart.so.13' 2>/dev/null | head -1)" "$S/lib/"
-if [ -n "${STAGE_ALT:-}" ]; then
-    mkdir -p "$S/prebuilt-alt/tests/cuda"
-    install -s "$STAGE_ALT/dsv4" "$S/prebuilt-alt/dsv4"
-    install -s "$STAGE_ALT/tests/cuda/bench_cuda" "$S/prebuilt-alt/tests/cuda/bench_cuda"
-fi
+alts=""
+n=1
+for a in ${STAGE_ALT:-}; do
+    d=prebuilt-alt
+    if [ $n -gt 1 ]; then d=$d$n; fi
+    mkdir -p "$S/$d/tests/cuda"
+    install -s "$a/dsv4" "$S/$d/dsv4"
+    install -s "$a/tests/cuda/bench_cuda" "$S/$d/tests/cuda/bench_cuda"
+    alts="$alts $d"
+    n=$((n + 1))
+done
 # the binaries carry every kernel (about 3.5 MB each, mostly the same bytes): one dictionary spans
 # them all, so they compress about 100x; the run unpacks them
-XZ_OPT="--lzma2=preset=9,dict=256MiB" tar -C "$S" -cJf "$D/prebuilt.tar.xz" prebuilt lib $([ -d "$S/prebuilt-alt" ] && echo prebuilt-alt)
+XZ_OPT="--lzma2=preset=9,dict=256MiB" tar -C "$S" -cJf "$D/prebuilt.tar.xz" prebuilt lib $alts
 du -sh "$D/prebuilt.tar.xz"
 tree_k=$(git ls-files -z | xargs -0 du -c | tail -n 1 | cut -f1)
 have_k=$(du -s "$D" | cut -f1)

@@ -2270,8 +2270,10 @@ int main(void)
     }
     test_linear_group(DSV4_WF_FP4, 96, 512, 1, 32, 6, 1);
     test_linear_group(DSV4_WF_FP8, 128, 384, 128, 128, 3, 3);
+    test_linear_group(DSV4_WF_FP4, 96, 512, 1, 32, 4, 150); /* the 64-token pass, three token blocks */
     test_linear_blocks(DSV4_WF_FP8, 8, 128, 512, 1);
     test_linear_blocks(DSV4_WF_FP8, 8, 128, 512, 5);
+    test_linear_blocks(DSV4_WF_FP8, 8, 128, 512, 150);
     test_rmsnorm(5, 1000, 1, 0);
     test_rmsnorm(3, 4096, 0, 0);
     test_rmsnorm(4, 512, 1, 1);
@@ -2310,9 +2312,11 @@ int main(void)
          .n = 30, .k = 100, .bn = 1, .bk = 20, .e8m0 = 1, .r1 = 30},
         {.form = DSV4_WF_BF16, .n = 33, .k = 100, .r1 = 33}, {.form = DSV4_WF_F32, .n = 17, .k = 100, .r1 = 17},
     };
-    for (int T = 1; T <= 5; T += 4) {
-        test_linear_multi(mc, sizeof mc / sizeof mc[0], T);
-        test_linear_multi(me, sizeof me / sizeof me[0], T);
+    /* T = 40: the tensor cores' 64-token pass */
+    const int mT[] = {1, 5, 40};
+    for (size_t i = 0; i < sizeof mT / sizeof mT[0]; i++) {
+        test_linear_multi(mc, sizeof mc / sizeof mc[0], mT[i]);
+        test_linear_multi(me, sizeof me / sizeof me[0], mT[i]);
     }
     test_route(9, 64, 6, 1, 1, 0);
     test_route(9, 64, 6, 1, 0, 0);
