@@ -10,6 +10,7 @@
 #include "kernels/cuda/internal.h"
 #include "kernels/cuda/rounding.cuh"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
 #include "kernels/cuda/expert_stage.cuh"
 
 using namespace dsv4cu;
@@ -255,6 +256,63 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_down(const wdev *t2, const int *tiles, con
     tc_rows<F, NT, pair_map, E>(w, 0, D, m, n, (int)(blockIdx.x % nrb), part, D, slab, (int)blockIdx.z, (int)gridDim.z);
 }
 
+/* The wgmma pass's builds (wgmma.cuh) for 64-pair tiles: a tile's x (up: the pairs' rows of x;
+ * down: their rows of h) staged once (a block a run: blockIdx.y the run, blockIdx.z the tile;
+ * its mid/lo flag into xf), then each tile's row blocks. */
+template <int F, int E>
+__global__ void __launch_bounds__(wg_stage_threads<F>()) k_wg_ex_stage(const int *tiles, const int *ntiles,
+                                                                      const int *ord, const float *x, int xdiv,
+                                                                      int64_t ldx, int k, int nrun, uint8_t *xb,
+                                                                      uint8_t *xf)
+{
+    PDL_WAIT();
+    const int tl = (int)blockIdx.z;
+    if (tl >= *ntiles)
+        return;
+    pair_map m = {x, NULL, ord + tiles[3 * tl + 1], xdiv, ldx, 0};
+    bool wide = wg_stage<F, E>(m, tiles[3 * tl + 2], k, (int)blockIdx.y, (int)threadIdx.x,
+                               xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>());
+    if (E > 1) {
+        int any = __syncthreads_or(wide);
+        if (threadIdx.x == 0)
+            xf[(int64_t)tl * nrun + blockIdx.y] = any != 0;
+    }
+}
+
+template <int F, int E>
+__global__ void __launch_bounds__(WG_THREADS, 1) k_wg_ex_up(const wdev *t1, const wdev *t3, const int *tiles,
+                                                           const int *ntiles, const int *ord, const uint8_t *xb,
+                                                           const uint8_t *xf, int nrun, float *G, float *U, int K, int D,
+                                                           int I, float *part, int64_t slab, int S1)
+{
+    PDL_WAIT();
+    const int nrb = wg_blocks(I), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
+    if (tl >= *ntiles)
+        return;
+    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
+    wdev w = z ? t3[e] : t1[e];
+    pair_map m = {NULL, z ? U : G, ord + s0, K, D, I};
+    wg_rows<F, E, pair_map>(w, 0, I, m, n, xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>(), xf + (int64_t)tl * nrun,
+                            (int)(blockIdx.x % nrb),
+                            part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, I, slab, (int)(blockIdx.z >> 1),
+                            (int)(gridDim.z >> 1));
+}
+
+template <int F, int E>
+__global__ void __launch_bounds__(WG_THREADS, 1) k_wg_ex_down(const wdev *t2, const int *tiles, const int *ntiles,
+                                                             const int *ord, const uint8_t *xb, const uint8_t *xf,
+                                                             int nrun, float *Y, int D, int I, float *part, int64_t slab)
+{
+    PDL_WAIT();
+    const int nrb = wg_blocks(D), tl = (int)(blockIdx.x / nrb);
+    if (tl >= *ntiles)
+        return;
+    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
+    pair_map m = {NULL, Y, ord + s0, 1, I, D};
+    wg_rows<F, E, pair_map>(t2[e], 0, D, m, n, xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>(), xf + (int64_t)tl * nrun,
+                            (int)(blockIdx.x % nrb), part, D, slab, (int)blockIdx.z, (int)gridDim.z);
+}
+
 /* h = swiglu(g, u), times the pair's weight when pre_weight; into G. */
 __global__ void k_ex_act(float *G, const float *U, const float *wts, int64_t n, int I, float limit, int pre_weight,
                          int ref)
@@ -326,8 +384,32 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
     if ((sp1 && !p1) || (sp2 && !p2))
         return;
     dim3 g1((unsigned)((int64_t)NT * rb1), 1u, 2u * (unsigned)z1), g2((unsigned)((int64_t)NT * rb2), 1u, (unsigned)z2);
-    launch_k(k_tc_ex_up<F, NTT, E>, g1, threads, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
-             d1.tcs);
+    /* 64-pair tiles on wgmma: each tile's x, then h, staged for it */
+    constexpr bool wgp = NTT == TC_TN / 8;
+    const bool wg = wgp && wg_on();
+    enum { TB = wg_tile_bytes<F, E>(), G_ = tcf<F>::G };
+    const int nrun1 = (int)cdiv(D, 16 * G_), nrun2 = (int)cdiv(I, 16 * G_);
+    const size_t b1 = (size_t)NT * nrun1 * TB, b2 = (size_t)NT * nrun2 * TB;
+    uint8_t *xb1 = wg ? wg_buf(0, b1 + (size_t)NT * nrun1) : NULL, *xb2 = wg ? wg_buf(1, b2 + (size_t)NT * nrun2) : NULL;
+    if (wg && (!xb1 || !xb2))
+        return;
+    uint8_t *xf1 = wg ? xb1 + b1 : NULL, *xf2 = wg ? xb2 + b2 : NULL;
+    if constexpr (wgp)
+        if (wg) {
+            static bool attr = false;
+            if (!attr) {
+                cudaFuncSetAttribute(k_wg_ex_up<F, E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem<F, E>());
+                cudaFuncSetAttribute(k_wg_ex_down<F, E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem<F, E>());
+                attr = true;
+            }
+            launch_k(k_wg_ex_stage<F, E>, dim3(1u, (unsigned)nrun1, (unsigned)NT), wg_stage_threads<F>(), 0, stream, tiles,
+                     ntiles, ord, a->x, K, (int64_t)D, D, nrun1, xb1, xf1);
+            launch_k(k_wg_ex_up<F, E>, g1, WG_THREADS, wg_smem<F, E>(), stream, t1, t3, tiles, ntiles, ord,
+                     (const uint8_t *)xb1, (const uint8_t *)xf1, nrun1, G, U, K, D, I, p1, slab1, d1.tcs);
+        }
+    if (!wg)
+        launch_k(k_tc_ex_up<F, NTT, E>, g1, threads, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
+                 d1.tcs);
     if (sp1) {
         tc_fold(p1, d1.tcs, RK, I, I, slab1, G, I, stream);
         tc_fold(p1 + (size_t)d1.tcs * slab1, d1.tcs, RK, I, I, slab1, U, I, stream);
@@ -343,7 +425,15 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
     /* the fold writes every pair's row: other ranks' pairs must fold to -0 (comm.cu) */
     if (sp2)
         ep_clear(p2, (int64_t)d2.tcs * slab2);
-    launch_k(k_tc_ex_down<F, NTT, E>, g2, threads, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);
+    if constexpr (wgp)
+        if (wg) {
+            launch_k(k_wg_ex_stage<F, E>, dim3(1u, (unsigned)nrun2, (unsigned)NT), wg_stage_threads<F>(), 0, stream, tiles,
+                     ntiles, ord, (const float *)G, 1, (int64_t)I, I, nrun2, xb2, xf2);
+            launch_k(k_wg_ex_down<F, E>, g2, WG_THREADS, wg_smem<F, E>(), stream, t2, tiles, ntiles, ord,
+                     (const uint8_t *)xb2, (const uint8_t *)xf2, nrun2, Y, D, I, p2, slab2);
+        }
+    if (!wg)
+        launch_k(k_tc_ex_down<F, NTT, E>, g2, threads, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);
     if (sp2)
         tc_fold(p2, d2.tcs, RK, D, D, slab2, Y, D, stream);
     launched("experts w2");

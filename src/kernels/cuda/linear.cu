@@ -10,6 +10,7 @@
 #include "kernels/cuda/internal.h"
 #include "kernels/cuda/exl3_cuda.h"
 #include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/wgmma.cuh"
 #include "kernels/cuda/rounding.cuh"
 
 using namespace dsv4cu;
@@ -60,6 +61,35 @@ __global__ void TC_BOUNDS(NT) k_tc_linear(wdev w, int64_t r0, int nr, dense_map 
     /* a split launch's slabs are [T, nr] dense, shifted with the tokens */
     tc_rows<F, NT, dense_map, E>(w, r0, nr, m.at(tb), min(TB, T - tb), blockIdx.x, part ? part + (int64_t)tb * nr : NULL, nr,
                    (int64_t)T * nr, (int)blockIdx.z, (int)gridDim.z);
+}
+
+/* The many-token pass on warpgroup MMAs (wgmma.cuh), a single job: x staged by k_wg_stage (a
+ * block a tile: blockIdx.y the run, blockIdx.z the token block; its mid/lo flag into xf), then
+ * k_wg_linear (blockIdx.y the token block). */
+template <int F, int E>
+__global__ void __launch_bounds__(wg_stage_threads<F>()) k_wg_stage(dense_map m, int T, int k, int nrun, uint8_t *xb,
+                                                                   uint8_t *xf)
+{
+    PDL_WAIT();
+    int tb = (int)blockIdx.z * WG_N;
+    bool wide = wg_stage<F, E>(m.at(tb), min(WG_N, T - tb), k, (int)blockIdx.y, (int)threadIdx.x,
+                               xb + (int64_t)blockIdx.z * nrun * wg_tile_bytes<F, E>());
+    if (E > 1) {
+        int any = __syncthreads_or(wide);
+        if (threadIdx.x == 0)
+            xf[(int64_t)blockIdx.z * nrun + blockIdx.y] = any != 0;
+    }
+}
+
+template <int F, int E>
+__global__ void __launch_bounds__(WG_THREADS, 1) k_wg_linear(wdev w, int64_t r0, int nr, dense_map m, int T,
+                                                            const uint8_t *xb, const uint8_t *xf, int nrun, float *part)
+{
+    PDL_WAIT();
+    int tb = (int)blockIdx.y * WG_N;
+    wg_rows<F, E, dense_map>(w, r0, nr, m.at(tb), min(WG_N, T - tb), xb + (int64_t)blockIdx.y * nrun * wg_tile_bytes<F, E>(),
+                             xf + (int64_t)blockIdx.y * nrun, (int)blockIdx.x, part ? part + (int64_t)tb * nr : NULL, nr,
+                             (int64_t)T * nr, (int)blockIdx.z, (int)gridDim.z);
 }
 
 template <int F, int NT>
@@ -147,6 +177,50 @@ int dsv4cu::tc_groups(int S, int64_t blocks, int nt)
 static growbuf g_part;
 
 float *dsv4cu::tc_part_buf(size_t n) { return grow_buf(&g_part, n, n, NULL); }
+
+/* x staged for the wgmma pass, two buffers (a launch's and, for the experts, the second
+ * product's): they grow, never freed (a recorded graph may still read an outgrown one). */
+static growbuf g_wgx[2];
+
+uint8_t *dsv4cu::wg_buf(int which, size_t bytes)
+{
+    return (uint8_t *)grow_buf(&g_wgx[which], bytes / 4 + 1, bytes / 4 + 1, NULL);
+}
+
+bool dsv4cu::wg_on(void)
+{
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("DSV4_CUDA_WG");
+        on = e && !strcmp(e, "1");
+    }
+    return on;
+}
+
+/* One job's many-token pass on wgmma: x staged, then the rows, split into Z slice groups when
+ * part is given (folded by the caller). */
+template <int F, int E>
+static void launch_wg(lin_jobs &J, int T, int Z, float *part, cudaStream_t st)
+{
+    enum { G = tcf<F>::G, TB = wg_tile_bytes<F, E>() };
+    const int k = (int)J.w[0].k, nrun = (int)cdiv(k, 16 * G), tbs = (int)cdiv(T, WG_N);
+    const size_t bytes = (size_t)tbs * nrun * TB;
+    uint8_t *xb = wg_buf(0, bytes + (size_t)tbs * nrun);
+    if (!xb)
+        return;
+    uint8_t *xf = xb + bytes;
+    dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};
+    launch_k(k_wg_stage<F, E>, dim3(1u, (unsigned)nrun, (unsigned)tbs), wg_stage_threads<F>(), 0, st, m, T, k, nrun, xb, xf);
+    const size_t smem = wg_smem<F, E>();
+    static bool attr = false;
+    if (!attr) {
+        cudaFuncSetAttribute(k_wg_linear<F, E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        attr = true;
+    }
+    dim3 grid((unsigned)wg_blocks(J.nr), (unsigned)tbs, (unsigned)Z);
+    launch_k(k_wg_linear<F, E>, grid, WG_THREADS, smem, st, J.w[0], J.r0[0], J.nr, m, T, (const uint8_t *)xb,
+             (const uint8_t *)xf, nrun, part);
+}
 
 template <int F>
 static void tc_run_shape_of(int *G, int *RT)
@@ -247,6 +321,22 @@ static bool reads_x4(const dsv4_weight *w)
 template <int F, int NT, int E>
 static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
 {
+    if (NT == TC_TN / 8 && (J.multi || J.n > 1) && wg_on()) {
+        /* the wgmma pass takes one job a launch, each job summed as it is alone */
+        for (int j = 0; j < J.n; j++) {
+            lin_jobs one = {};
+            one.w[0] = J.w[j];
+            one.r0[0] = J.r0[j];
+            one.x[0] = J.x[j];
+            one.y[0] = J.y[j];
+            one.n = 1;
+            one.nr = J.multi ? J.nrj[j] : J.nr;
+            one.ldx = J.ldx;
+            one.ldy = J.multi ? J.nrj[j] : J.ldy;
+            launch_tc_nt<F, NT, E>(one, T, st);
+        }
+        return;
+    }
     const int TB = 8 * NT, threads = TC_TW * 32;
     unsigned ty = (unsigned)cdiv(T, TB);
     int nb = 0, S = 1;
@@ -288,6 +378,8 @@ static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
         J.bpj = tc_blocks(J.nr);
         grid.x = (unsigned)(J.bpj * J.n);
         launch_k(k_tc_group<F, NT>, grid, threads, 0, st, J, T, TB);
+    } else if (NT == TC_TN / 8 && wg_on()) {
+        launch_wg<F, E>(J, T, Z, J.part[0], st);
     } else {
         dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};
         grid.x = (unsigned)tc_blocks(J.nr);
