@@ -187,14 +187,16 @@ uint8_t *dsv4cu::wg_buf(int which, size_t bytes)
     return (uint8_t *)grow_buf(&g_wgx[which], bytes / 4 + 1, bytes / 4 + 1, NULL);
 }
 
-bool dsv4cu::wg_on(void)
+bool dsv4cu::wg_use(int F, int T)
 {
-    static int on = -1;
-    if (on < 0) {
+    static int mode = -1; /* 0 off, 1 every form past the few-token passes, 2 the default */
+    if (mode < 0) {
         const char *e = getenv("DSV4_CUDA_WG");
-        on = e && !strcmp(e, "1");
+        mode = e && !strcmp(e, "0") ? 0 : e && !strcmp(e, "1") ? 1 : 2;
     }
-    return on;
+    if (mode == 1)
+        return true;
+    return mode == 2 && F != DSV4_WF_BF16 && T > TC_TN;
 }
 
 /* One job's many-token pass on wgmma: x staged, then the rows, split into Z slice groups when
@@ -321,7 +323,7 @@ static bool reads_x4(const dsv4_weight *w)
 template <int F, int NT, int E>
 static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
 {
-    if (NT == TC_TN / 8 && (J.multi || J.n > 1) && wg_on()) {
+    if (NT == TC_TN / 8 && (J.multi || J.n > 1) && wg_use(F, T)) {
         /* the wgmma pass takes one job a launch, each job summed as it is alone */
         for (int j = 0; j < J.n; j++) {
             lin_jobs one = {};
@@ -378,7 +380,7 @@ static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
         J.bpj = tc_blocks(J.nr);
         grid.x = (unsigned)(J.bpj * J.n);
         launch_k(k_tc_group<F, NT>, grid, threads, 0, st, J, T, TB);
-    } else if (NT == TC_TN / 8 && wg_on()) {
+    } else if (NT == TC_TN / 8 && wg_use(F, T)) {
         launch_wg<F, E>(J, T, Z, J.part[0], st);
     } else {
         dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};

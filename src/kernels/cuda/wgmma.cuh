@@ -29,6 +29,8 @@ namespace dsv4cu {
 
 /* Tokens a pass, stages in the ring, consumer warpgroups a block. */
 enum { WG_N = 64, WG_NS = 4, WG_C = 2, WG_THREADS = WG_C * 128 + 32 };
+/* Runs past the one loaded into registers whose chunks a thread asks the L2 for. */
+enum { WG_PF = 4 };
 /* Rows a block computes. */
 __host__ __device__ inline int wg_blocks(int64_t nr) { return (int)((nr + WG_C * 64 - 1) / (WG_C * 64)); }
 
@@ -199,6 +201,13 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
         bool in = live && c < c_end && c * 4 + t < nch;
         qa[h] = in ? __ldg(ca + c * 4) : CT{};
         qb[h] = in ? __ldg(cb + c * 4) : CT{};
+        /* run c + WG_PF's chunks toward the L2, so the load above finds them there when its turn
+         * comes (two runs of registers do not cover a load from memory) */
+        const int cp = c + WG_PF;
+        if (live && cp < c_end && cp * 4 + t < nch) {
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(ca + cp * 4));
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(cb + cp * 4));
+        }
         if (E > 1)
             wd[h] = c < c_end ? __ldg(xf + c) : 0u;
         if (scaled) {
@@ -302,10 +311,12 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
         }
 }
 
-/* Host side (linear.cu): whether many-token passes take wgmma (DSV4_CUDA_WG=1; else the
- * mma.sync pass: both give the same bits, so this chooses only the speed), and the staged-x
- * buffers (which 0 or 1) of at least `bytes`, NULL when they cannot grow. */
-bool wg_on(void);
+/* Host side (linear.cu): whether a many-token pass of kind F over T tokens (or pairs) takes
+ * wgmma rather than the mma.sync pass. Both give the same bits, so this chooses only the speed:
+ * by default FP8 and FP4 past 64 tokens, where it measured faster (docs/bench.md);
+ * DSV4_CUDA_WG=1 every kind past the few-token passes, 0 never. And the staged-x buffers
+ * (which 0 or 1) of at least `bytes`, NULL when they cannot grow. */
+bool wg_use(int F, int T);
 uint8_t *wg_buf(int which, size_t bytes);
 
 } // namespace dsv4cu
