@@ -115,6 +115,8 @@ test-cuda: all
 	$(BUILD)/tests/cuda/test_cuda_ranks
 	bash tests/cuda/ranks_cuda.sh $(BUILD)
 	DSV4_CUDA_TC=1 $(BUILD)/tests/cuda/test_cuda_ops
+	DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 $(BUILD)/tests/cuda/test_cuda_ops
+	DSV4_CUDA_TC=1 DSV4_CUDA_WG=0 $(BUILD)/tests/cuda/test_cuda_ops
 	DSV4_CUDA_TC=1 $(BUILD)/tests/cuda/test_cuda_ranks
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v4_fixtures
 	DSV4_TEST_DEVICE=cuda DSV4_CUDA_TC=1 DSV4_CUDA_POISON=1 $(BUILD)/tests/test_v41_fixtures

@@ -23,6 +23,8 @@
 # named runs of the list alone;
 # `on_device.sh ab`: two builds' timings side by side, this one (prebuilt/) and the one stage.sh packed from
 # STAGE_ALT (prebuilt-alt/): the linear kernels at two shapes with bf16 and fp32 x, and a 4-layer REF prefill.
+# `on_device.sh wg`: the many-token pass on wgmma against mma.sync's in one build (DSV4_CUDA_WG): the linear
+# kernels at T = 64..4096, the 4-layer REF prefill and its op profile.
 # Logs go to $OUT; the exit status is that of the correctness runs.
 set -u
 cd "$(dirname "$0")/../.."
@@ -107,6 +109,31 @@ if [ "$mode" = ab ]; then
             DSV4_CUDA_TC=1 timeout 90 $b/dsv4 bench --synthetic v4-flash --device cuda --layers 4 --prefill 4096 \
                 --decode 4 --lanes 1,8 --graphs on --numerics ref 2>&1 | grep 'prefill:\|^decode'
         done
+    done
+    exit 0
+fi
+if [ "$mode" = wg ]; then
+    # the many-token pass on wgmma (the default for FP8 and FP4) against mma.sync's (DSV4_CUDA_WG=0)
+    # in one run: the linear kernels at T = 64..4096, REF's bf16 x and fp32 x, then the 4-layer
+    # REF prefill in alternating rounds and its op profile each way
+    for wg in 0 1; do
+        for sh in "wq_b FP8" "wo_b FP8" "wq_a FP8" "gate BF16" "expert w1 FP4" "expert w2 FP4"; do
+            for x in bf16 fp32; do
+                DSV4_CUDA_WG=$wg DSV4_CUDA_TC=1 BENCH_X=$x BENCH_ONLY="$sh" BENCH_T=64,128,512,4096 timeout 60 \
+                    $B/tests/cuda/bench_cuda 2>&1 | grep '\[' | grep -v '^weight' | sed "s/^/wg $wg x $x: /"
+            done
+        done
+    done
+    for round in 1 2; do
+        for wg in 0 default; do
+            DSV4_CUDA_WG=$wg DSV4_CUDA_TC=1 timeout 90 $B/dsv4 bench --synthetic v4-flash --device cuda --layers 4 \
+                --prefill 4096 --decode 4 --graphs on --numerics ref 2>&1 | grep 'prefill:' | sed "s/^/wg $wg: /"
+        done
+    done
+    for wg in 0 default; do
+        echo "== op profile, DSV4_CUDA_WG=$wg"
+        DSV4_CUDA_WG=$wg DSV4_CUDA_TC=1 DSV4_CUDA_PROFILE=1 run $B/dsv4 bench --synthetic v4-flash --device cuda \
+            --layers 4 --graphs off --prefill 4096 --decode 4 --numerics ref
     done
     exit 0
 fi
@@ -233,6 +260,9 @@ ok kv $B/tests/test_kv
 ok lanes-prod env DSV4_TEST_KV=production $B/tests/test_lanes
 # the tensor-core path (DSV4_CUDA_TC=1): the op test and the end-to-end contracts again
 ok ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ops
+# the many-token pass on wgmma for every kind (BF16 included), and on mma.sync for every kind
+ok ops-wg env DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 $B/tests/cuda/test_cuda_ops
+ok ops-mma env DSV4_CUDA_TC=1 DSV4_CUDA_WG=0 $B/tests/cuda/test_cuda_ops
 ok exl3ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_exl3
 ok ranks-ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ranks
 ok backend-ops-tc env DSV4_CUDA_TC=1 $B/tests/test_backend_ops
