@@ -183,8 +183,9 @@ if [ "$mode" = profile ]; then
     exit 0
 fi
 if [ "$mode" = ncu-tc ]; then
-    # the 64-token tensor-core pass under the counters: wq_b FP8 and expert w1 FP4 at T = 4096 with
-    # REF's bf16 x (one term), and the EXL3 tensor-core core at T = 4096: throughput, occupancy,
+    # the many-token tensor-core pass under the counters (wgmma's, the default at these shapes;
+    # DSV4_CUDA_WG=0 for mma.sync's): wq_b FP8 and expert w1 FP4 at T = 4096 with REF's bf16 x (one
+    # term), and the EXL3 tensor-core core at T = 4096: throughput, occupancy,
     # where the warps stall and what the schedulers issue, to $OUT/ncu_tc.txt. One launch a shape is
     # profiled: the third, inside the first timed graph's warm-up (the first is the call bench_cuda
     # makes before capturing, so that EXL3's scratch grows outside the capture)
@@ -192,7 +193,7 @@ if [ "$mode" = ncu-tc ]; then
         DSV4_CUDA_TC=1 BENCH_X=bf16 BENCH_ONLY="$sh" BENCH_T=4096 BENCH_NO_T1=1 timeout 150 ncu --clock-control none \
             --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
             --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section LaunchStats \
-            -k 'regex:k_tc_linear|exl3_core_tc' --launch-skip 2 --launch-count 1 \
+            -k 'regex:k_tc_linear|k_wg_linear|exl3_core_tc' --launch-skip 2 --launch-count 1 \
             $B/tests/cuda/bench_cuda >>"$OUT/ncu_tc.txt" 2>&1
         echo "ncu $sh exit $?"
     done
