@@ -184,7 +184,18 @@ static growbuf g_wgx[2];
 
 uint8_t *dsv4cu::wg_buf(int which, size_t bytes)
 {
-    return (uint8_t *)grow_buf(&g_wgx[which], bytes / 4 + 1, bytes / 4 + 1, NULL);
+    growbuf *b = &g_wgx[which];
+    size_t n = bytes / 4 + 1;
+    if (n <= b->n)
+        return (uint8_t *)b->p;
+    float *p = NULL;
+    if (cudaMalloc((void **)&p, n * sizeof(float)) != cudaSuccess) {
+        cudaGetLastError(); /* no room: the caller takes the mma.sync pass, which needs none */
+        return NULL;
+    }
+    b->p = p;
+    b->n = n;
+    return (uint8_t *)p;
 }
 
 bool dsv4cu::wg_use(int F, int T)
@@ -200,16 +211,16 @@ bool dsv4cu::wg_use(int F, int T)
 }
 
 /* One job's many-token pass on wgmma: x staged, then the rows, split into Z slice groups when
- * part is given (folded by the caller). */
+ * part is given (folded by the caller). False, launching nothing, when the staged x has no room. */
 template <int F, int E>
-static void launch_wg(lin_jobs &J, int T, int Z, float *part, cudaStream_t st)
+static bool launch_wg(lin_jobs &J, int T, int Z, float *part, cudaStream_t st)
 {
     enum { G = tcf<F>::G, TB = wg_tile_bytes<F, E>() };
     const int k = (int)J.w[0].k, nrun = (int)cdiv(k, 16 * G), tbs = (int)cdiv(T, WG_N);
     const size_t bytes = (size_t)tbs * nrun * TB;
     uint8_t *xb = wg_buf(0, bytes + (size_t)tbs * nrun);
     if (!xb)
-        return;
+        return false;
     uint8_t *xf = xb + bytes;
     dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};
     launch_k(k_wg_stage<F, E>, dim3(1u, (unsigned)nrun, (unsigned)tbs), wg_stage_threads<F>(), 0, st, m, T, k, nrun, xb, xf);
@@ -220,8 +231,9 @@ static void launch_wg(lin_jobs &J, int T, int Z, float *part, cudaStream_t st)
         attr = true;
     }
     dim3 grid((unsigned)wg_blocks(J.nr), (unsigned)tbs, (unsigned)Z);
-    launch_k(k_wg_linear<F, E>, grid, WG_THREADS, smem, st, J.w[0], J.r0[0], J.nr, m, T, (const uint8_t *)xb,
+        launch_k(k_wg_linear<F, E>, grid, WG_THREADS, smem, st, J.w[0], J.r0[0], J.nr, m, T, (const uint8_t *)xb,
              (const uint8_t *)xf, nrun, part);
+    return true;
 }
 
 template <int F>
@@ -380,9 +392,7 @@ static void launch_tc_nt(lin_jobs &J, int T, cudaStream_t st)
         J.bpj = tc_blocks(J.nr);
         grid.x = (unsigned)(J.bpj * J.n);
         launch_k(k_tc_group<F, NT>, grid, threads, 0, st, J, T, TB);
-    } else if (NT == TC_TN / 8 && wg_use(F, T)) {
-        launch_wg<F, E>(J, T, Z, J.part[0], st);
-    } else {
+    } else if (!(NT == TC_TN / 8 && wg_use(F, T) && launch_wg<F, E>(J, T, Z, J.part[0], st))) {
         dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};
         grid.x = (unsigned)tc_blocks(J.nr);
         launch_k(k_tc_linear<F, NT, E>, grid, threads, 0, st, J.w[0], J.r0[0], J.nr, m, T, TB, J.part[0]);
