@@ -189,6 +189,15 @@ __global__ void __launch_bounds__(EX_SORT) k_ex_sort(const int32_t *eid, int RK,
     }
 }
 
+/* Tile tl of the tile table: its expert, first pair and pair count; false past the count. */
+__device__ __forceinline__ bool ex_tile(const int *tiles, const int *ntiles, int tl, int &e, int &s0, int &n)
+{
+    if (tl >= *ntiles)
+        return false;
+    e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
+    return true;
+}
+
 /* W1 (z = 0, into G) and W3 (z = 1, into U) of each tile's expert over the tile's x rows:
  * block (tile, row block, z). Blocks past the tile count exit. */
 template <int F, bool VEC, int TT>
@@ -198,9 +207,9 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_u
 {
     PDL_WAIT();
     int tl = blockIdx.x;
-    if (tl >= *ntiles)
+    int e, s0, n;
+    if (!ex_tile(tiles, ntiles, tl, e, s0, n))
         return;
-    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = blockIdx.z ? t3[e] : t1[e];
     pair_map m = {x, blockIdx.z ? U : G, ord + s0, K, D, I};
     linear_rows<F, VEC, TT>(w, 0, I, m, n, blockIdx.y);
@@ -213,9 +222,9 @@ __global__ void __launch_bounds__(LIN_WARPS * 32, VEC && TT == 1 ? 4 : 1) k_ex_d
 {
     PDL_WAIT();
     int tl = blockIdx.x;
-    if (tl >= *ntiles)
+    int e, s0, n;
+    if (!ex_tile(tiles, ntiles, tl, e, s0, n))
         return;
-    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = t2[e];
     pair_map m = {G, Y, ord + s0, 1, I, D};
     linear_rows<F, VEC, TT>(w, 0, D, m, n, blockIdx.y);
@@ -233,9 +242,9 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_up(const wdev *t1, const wdev *t3, const i
 {
     PDL_WAIT();
     const int nrb = tc_blocks(I), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
-    if (tl >= *ntiles)
+    int e, s0, n;
+    if (!ex_tile(tiles, ntiles, tl, e, s0, n))
         return;
-    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = z ? t3[e] : t1[e];
     pair_map m = {x, z ? U : G, ord + s0, K, D, I};
     tc_rows<F, NT, pair_map, E>(w, 0, I, m, n, (int)(blockIdx.x % nrb), part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, I, slab,
@@ -248,9 +257,9 @@ __global__ void TC_BOUNDS(NT) k_tc_ex_down(const wdev *t2, const int *tiles, con
 {
     PDL_WAIT();
     const int nrb = tc_blocks(D), tl = (int)(blockIdx.x / nrb);
-    if (tl >= *ntiles)
+    int e, s0, n;
+    if (!ex_tile(tiles, ntiles, tl, e, s0, n))
         return;
-    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = t2[e];
     pair_map m = {G, Y, ord + s0, 1, I, D};
     tc_rows<F, NT, pair_map, E>(w, 0, D, m, n, (int)(blockIdx.x % nrb), part, D, slab, (int)blockIdx.z, (int)gridDim.z);
@@ -267,10 +276,11 @@ __global__ void __launch_bounds__(wg_stage_threads<F>()) k_wg_ex_stage(const int
 {
     PDL_WAIT();
     const int tl = (int)blockIdx.z;
-    if (tl >= *ntiles)
+    int e, s0, n;
+    if (!ex_tile(tiles, ntiles, tl, e, s0, n))
         return;
-    pair_map m = {x, NULL, ord + tiles[3 * tl + 1], xdiv, ldx, 0};
-    bool wide = wg_stage<F, E>(m, tiles[3 * tl + 2], k, (int)blockIdx.y, (int)threadIdx.x,
+    pair_map m = {x, NULL, ord + s0, xdiv, ldx, 0};
+    bool wide = wg_stage<F, E>(m, n, k, (int)blockIdx.y, (int)threadIdx.x,
                                xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>());
     if (E > 1) {
         int any = __syncthreads_or(wide);
@@ -287,9 +297,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg_ex_up(const wdev *t1, cons
 {
     PDL_WAIT();
     const int nrb = wg_blocks(I), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
-    if (tl >= *ntiles)
+    int e, s0, n;
+    if (!ex_tile(tiles, ntiles, tl, e, s0, n))
         return;
-    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     wdev w = z ? t3[e] : t1[e];
     pair_map m = {NULL, z ? U : G, ord + s0, K, D, I};
     wg_rows<F, E, pair_map>(w, 0, I, m, n, xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>(), xf + (int64_t)tl * nrun,
@@ -305,9 +315,9 @@ __global__ void __launch_bounds__(WG_THREADS, 1) k_wg_ex_down(const wdev *t2, co
 {
     PDL_WAIT();
     const int nrb = wg_blocks(D), tl = (int)(blockIdx.x / nrb);
-    if (tl >= *ntiles)
+    int e, s0, n;
+    if (!ex_tile(tiles, ntiles, tl, e, s0, n))
         return;
-    int e = tiles[3 * tl], s0 = tiles[3 * tl + 1], n = tiles[3 * tl + 2];
     pair_map m = {NULL, Y, ord + s0, 1, I, D};
     wg_rows<F, E, pair_map>(t2[e], 0, D, m, n, xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>(), xf + (int64_t)tl * nrun,
                             (int)(blockIdx.x % nrb), part, D, slab, (int)blockIdx.z, (int)gridDim.z);
