@@ -8,8 +8,9 @@
  * and m64nNk16 with A in registers takes each warp's A fragment in m16n8k16's layout, its D in
  * m16n8k16's D layout per 8 tokens. So each k-step, run, fold and slice here is tc_rows's
  * operation on the same values, provided the two instructions compute one output element (a dot
- * product of 16 pairs plus the accumulator) alike: test_cuda_ops's invariance runs check that,
- * rows of T <= 16 (mma.sync) against the same rows at T >= 17 (here), bit for bit.
+ * product of 16 pairs plus the accumulator) alike. Measured so (docs/bench.md), and checked by
+ * test_cuda_ops's invariance runs: rows of T <= 16 (mma.sync) against the same rows on this pass
+ * (T = 4096 by default, T = 17..64 too with DSV4_CUDA_WG=1), bit for bit.
  *
  * Layout. x is staged first (wg_stage) into bf16 tiles, one per (block of WG_N tokens, run),
  * each term and k-step a canonical no-swizzle K-major B operand of WG_N tokens by 16 k slots:
@@ -18,8 +19,9 @@
  * and a producer warp that copies the tiles into a ring of WG_NS stages with bulk copies
  * (cp.async.bulk, an mbarrier a stage for full and one for empty). Each consumer thread loads its
  * rows' chunks of a run from global memory itself, two runs ahead, and decodes them as tc_rows
- * does; a run's MMAs go into one of two partial sets while the run before is folded, so the
- * tensor cores are not left idle while the fold is computed. */
+ * does. A run's MMAs are waited for before its fold (ptxas serializes the MMAs when a fold reads
+ * one run's partial sums while the next run's are in flight), so an SM's two consumer
+ * warpgroups are what keep the tensor cores busy while the other folds and decodes. */
 #ifndef DSV4_CUDA_WGMMA_CUH
 #define DSV4_CUDA_WGMMA_CUH
 
