@@ -231,7 +231,7 @@ static bool launch_wg(lin_jobs &J, int T, int Z, float *part, cudaStream_t st)
         attr = true;
     }
     dim3 grid((unsigned)wg_blocks(J.nr), (unsigned)tbs, (unsigned)Z);
-        launch_k(k_wg_linear<F, E>, grid, WG_THREADS, smem, st, J.w[0], J.r0[0], J.nr, m, T, (const uint8_t *)xb,
+    launch_k(k_wg_linear<F, E>, grid, WG_THREADS, smem, st, J.w[0], J.r0[0], J.nr, m, T, (const uint8_t *)xb,
              (const uint8_t *)xf, nrun, part);
     return true;
 }
