@@ -289,38 +289,40 @@ __global__ void __launch_bounds__(wg_stage_threads<F>()) k_wg_ex_stage(const int
     }
 }
 
-template <int F, int E>
-__global__ void __launch_bounds__(WG_THREADS, 1) k_wg_ex_up(const wdev *t1, const wdev *t3, const int *tiles,
-                                                           const int *ntiles, const int *ord, const uint8_t *xb,
-                                                           const uint8_t *xf, int nrun, float *G, float *U, int K, int D,
-                                                           int I, float *part, int64_t slab, int S1)
+template <int F, int E, int C, int DA, int NP>
+__global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C) k_wg_ex_up(const wdev *t1, const wdev *t3, const int *tiles,
+                                                                    const int *ntiles, const int *ord, const uint8_t *xb,
+                                                                    const uint8_t *xf, int nrun, float *G, float *U, int K,
+                                                                    int D, int I, float *part, int64_t slab, int S1)
 {
     PDL_WAIT();
-    const int nrb = wg_blocks(I), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
+    const int nrb = wg_blocks(I, C), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
     int e, s0, n;
     if (!ex_tile(tiles, ntiles, tl, e, s0, n))
         return;
     wdev w = z ? t3[e] : t1[e];
     pair_map m = {NULL, z ? U : G, ord + s0, K, D, I};
-    wg_rows<F, E, pair_map>(w, 0, I, m, n, xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>(), xf + (int64_t)tl * nrun,
-                            (int)(blockIdx.x % nrb),
-                            part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, I, slab, (int)(blockIdx.z >> 1),
-                            (int)(gridDim.z >> 1));
+    const wg_one<pair_map> L = {m, n, xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>(), xf + (int64_t)tl * nrun,
+                                part ? part + (z ? (int64_t)S1 * slab : 0) : NULL};
+    wg_rows<F, E, wg_one<pair_map>, C, DA, NP>(w, 0, I, L, (int)(blockIdx.x % nrb), I, slab, (int)(blockIdx.z >> 1),
+                                           (int)(gridDim.z >> 1));
 }
 
-template <int F, int E>
-__global__ void __launch_bounds__(WG_THREADS, 1) k_wg_ex_down(const wdev *t2, const int *tiles, const int *ntiles,
-                                                             const int *ord, const uint8_t *xb, const uint8_t *xf,
-                                                             int nrun, float *Y, int D, int I, float *part, int64_t slab)
+template <int F, int E, int C, int DA, int NP>
+__global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C) k_wg_ex_down(const wdev *t2, const int *tiles,
+                                                                      const int *ntiles, const int *ord, const uint8_t *xb,
+                                                                      const uint8_t *xf, int nrun, float *Y, int D, int I,
+                                                                      float *part, int64_t slab)
 {
     PDL_WAIT();
-    const int nrb = wg_blocks(D), tl = (int)(blockIdx.x / nrb);
+    const int nrb = wg_blocks(D, C), tl = (int)(blockIdx.x / nrb);
     int e, s0, n;
     if (!ex_tile(tiles, ntiles, tl, e, s0, n))
         return;
     pair_map m = {NULL, Y, ord + s0, 1, I, D};
-    wg_rows<F, E, pair_map>(t2[e], 0, D, m, n, xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>(), xf + (int64_t)tl * nrun,
-                            (int)(blockIdx.x % nrb), part, D, slab, (int)blockIdx.z, (int)gridDim.z);
+    const wg_one<pair_map> L = {m, n, xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>(), xf + (int64_t)tl * nrun, part};
+    wg_rows<F, E, wg_one<pair_map>, C, DA, NP>(t2[e], 0, D, L, (int)(blockIdx.x % nrb), D, slab, (int)blockIdx.z,
+                                           (int)gridDim.z);
 }
 
 /* h = swiglu(g, u), times the pair's weight when pre_weight; into G. */
@@ -406,16 +408,22 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
     uint8_t *xf1 = wg ? xb1 + b1 : NULL, *xf2 = wg ? xb2 + b2 : NULL;
     if constexpr (wgp)
         if (wg) {
-            static bool attr = false;
-            if (!attr) {
-                cudaFuncSetAttribute(k_wg_ex_up<F, E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem<F, E>());
-                cudaFuncSetAttribute(k_wg_ex_down<F, E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem<F, E>());
-                attr = true;
-            }
             launch_k(k_wg_ex_stage<F, E>, dim3(1u, (unsigned)nrun1, (unsigned)NT), wg_stage_threads<F>(), 0, stream, tiles,
                      ntiles, ord, a->x, K, (int64_t)D, D, nrun1, xb1, xf1);
-            launch_k(k_wg_ex_up<F, E>, g1, WG_THREADS, wg_smem<F, E>(), stream, t1, t3, tiles, ntiles, ord,
-                     (const uint8_t *)xb1, (const uint8_t *)xf1, nrun1, G, U, K, D, I, p1, slab1, d1.tcs);
+            wg_shape([&](auto cc, auto dc, auto nc) {
+                constexpr int C = decltype(cc)::value, DA = decltype(dc)::value, NP = decltype(nc)::value;
+                static bool attr = false;
+                if (!attr) {
+                    cudaFuncSetAttribute(k_wg_ex_up<F, E, C, DA, NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)wg_smem<F, E>());
+                    cudaFuncSetAttribute(k_wg_ex_down<F, E, C, DA, NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)wg_smem<F, E>());
+                    attr = true;
+                }
+                dim3 g((unsigned)((int64_t)NT * wg_blocks(I, C)), 1u, 2u * (unsigned)z1);
+                launch_k(k_wg_ex_up<F, E, C, DA, NP>, g, wg_threads<C, NP>(), wg_smem<F, E>(), stream, t1, t3, tiles, ntiles, ord,
+                         (const uint8_t *)xb1, (const uint8_t *)xf1, nrun1, G, U, K, D, I, p1, slab1, d1.tcs);
+            });
         }
     if (!wg)
         launch_k(k_tc_ex_up<F, NTT, E>, g1, threads, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
@@ -439,8 +447,12 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
         if (wg) {
             launch_k(k_wg_ex_stage<F, E>, dim3(1u, (unsigned)nrun2, (unsigned)NT), wg_stage_threads<F>(), 0, stream, tiles,
                      ntiles, ord, (const float *)G, 1, (int64_t)I, I, nrun2, xb2, xf2);
-            launch_k(k_wg_ex_down<F, E>, g2, WG_THREADS, wg_smem<F, E>(), stream, t2, tiles, ntiles, ord,
-                     (const uint8_t *)xb2, (const uint8_t *)xf2, nrun2, Y, D, I, p2, slab2);
+            wg_shape([&](auto cc, auto dc, auto nc) {
+                constexpr int C = decltype(cc)::value, DA = decltype(dc)::value, NP = decltype(nc)::value;
+                dim3 g((unsigned)((int64_t)NT * wg_blocks(D, C)), 1u, (unsigned)z2);
+                launch_k(k_wg_ex_down<F, E, C, DA, NP>, g, wg_threads<C, NP>(), wg_smem<F, E>(), stream, t2, tiles, ntiles, ord,
+                         (const uint8_t *)xb2, (const uint8_t *)xf2, nrun2, Y, D, I, p2, slab2);
+            });
         }
     if (!wg)
         launch_k(k_tc_ex_down<F, NTT, E>, g2, threads, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);

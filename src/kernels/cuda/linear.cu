@@ -81,15 +81,16 @@ __global__ void __launch_bounds__(wg_stage_threads<F>()) k_wg_stage(dense_map m,
     }
 }
 
-template <int F, int E>
-__global__ void __launch_bounds__(WG_THREADS, 1) k_wg_linear(wdev w, int64_t r0, int nr, dense_map m, int T,
-                                                            const uint8_t *xb, const uint8_t *xf, int nrun, float *part)
+template <int F, int E, int C, int DA, int NP>
+__global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C) k_wg_linear(wdev w, int64_t r0, int nr, dense_map m, int T,
+                                                                     const uint8_t *xb, const uint8_t *xf, int nrun,
+                                                                     float *part)
 {
     PDL_WAIT();
-    int tb = (int)blockIdx.y * WG_N;
-    wg_rows<F, E, dense_map>(w, r0, nr, m.at(tb), min(WG_N, T - tb), xb + (int64_t)blockIdx.y * nrun * wg_tile_bytes<F, E>(),
-                             xf + (int64_t)blockIdx.y * nrun, (int)blockIdx.x, part ? part + (int64_t)tb * nr : NULL, nr,
-                             (int64_t)T * nr, (int)blockIdx.z, (int)gridDim.z);
+    const wg_tblocks L = {m, T, (int)blockIdx.y, (int)gridDim.y, nrun, (int64_t)nrun * wg_tile_bytes<F, E>(), nr,
+                          xb, xf, part};
+    wg_rows<F, E, wg_tblocks, C, DA, NP>(w, r0, nr, L, (int)blockIdx.x, nr, (int64_t)T * nr, (int)blockIdx.z,
+                                     (int)gridDim.z);
 }
 
 template <int F, int NT>
@@ -210,6 +211,39 @@ bool dsv4cu::wg_use(int F, int T)
     return mode == 2 && F != DSV4_WF_BF16 && T > TC_TN;
 }
 
+template <int F, int E, int C, int DA, int NP>
+static void launch_wg_rows(lin_jobs &J, int T, int Z, float *part, const dense_map &m, const uint8_t *xb,
+                           const uint8_t *xf, int nrun, cudaStream_t st)
+{
+    const size_t smem = wg_smem<F, E>();
+    static bool attr = false;
+    if (!attr) {
+        cudaFuncSetAttribute(k_wg_linear<F, E, C, DA, NP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        attr = true;
+    }
+    /* token blocks a block walks through one ring: one, or DSV4_CUDA_WG_P=n (an experiment) */
+    const int rbs = wg_blocks(J.nr, C), tbs = (int)cdiv(T, WG_N);
+    static int walk = -1;
+    if (walk < 0) {
+        const char *e = getenv("DSV4_CUDA_WG_P");
+        walk = e ? atoi(e) : 1;
+        walk = walk < 1 ? 1 : walk;
+    }
+    const int Y = (int)cdiv(tbs, walk);
+    dim3 grid((unsigned)rbs, (unsigned)Y, (unsigned)Z);
+    launch_k(k_wg_linear<F, E, C, DA, NP>, grid, wg_threads<C, NP>(), smem, st, J.w[0], J.r0[0], J.nr, m, T, xb, xf, nrun, part);
+}
+
+int dsv4cu::wg_variant(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DSV4_CUDA_WG_V");
+        v = e && e[0] >= '0' && e[0] <= '3' && !e[1] ? e[0] - '0' : 0;
+    }
+    return v;
+}
+
 /* One job's many-token pass on wgmma: x staged, then the rows, split into Z slice groups when
  * part is given (folded by the caller). False, launching nothing, when the staged x has no room. */
 template <int F, int E>
@@ -224,15 +258,10 @@ static bool launch_wg(lin_jobs &J, int T, int Z, float *part, cudaStream_t st)
     uint8_t *xf = xb + bytes;
     dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};
     launch_k(k_wg_stage<F, E>, dim3(1u, (unsigned)nrun, (unsigned)tbs), wg_stage_threads<F>(), 0, st, m, T, k, nrun, xb, xf);
-    const size_t smem = wg_smem<F, E>();
-    static bool attr = false;
-    if (!attr) {
-        cudaFuncSetAttribute(k_wg_linear<F, E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        attr = true;
-    }
-    dim3 grid((unsigned)wg_blocks(J.nr), (unsigned)tbs, (unsigned)Z);
-    launch_k(k_wg_linear<F, E>, grid, WG_THREADS, smem, st, J.w[0], J.r0[0], J.nr, m, T, (const uint8_t *)xb,
-             (const uint8_t *)xf, nrun, part);
+    wg_shape([&](auto c, auto da, auto np) {
+        launch_wg_rows<F, E, decltype(c)::value, decltype(da)::value, decltype(np)::value>(J, T, Z, part, m, xb, xf,
+                                                                                           nrun, st);
+    });
     return true;
 }
 

@@ -15,13 +15,19 @@
  * Layout. x is staged first (wg_stage) into bf16 tiles, one per (block of WG_N tokens, run),
  * each term and k-step a canonical no-swizzle K-major B operand of WG_N tokens by 16 k slots:
  * 8x8 core matrices of 128 bytes, the two k halves 128 bytes apart (LBO), token octets 256 apart
- * (SBO), slots in tc_rows's permutation. A block is two consumer warpgroups (128 weight rows)
- * and a producer warp that copies the tiles into a ring of WG_NS stages with bulk copies
- * (cp.async.bulk, an mbarrier a stage for full and one for empty). Each consumer thread loads its
- * rows' chunks of a run from global memory itself, two runs ahead, and decodes them as tc_rows
- * does. A run's MMAs are waited for before its fold (ptxas serializes the MMAs when a fold reads
- * one run's partial sums while the next run's are in flight), so an SM's two consumer
- * warpgroups are what keep the tensor cores busy while the other folds and decodes. */
+ * (SBO), slots in tc_rows's permutation. A block is C consumer warpgroups (64 weight rows each)
+ * fed by a ring of WG_NS stages that bulk copies (cp.async.bulk, an mbarrier a stage for full
+ * and one for empty) fill, issued by a producer warp or (NP) by the first consumer thread. Each
+ * consumer thread loads its rows' chunks of a run from global memory itself, two runs ahead, and
+ * decodes them as tc_rows does (DA: run c + 1's while run c's MMAs run). A run's MMAs are waited
+ * for before its fold (ptxas serializes the MMAs when a fold reads one run's partial sums while
+ * the next run's are in flight), so an SM's warpgroups are what keep the tensor cores busy while
+ * one folds. A block may walk several token blocks (items) through one ring.
+ *
+ * Registers. An SM sub-partition holds 16K registers and a block's warps are spread over the
+ * four: a producer warp beside eight consumer warps puts three warps on one, which caps a thread
+ * at 168 registers, and the pass spills there (tests/cuda/ptxas_report.sh lists each kernel's
+ * registers, spills and any notice that ptxas serialized its MMAs). */
 #ifndef DSV4_CUDA_WGMMA_CUH
 #define DSV4_CUDA_WGMMA_CUH
 
@@ -29,12 +35,21 @@
 
 namespace dsv4cu {
 
-/* Tokens a pass, stages in the ring, consumer warpgroups a block. */
-enum { WG_N = 64, WG_NS = 4, WG_C = 2, WG_THREADS = WG_C * 128 + 32 };
+/* Tokens a pass, stages in the ring. */
+enum { WG_N = 64, WG_NS = 4 };
 /* Runs past the one loaded into registers whose chunks a thread asks the L2 for. */
 enum { WG_PF = 4 };
-/* Rows a block computes. */
-__host__ __device__ inline int wg_blocks(int64_t nr) { return (int)((nr + WG_C * 64 - 1) / (WG_C * 64)); }
+/* A block's shape: C consumer warpgroups (64 rows each) and, unless NP, a producer warp that
+ * issues the copies (NP: the first consumer thread issues them); DA whether a consumer decodes
+ * run c + 1 while run c's MMAs run (else before its own). The builds the host chooses from are
+ * listed by wg_variant. */
+template <int C, int NP>
+__host__ __device__ constexpr int wg_threads()
+{
+    return C * 128 + (NP ? 0 : 32);
+}
+/* Row blocks of C warpgroups over nr rows. */
+__host__ __device__ inline int wg_blocks(int64_t nr, int C) { return (int)((nr + C * 64 - 1) / (C * 64)); }
 
 /* Bytes of one staged (token block, run) tile of kind F with E terms. */
 template <int F, int E>
@@ -74,6 +89,11 @@ __device__ __forceinline__ void wg_mma(float *d, const uint32_t a[4], uint64_t b
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(acc));
 }
 __device__ __forceinline__ void wg_fence(void) { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+/* Pins register r at this point: an asynchronous MMA's operands are read (A) and written (D) after
+ * its issue, which the register allocator does not know, so a value an MMA in flight still uses
+ * is pinned where the MMA is waited for, and its registers are not reused before. */
+__device__ __forceinline__ void wg_pin(uint32_t &r) { asm volatile("" : "+r"(r)::"memory"); }
+__device__ __forceinline__ void wg_pin(float &r) { asm volatile("" : "+f"(r)::"memory"); }
 __device__ __forceinline__ void wg_commit(void) { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void wg_wait(void)
@@ -149,15 +169,59 @@ __host__ __device__ constexpr int wg_stage_threads()
     return WG_N * 4 * tcf<F>::G;
 }
 
-/* y[t, i] for rows i < nr (from r0) and tokens t < T <= WG_N of map m, as tc_rows<F, TC_TN / 8,
- * M, E> computes them, from x staged by wg_stage at xt, with xf[c] whether run c has mid or lo
- * terms (E = 3: a run without them takes only its hi MMAs, and only its hi terms are copied, as
- * tc_rows skips them): row block blk (WG_C 64 rows), slice group z of Z (part, pld, slab as in
- * tc_rows). Dynamic shared memory: wg_smem. */
-template <int F, int E, class M>
-__device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const M &m, int T, const uint8_t *xt,
-                                        const uint8_t *xf, int blk, float *part, int64_t pld, int64_t slab, int z, int Z)
+/* The items a block of wg_rows computes in turn, each at most WG_N tokens: item j's row map, its
+ * tokens, its staged tiles and flags (wg_stage), and its split slabs (NULL unsplit). */
+template <class M>
+struct wg_one { /* one item (an experts' tile) */
+    typedef M map_t;
+    M m;
+    int T;
+    const uint8_t *xt, *xf;
+    float *pt;
+    __device__ __forceinline__ int count() const { return 1; }
+    __device__ __forceinline__ M map(int) const { return m; }
+    __device__ __forceinline__ int tokens(int) const { return T; }
+    __device__ __forceinline__ const uint8_t *tiles(int) const { return xt; }
+    __device__ __forceinline__ const uint8_t *flags(int) const { return xf; }
+    __device__ __forceinline__ float *part(int) const { return pt; }
+};
+/* token blocks b0, b0 + step, ... of a dense x of T tokens staged per token block (a linear's;
+ * tstride the bytes of a token block's tiles, nrun its runs; split slabs [T, nr] shifted with the
+ * tokens) */
+struct wg_tblocks {
+    typedef dense_map map_t;
+    dense_map m;
+    int T, b0, step, nrun;
+    int64_t tstride, nr;
+    const uint8_t *xb, *xf;
+    float *pt;
+    __device__ __forceinline__ int count() const
+    {
+        const int nb = (T + WG_N - 1) / WG_N;
+        return b0 < nb ? (nb - 1 - b0) / step + 1 : 0;
+    }
+    __device__ __forceinline__ int tb(int j) const { return b0 + j * step; }
+    __device__ __forceinline__ dense_map map(int j) const { return m.at(tb(j) * WG_N); }
+    __device__ __forceinline__ int tokens(int j) const { return min(WG_N, T - tb(j) * WG_N); }
+    __device__ __forceinline__ const uint8_t *tiles(int j) const { return xb + tb(j) * tstride; }
+    __device__ __forceinline__ const uint8_t *flags(int j) const { return xf + (int64_t)tb(j) * nrun; }
+    __device__ __forceinline__ float *part(int j) const { return pt ? pt + (int64_t)tb(j) * WG_N * nr : NULL; }
+};
+
+/* y[t, i] for rows i < nr (from r0) and the tokens t of each item of L in turn, as tc_rows<F,
+ * TC_TN / 8, M, E> computes them, from x staged by wg_stage at L.tiles(j), with L.flags(j)[c]
+ * whether run c has mid or lo terms (E = 3: a run without them takes only its hi MMAs, and only
+ * its hi terms are copied, as tc_rows skips them): row block blk (C warpgroups of 64 rows), slice
+ * group z of Z (L.part, pld, slab as in tc_rows). One ring runs through all the items, so the
+ * copies and loads of the next item start before this one's sums are out. Dynamic shared
+ * memory: wg_smem. */
+template <int F, int E, class It, int C, int DA, int NP>
+__device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const It &L, int blk, int64_t pld,
+                                        int64_t slab, int z, int Z)
 {
+    typedef typename It::map_t M;
+    const int nit = L.count();
+    float *const part = L.part(0);
     enum { G = tcf<F>::G, TB = wg_tile_bytes<F, E>(), NV = WG_N / 2 };
     constexpr bool scaled = F != DSV4_WF_BF16;
     extern __shared__ __align__(128) uint8_t wsm[];
@@ -172,65 +236,121 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
     if (threadIdx.x == 0) {
         for (int i = 0; i < WG_NS; i++) {
             mb_init(full + 8 * i, 1);
-            mb_init(empty + 8 * i, WG_C * 4);
+            mb_init(empty + 8 * i, C * 4);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    if (warp == WG_C * 4) { /* the producer */
-        if (lane == 0)
-            for (int c = c_beg, i = 0; c < c_end; c++, i++) {
-                int s = i % WG_NS;
-                if (i >= WG_NS)
-                    mb_wait(empty + 8 * s, ((i / WG_NS) - 1) & 1);
-                const uint32_t bytes = E > 1 && !__ldg(xf + c) ? TB / E : TB;
-                mb_expect(full + 8 * s, bytes);
-                bulk_copy(sbase + s * TB, xt + (int64_t)c * TB, bytes, full + 8 * s);
-            }
-        return;
+    const int nsteps = nit * (c_end - c_beg);
+    /* the copy of the block's run r (item pj, run pc) into its stage, once the run WG_NS before
+     * it has left the stage; the counters then name run r + 1 */
+    int pj = 0, pc = c_beg;
+    auto produce = [&](int r) {
+        const int s = r % WG_NS;
+        if (r >= WG_NS)
+            mb_wait(empty + 8 * s, ((r / WG_NS) - 1) & 1);
+        const uint32_t bytes = E > 1 && !__ldg(L.flags(pj) + pc) ? TB / E : TB;
+        mb_expect(full + 8 * s, bytes);
+        bulk_copy(sbase + s * TB, L.tiles(pj) + (int64_t)pc * TB, bytes, full + 8 * s);
+        if (++pc == c_end) {
+            pc = c_beg;
+            pj++;
+        }
+    };
+    if constexpr (!NP) {
+        if (warp == C * 4) { /* the producer */
+            if (lane == 0)
+                for (int r = 0; r < nsteps; r++)
+                    produce(r);
+            return;
+        }
+    } else if (threadIdx.x == 0) {
+        for (int r = 0; r < WG_NS - 1 && r < nsteps; r++)
+            produce(r);
     }
-    const int i0 = blk * (WG_C * 64) + warp * 16;
+    const int i0 = blk * (C * 64) + warp * 16;
     const bool live = i0 < nr;
     const int64_t ra = r0 + (i0 + g < nr ? i0 + g : 0), rb = r0 + (i0 + g + 8 < nr ? i0 + g + 8 : 0);
     typedef typename tcf<F>::CT CT;
     const CT *ca = (const CT *)tc_row<F>(w, ra) + t, *cb = (const CT *)tc_row<F>(w, rb) + t;
     const int nch = k / (4 * G);
     const int64_t sa = scaled ? tc_srow<F>(w, ra) : 0, sb = scaled ? tc_srow<F>(w, rb) : 0;
-    /* run c's chunks and raw scales into slot h */
-    CT qa[2], qb[2];
-    uint32_t xa[2], xbs[2], wd[2];
-    auto load = [&](int h, int c) {
-        bool in = live && c < c_end && c * 4 + t < nch;
-        qa[h] = in ? __ldg(ca + c * 4) : CT{};
-        qb[h] = in ? __ldg(cb + c * 4) : CT{};
+    /* a run as loaded: its chunks of the two rows, raw scales and mid/lo flag */
+    struct raw {
+        CT qa, qb;
+        uint32_t xa, xb, wd;
+    };
+    auto load = [&](raw &q, int j, int c) {
+        bool in = live && j < nit && c * 4 + t < nch;
+        q.qa = in ? __ldg(ca + c * 4) : CT{};
+        q.qb = in ? __ldg(cb + c * 4) : CT{};
         /* run c + WG_PF's chunks toward the L2, so the load above finds them there when its turn
-         * comes (two runs of registers do not cover a load from memory) */
-        const int cp = c + WG_PF;
-        if (live && cp < c_end && cp * 4 + t < nch) {
+         * comes (the runs held in registers do not cover a load from memory) */
+        const int cp = c + WG_PF < c_end ? c + WG_PF : c + WG_PF - (c_end - c_beg);
+        if (live && j < nit && cp * 4 + t < nch) {
             asm volatile("prefetch.global.L2 [%0];" ::"l"(ca + cp * 4));
             asm volatile("prefetch.global.L2 [%0];" ::"l"(cb + cp * 4));
         }
-        if (E > 1)
-            wd[h] = c < c_end ? __ldg(xf + c) : 0u;
-        if (scaled) {
-            bool run = live && c < c_end;
-            xa[h] = run ? tc_scale_raw(w, sa + (c >> w.kss)) : 0u;
-            xbs[h] = run ? tc_scale_raw(w, sb + (c >> w.kss)) : 0u;
+        q.wd = E > 1 && j < nit ? __ldg(L.flags(j) + c) : 0u;
+        bool run = scaled && live && j < nit;
+        q.xa = run ? tc_scale_raw(w, sa + (c >> w.kss)) : 0u;
+        q.xb = run ? tc_scale_raw(w, sb + (c >> w.kss)) : 0u;
+    };
+    /* a run decoded: its A fragments, and its raw scales and flag (the scales are converted
+     * where they are used, outside the MMAs' flight) */
+    struct dec {
+        uint32_t a[G][4];
+        uint32_t xa, xb, wd;
+    };
+    auto decode = [&](dec &d, const raw &q) {
+#pragma unroll
+        for (int u = 0; u < G; u++) {
+            tc_decode<F>(q.qa, u, d.a[u][0], d.a[u][2]);
+            tc_decode<F>(q.qb, u, d.a[u][1], d.a[u][3]);
         }
+        d.xa = q.xa;
+        d.xb = q.xb;
+        d.wd = q.wd;
     };
     float acc[NV], tot[NV], p[NV];
 #pragma unroll
     for (int v = 0; v < NV; v++)
         acc[v] = tot[v] = 0.0f;
     int slice = s_beg, next = tc_slice(nrun, S, s_beg + 1);
+    int it = 0; /* the item computed */
     auto emit = [&](int sl) {
-        const M om = m.with_y(part + sl * slab, pld);
+        const M om = L.map(it).with_y(L.part(it) + sl * slab, pld);
+        const int T = L.tokens(it);
 #pragma unroll
         for (int v = 0; v < NV; v++) {
             int tk = 8 * (v >> 2) + 2 * t + (v & 1), i = i0 + g + ((v >> 1) & 1) * 8;
             if (tk < T && i < nr)
                 om.put(tk, i, acc[v]);
         }
+    };
+    /* the item's sums out, and the next item's begun */
+    auto item_end = [&]() {
+        if (live) {
+            if (part)
+                emit(slice);
+            else {
+                const M om = L.map(it);
+                const int T = L.tokens(it);
+#pragma unroll
+                for (int v = 0; v < NV; v++) {
+                    float y = slice ? tot[v] + acc[v] : acc[v];
+                    int tk = 8 * (v >> 2) + 2 * t + (v & 1), i = i0 + g + ((v >> 1) & 1) * 8;
+                    if (tk < T && i < nr)
+                        om.put(tk, i, y);
+                }
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < NV; v++)
+            acc[v] = tot[v] = 0.0f;
+        slice = s_beg;
+        next = tc_slice(nrun, S, s_beg + 1);
+        it++;
     };
     auto slice_end = [&]() {
         if (part)
@@ -243,74 +363,101 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
         slice++;
         next = tc_slice(nrun, S, slice + 1);
     };
-    load(0, c_beg);
-    load(1, c_beg + 1);
-    /* run c (i-th of the block's), its chunks in slot h: a slice ending before it first; then
-     * its stage, its fragments, its MMAs into p (BF16: into acc), and when they are done its
-     * stage released, slot h loaded with run c + 2 and p folded into the slice's sum */
-    auto step = [&](auto hc, int c, int i) {
-        constexpr int h = decltype(hc)::value;
-        while (c == next)
-            slice_end();
-        const int s = i % WG_NS;
-        uint32_t a[G][4];
+    /* the run's MMAs over EE terms (its mid and lo only where it has them) from stage s into p
+     * (BF16: into acc) */
+    auto mmas = [&](dec &d, int s, auto ec) {
+        constexpr int EE = decltype(ec)::value;
 #pragma unroll
-        for (int u = 0; u < G; u++) {
-            tc_decode<F>(qa[h], u, a[u][0], a[u][2]);
-            tc_decode<F>(qb[h], u, a[u][1], a[u][3]);
-        }
-        const float s0 = scaled ? tc_scale_of(w, xa[h]) : 1.0f, s1 = scaled ? tc_scale_of(w, xbs[h]) : 1.0f;
-        (void)s0, (void)s1;
-        mb_wait(full + 8 * s, (i / WG_NS) & 1);
-        /* the run's MMAs over EE terms (its mid and lo only where it has them) */
-        auto mmas = [&](auto ec) {
-            constexpr int EE = decltype(ec)::value;
-            wg_fence();
+        for (int v = 0; v < NV; v++)
+            wg_pin(scaled ? p[v] : acc[v]);
+        wg_fence();
 #pragma unroll
-            for (int u = 0; u < G; u++)
+        for (int u = 0; u < G; u++)
 #pragma unroll
-                for (int e = 0; e < EE; e++) {
-                    uint64_t d = wg_desc(sbase + s * TB + (e * G + u) * 32 * WG_N);
-                    if constexpr (scaled)
-                        wg_mma(p, a[u], d, u | e);
-                    else
-                        wg_mma(acc, a[u], d, 1);
-                }
-            wg_commit();
-        };
-        if (E > 1 && wd[h])
-            mmas(std::integral_constant<int, E>());
-        else
-            mmas(std::integral_constant<int, 1>());
+            for (int e = 0; e < EE; e++) {
+                uint64_t ds = wg_desc(sbase + s * TB + (e * G + u) * 32 * WG_N);
+                if constexpr (scaled)
+                    wg_mma(p, d.a[u], ds, u | e);
+                else
+                    wg_mma(acc, d.a[u], ds, 1);
+            }
+        wg_commit();
+    };
+    /* run d's MMAs done: their operands pinned until here */
+    auto done = [&](dec &d) {
         wg_wait<0>();
-        if (lane == 0)
-            mb_arrive(empty + 8 * s);
-        load(h, c + 2);
+#pragma unroll
+        for (int u = 0; u < G; u++)
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                wg_pin(d.a[u][j]);
+#pragma unroll
+        for (int v = 0; v < NV; v++)
+            wg_pin(scaled ? p[v] : acc[v]);
+    };
+    auto fold = [&](const dec &d) {
         if constexpr (scaled) {
+            const float s0 = tc_scale_of(w, d.xa), s1 = tc_scale_of(w, d.xb);
 #pragma unroll
             for (int v = 0; v < NV; v++)
                 acc[v] = fmaf(p[v], (v >> 1) & 1 ? s1 : s0, acc[v]);
         }
     };
-    std::integral_constant<int, 0> H0;
-    std::integral_constant<int, 1> H1;
-    for (int c = c_beg; c < c_end; c += 2) {
-        step(H0, c, c - c_beg);
-        if (c + 1 < c_end)
-            step(H1, c + 1, c + 1 - c_beg);
-    }
-    if (!live)
-        return;
-    if (part)
-        emit(slice);
-    else
-#pragma unroll
-        for (int v = 0; v < NV; v++) {
-            float y = slice ? tot[v] + acc[v] : acc[v];
-            int tk = 8 * (v >> 2) + 2 * t + (v & 1), i = i0 + g + ((v >> 1) & 1) * 8;
-            if (tk < T && i < nr)
-                m.put(tk, i, y);
+    /* One step a run, in one loop body, with the operands of the MMAs in flight pinned (wg_pin):
+     * without the pins, and with two steps a loop body under a branch for an odd count, ptxas
+     * serialized the FP4 builds' MMAs (C7520). Run c of item it, the i-th run of
+     * the block's: a slice ending before it first; then its stage awaited, its MMAs, and when
+     * they are done its stage released and p folded into the slice's sum; the item's sums out
+     * after its last run. The raw run two ahead (lj, lc: the next item's past the last) is
+     * loaded as soon as its registers are free. */
+    raw q0, q1;
+    dec d0;
+    int lj = 0, lc = c_beg;
+    auto load_next = [&](raw &q) {
+        load(q, lj, lc);
+        if (++lc == c_end) {
+            lc = c_beg;
+            lj++;
         }
+    };
+    load_next(q0);
+    load_next(q1);
+    if constexpr (DA)
+        decode(d0, q0); /* d0 holds run c, q1 the run after */
+#pragma unroll 1
+    for (int i = 0, c = c_beg; i < nsteps; i++) {
+        while (c == next)
+            slice_end();
+        const int s = i % WG_NS;
+        /* NP: run i + WG_NS - 1 into the stage run i - 1 leaves */
+        if (NP && threadIdx.x == 0 && i + WG_NS - 1 < nsteps)
+            produce(i + WG_NS - 1);
+        if constexpr (!DA) { /* q0 holds run c, q1 the run after */
+            decode(d0, q0);
+            q0 = q1;
+            load_next(q1);
+        }
+        mb_wait(full + 8 * s, (i / WG_NS) & 1);
+        if (E > 1 && d0.wd)
+            mmas(d0, s, std::integral_constant<int, E>());
+        else
+            mmas(d0, s, std::integral_constant<int, 1>());
+        [[maybe_unused]] dec d1;
+        if constexpr (DA) {
+            decode(d1, q1);
+            load_next(q1);
+        }
+        done(d0);
+        if (lane == 0)
+            mb_arrive(empty + 8 * s);
+        fold(d0);
+        if constexpr (DA)
+            d0 = d1;
+        if (++c == c_end) {
+            item_end();
+            c = c_beg;
+        }
+    }
 }
 
 /* Host side (linear.cu): whether a many-token pass of kind F over T tokens (or pairs) takes
@@ -320,6 +467,25 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
  * (which 0 or 1) of at least `bytes`, NULL when they cannot grow. */
 bool wg_use(int F, int T);
 uint8_t *wg_buf(int which, size_t bytes);
+/* The block shape the host launches (DSV4_CUDA_WG_V; docs/cuda.md): 0 (the default) two consumer
+ * warpgroups, the decode ahead (DA), no producer warp (NP); 1 the same with the producer warp;
+ * 2 the producer warp without DA (the shape the pass first had); 3 one consumer warpgroup with
+ * the producer warp and DA, two blocks an SM. */
+int wg_variant(void);
+/* fn(C, DA, NP) called with the block shape wg_variant names, as integral constants. */
+template <class Fn>
+void wg_shape(Fn &&fn)
+{
+    typedef std::integral_constant<int, 0> i0;
+    typedef std::integral_constant<int, 1> i1;
+    typedef std::integral_constant<int, 2> i2;
+    switch (wg_variant()) {
+    case 1: fn(i2(), i1(), i0()); break;
+    case 2: fn(i2(), i0(), i0()); break;
+    case 3: fn(i1(), i1(), i0()); break;
+    default: fn(i2(), i1(), i1()); break;
+    }
+}
 
 } // namespace dsv4cu
 
