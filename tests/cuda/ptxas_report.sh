@@ -19,6 +19,7 @@ for f in $files; do
                               match($0, /function '"'"'[^'"'"']*/); w[substr($0, RSTART + 10, RLENGTH - 10)] = c; next }
         /spill stores/ { sp[fn] = $5 + 0 }
         /Used [0-9]+ registers/ { match($0, /Used [0-9]+/); rg[fn] = substr($0, RSTART + 5, RLENGTH - 5) }
-        END { for (f in rg) if (f ~ /k_wg_(linear|ex_up|ex_down)/) print f, rg[f], "regs", sp[f] + 0, "spill", (f in w) ? w[f] : "" }
+        END { for (f in rg) if (f ~ /k_wg_(linear|ex_up|ex_down)/)
+                  print f, rg[f], "regs", sp[f] + 0, "spill", (f in w) ? w[f] : "" }
     ' "$T/log" | c++filt | sed 's/(.*)//' | sort
 done

@@ -290,10 +290,9 @@ __global__ void __launch_bounds__(wg_stage_threads<F>()) k_wg_ex_stage(const int
 }
 
 template <int F, int E, int C, int DA, int NP>
-__global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C) k_wg_ex_up(const wdev *t1, const wdev *t3, const int *tiles,
-                                                                    const int *ntiles, const int *ord, const uint8_t *xb,
-                                                                    const uint8_t *xf, int nrun, float *G, float *U, int K,
-                                                                    int D, int I, float *part, int64_t slab, int S1)
+__global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C)
+    k_wg_ex_up(const wdev *t1, const wdev *t3, const int *tiles, const int *ntiles, const int *ord, const uint8_t *xb,
+               const uint8_t *xf, int nrun, float *G, float *U, int K, int D, int I, float *part, int64_t slab, int S1)
 {
     PDL_WAIT();
     const int nrb = wg_blocks(I, C), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
@@ -305,14 +304,13 @@ __global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C) k_wg_ex_up(const w
     const wg_one<pair_map> L = {m, n, xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>(), xf + (int64_t)tl * nrun,
                                 part ? part + (z ? (int64_t)S1 * slab : 0) : NULL};
     wg_rows<F, E, wg_one<pair_map>, C, DA, NP>(w, 0, I, L, (int)(blockIdx.x % nrb), I, slab, (int)(blockIdx.z >> 1),
-                                           (int)(gridDim.z >> 1));
+                                               (int)(gridDim.z >> 1));
 }
 
 template <int F, int E, int C, int DA, int NP>
-__global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C) k_wg_ex_down(const wdev *t2, const int *tiles,
-                                                                      const int *ntiles, const int *ord, const uint8_t *xb,
-                                                                      const uint8_t *xf, int nrun, float *Y, int D, int I,
-                                                                      float *part, int64_t slab)
+__global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C)
+    k_wg_ex_down(const wdev *t2, const int *tiles, const int *ntiles, const int *ord, const uint8_t *xb,
+                 const uint8_t *xf, int nrun, float *Y, int D, int I, float *part, int64_t slab)
 {
     PDL_WAIT();
     const int nrb = wg_blocks(D, C), tl = (int)(blockIdx.x / nrb);
@@ -322,7 +320,7 @@ __global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C) k_wg_ex_down(const
     pair_map m = {NULL, Y, ord + s0, 1, I, D};
     const wg_one<pair_map> L = {m, n, xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>(), xf + (int64_t)tl * nrun, part};
     wg_rows<F, E, wg_one<pair_map>, C, DA, NP>(t2[e], 0, D, L, (int)(blockIdx.x % nrb), D, slab, (int)blockIdx.z,
-                                           (int)gridDim.z);
+                                               (int)gridDim.z);
 }
 
 /* h = swiglu(g, u), times the pair's weight when pre_weight; into G. */
@@ -421,8 +419,9 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
                     attr = true;
                 }
                 dim3 g((unsigned)((int64_t)NT * wg_blocks(I, C)), 1u, 2u * (unsigned)z1);
-                launch_k(k_wg_ex_up<F, E, C, DA, NP>, g, wg_threads<C, NP>(), wg_smem<F, E>(), stream, t1, t3, tiles, ntiles, ord,
-                         (const uint8_t *)xb1, (const uint8_t *)xf1, nrun1, G, U, K, D, I, p1, slab1, d1.tcs);
+                launch_k(k_wg_ex_up<F, E, C, DA, NP>, g, wg_threads<C, NP>(), wg_smem<F, E>(), stream, t1, t3, tiles,
+                         ntiles, ord, (const uint8_t *)xb1, (const uint8_t *)xf1, nrun1, G, U, K, D, I, p1, slab1,
+                         d1.tcs);
             });
         }
     if (!wg)
@@ -450,8 +449,8 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
             wg_shape([&](auto cc, auto dc, auto nc) {
                 constexpr int C = decltype(cc)::value, DA = decltype(dc)::value, NP = decltype(nc)::value;
                 dim3 g((unsigned)((int64_t)NT * wg_blocks(D, C)), 1u, (unsigned)z2);
-                launch_k(k_wg_ex_down<F, E, C, DA, NP>, g, wg_threads<C, NP>(), wg_smem<F, E>(), stream, t2, tiles, ntiles, ord,
-                         (const uint8_t *)xb2, (const uint8_t *)xf2, nrun2, Y, D, I, p2, slab2);
+                launch_k(k_wg_ex_down<F, E, C, DA, NP>, g, wg_threads<C, NP>(), wg_smem<F, E>(), stream, t2, tiles,
+                         ntiles, ord, (const uint8_t *)xb2, (const uint8_t *)xf2, nrun2, Y, D, I, p2, slab2);
             });
         }
     if (!wg)

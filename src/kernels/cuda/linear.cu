@@ -82,15 +82,15 @@ __global__ void __launch_bounds__(wg_stage_threads<F>()) k_wg_stage(dense_map m,
 }
 
 template <int F, int E, int C, int DA, int NP>
-__global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C) k_wg_linear(wdev w, int64_t r0, int nr, dense_map m, int T,
-                                                                     const uint8_t *xb, const uint8_t *xf, int nrun,
-                                                                     float *part)
+__global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C)
+    k_wg_linear(wdev w, int64_t r0, int nr, dense_map m, int T, const uint8_t *xb, const uint8_t *xf, int nrun,
+                float *part)
 {
     PDL_WAIT();
     const wg_tblocks L = {m, T, (int)blockIdx.y, (int)gridDim.y, nrun, (int64_t)nrun * wg_tile_bytes<F, E>(), nr,
                           xb, xf, part};
     wg_rows<F, E, wg_tblocks, C, DA, NP>(w, r0, nr, L, (int)blockIdx.x, nr, (int64_t)T * nr, (int)blockIdx.z,
-                                     (int)gridDim.z);
+                                         (int)gridDim.z);
 }
 
 template <int F, int NT>
@@ -231,7 +231,8 @@ static void launch_wg_rows(lin_jobs &J, int T, int Z, float *part, const dense_m
     }
     const int Y = (int)cdiv(tbs, walk);
     dim3 grid((unsigned)rbs, (unsigned)Y, (unsigned)Z);
-    launch_k(k_wg_linear<F, E, C, DA, NP>, grid, wg_threads<C, NP>(), smem, st, J.w[0], J.r0[0], J.nr, m, T, xb, xf, nrun, part);
+    launch_k(k_wg_linear<F, E, C, DA, NP>, grid, wg_threads<C, NP>(), smem, st, J.w[0], J.r0[0], J.nr, m, T, xb, xf,
+             nrun, part);
 }
 
 int dsv4cu::wg_variant(void)
