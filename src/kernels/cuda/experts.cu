@@ -289,38 +289,73 @@ __global__ void __launch_bounds__(wg_stage_threads<F>()) k_wg_ex_stage(const int
     }
 }
 
-template <int F, int E, int C, int DA, int NP>
+/* Pairs a tile holds on the tensor-core path when the pairs average EX_TC_BUSY an expert (8
+ * below). */
+enum { EX_TC_TILE = TC_TN, EX_TC_BUSY = 16 };
+
+/* A wgmma block's items: tile tl of expert e (first pair s0, n pairs), and with NB = 2 the
+ * expert's next tile beside it (its tiles paired from the first, off[e] the expert's first
+ * pair). Whether the block has them: false for the second tile of a pair. */
+template <int F, int E, int NB>
+__device__ __forceinline__ bool wg_ex_items(const int *tiles, const int *ntiles, const int *off, int tl, int e,
+                                            int s0, int n, const float *y, int xdiv, int64_t ldy, const int *ord,
+                                            const uint8_t *xb, const uint8_t *xf, int nrun, float *part,
+                                            wg_tiles<pair_map, NB> &L)
+{
+    static_assert(EX_TC_TILE == WG_N, "a tile is one token block of the pass");
+    int e1 = -1, s1 = 0, n1 = 0;
+    if (NB > 1) {
+        if (((s0 - __ldg(off + e)) / WG_N) & 1)
+            return false;
+        if (!ex_tile(tiles, ntiles, tl + 1, e1, s1, n1))
+            e1 = -1;
+    }
+    L.n = e1 == e ? 2 : 1;
+    L.pt = part;
+#pragma unroll
+    for (int h = 0; h < NB; h++) {
+        L.m[h] = pair_map{NULL, (float *)y, ord + (h ? s1 : s0), xdiv, 0, ldy};
+        L.T[h] = h ? n1 : n;
+        L.xt[h] = xb + (int64_t)(tl + h) * nrun * wg_tile_bytes<F, E>();
+        L.xf[h] = xf + (int64_t)(tl + h) * nrun;
+    }
+    return true;
+}
+
+template <int F, int E, int C, int DA, int NP, int NB>
 __global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C)
-    k_wg_ex_up(const wdev *t1, const wdev *t3, const int *tiles, const int *ntiles, const int *ord, const uint8_t *xb,
-               const uint8_t *xf, int nrun, float *G, float *U, int K, int D, int I, float *part, int64_t slab, int S1)
+    k_wg_ex_up(const wdev *t1, const wdev *t3, const int *tiles, const int *ntiles, const int *off, const int *ord,
+               const uint8_t *xb, const uint8_t *xf, int nrun, float *G, float *U, int K, int D, int I, float *part,
+               int64_t slab, int S1)
 {
     PDL_WAIT();
     const int nrb = wg_blocks(I, C), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
     int e, s0, n;
-    if (!ex_tile(tiles, ntiles, tl, e, s0, n))
+    wg_tiles<pair_map, NB> L;
+    if (!ex_tile(tiles, ntiles, tl, e, s0, n) ||
+        !wg_ex_items<F, E, NB>(tiles, ntiles, off, tl, e, s0, n, z ? U : G, K, I, ord, xb, xf, nrun,
+                               part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, L))
         return;
-    wdev w = z ? t3[e] : t1[e];
-    pair_map m = {NULL, z ? U : G, ord + s0, K, D, I};
-    const wg_one<pair_map> L = {m, n, xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>(), xf + (int64_t)tl * nrun,
-                                part ? part + (z ? (int64_t)S1 * slab : 0) : NULL};
-    wg_rows<F, E, wg_one<pair_map>, C, DA, NP>(w, 0, I, L, (int)(blockIdx.x % nrb), I, slab, (int)(blockIdx.z >> 1),
-                                               (int)(gridDim.z >> 1));
+    const wdev w = z ? t3[e] : t1[e];
+    wg_rows<F, E, wg_tiles<pair_map, NB>, C, DA, NP, NB>(w, 0, I, L, (int)(blockIdx.x % nrb), I, slab,
+                                                     (int)(blockIdx.z >> 1), (int)(gridDim.z >> 1));
 }
 
-template <int F, int E, int C, int DA, int NP>
+template <int F, int E, int C, int DA, int NP, int NB>
 __global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C)
-    k_wg_ex_down(const wdev *t2, const int *tiles, const int *ntiles, const int *ord, const uint8_t *xb,
-                 const uint8_t *xf, int nrun, float *Y, int D, int I, float *part, int64_t slab)
+    k_wg_ex_down(const wdev *t2, const int *tiles, const int *ntiles, const int *off, const int *ord,
+                 const uint8_t *xb, const uint8_t *xf, int nrun, float *Y, int D, int I, float *part, int64_t slab)
 {
     PDL_WAIT();
     const int nrb = wg_blocks(D, C), tl = (int)(blockIdx.x / nrb);
     int e, s0, n;
-    if (!ex_tile(tiles, ntiles, tl, e, s0, n))
+    wg_tiles<pair_map, NB> L;
+    if (!ex_tile(tiles, ntiles, tl, e, s0, n) ||
+        !wg_ex_items<F, E, NB>(tiles, ntiles, off, tl, e, s0, n, Y, 1, D, ord, xb, xf, nrun, part, L))
         return;
-    pair_map m = {NULL, Y, ord + s0, 1, I, D};
-    const wg_one<pair_map> L = {m, n, xb + (int64_t)tl * nrun * wg_tile_bytes<F, E>(), xf + (int64_t)tl * nrun, part};
-    wg_rows<F, E, wg_one<pair_map>, C, DA, NP>(t2[e], 0, D, L, (int)(blockIdx.x % nrb), D, slab, (int)blockIdx.z,
-                                               (int)gridDim.z);
+    const wdev w = t2[e];
+    wg_rows<F, E, wg_tiles<pair_map, NB>, C, DA, NP, NB>(w, 0, D, L, (int)(blockIdx.x % nrb), D, slab,
+                                                     (int)blockIdx.z, (int)gridDim.z);
 }
 
 /* h = swiglu(g, u), times the pair's weight when pre_weight; into G. */
@@ -371,17 +406,14 @@ __global__ void k_ex_sum(const float *Y, const float *wts, const int32_t *eid, i
     y[i] = s;
 }
 
-/* Pairs a tile holds on the tensor-core path when the pairs average EX_TC_BUSY an expert (8
- * below). */
-enum { EX_TC_TILE = TC_TN, EX_TC_BUSY = 16 };
-
 /* The tensor-core path: W1/W3, the activation, W2, each tile's rows in one pass; a launch split
  * into slice groups (tc_groups, from the weight and the tile grid) is folded after it. The
  * grids cover the tile bound NT; tiles past the count exit. E terms of x: one under REF, whose
  * quantized x and h are bf16 values (mma.cuh). */
 template <int F, int NTT, int E>
 static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const wdev *t2, const wdev *t3, int NT,
-                              const int *tiles, const int *ntiles, const int *ord, float *G, float *U, float *Y)
+                              const int *tiles, const int *ntiles, const int *off, const int *ord, float *G, float *U,
+                              float *Y)
 {
     wdev d1 = wdev_of_n(&a->w1[0], NULL, NULL, a->K), d2 = wdev_of_n(&a->w2[0], NULL, NULL, a->K);
     int K = a->K, D = a->D, I = a->I, threads = TC_TW * 32;
@@ -408,20 +440,21 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
         if (wg) {
             launch_k(k_wg_ex_stage<F, E>, dim3(1u, (unsigned)nrun1, (unsigned)NT), wg_stage_threads<F>(), 0, stream, tiles,
                      ntiles, ord, a->x, K, (int64_t)D, D, nrun1, xb1, xf1);
-            wg_shape([&](auto cc, auto dc, auto nc) {
-                constexpr int C = decltype(cc)::value, DA = decltype(dc)::value, NP = decltype(nc)::value;
+            wg_shape([&](auto cc, auto dc, auto nc, auto bc) {
+                constexpr int C = decltype(cc)::value, DA = decltype(dc)::value, NP = decltype(nc)::value,
+                              NB = decltype(bc)::value;
                 static bool attr = false;
                 if (!attr) {
-                    cudaFuncSetAttribute(k_wg_ex_up<F, E, C, DA, NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)wg_smem<F, E>());
-                    cudaFuncSetAttribute(k_wg_ex_down<F, E, C, DA, NP>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)wg_smem<F, E>());
+                    cudaFuncSetAttribute(k_wg_ex_up<F, E, C, DA, NP, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)wg_smem<F, E, NB>());
+                    cudaFuncSetAttribute(k_wg_ex_down<F, E, C, DA, NP, NB>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem<F, E, NB>());
                     attr = true;
                 }
                 dim3 g((unsigned)((int64_t)NT * wg_blocks(I, C)), 1u, 2u * (unsigned)z1);
-                launch_k(k_wg_ex_up<F, E, C, DA, NP>, g, wg_threads<C, NP>(), wg_smem<F, E>(), stream, t1, t3, tiles,
-                         ntiles, ord, (const uint8_t *)xb1, (const uint8_t *)xf1, nrun1, G, U, K, D, I, p1, slab1,
-                         d1.tcs);
+                launch_k(k_wg_ex_up<F, E, C, DA, NP, NB>, g, wg_threads<C, NP>(), wg_smem<F, E, NB>(), stream, t1, t3,
+                         tiles, ntiles, off, ord, (const uint8_t *)xb1, (const uint8_t *)xf1, nrun1, G, U, K, D, I, p1,
+                         slab1, d1.tcs);
             });
         }
     if (!wg)
@@ -446,11 +479,13 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
         if (wg) {
             launch_k(k_wg_ex_stage<F, E>, dim3(1u, (unsigned)nrun2, (unsigned)NT), wg_stage_threads<F>(), 0, stream, tiles,
                      ntiles, ord, (const float *)G, 1, (int64_t)I, I, nrun2, xb2, xf2);
-            wg_shape([&](auto cc, auto dc, auto nc) {
-                constexpr int C = decltype(cc)::value, DA = decltype(dc)::value, NP = decltype(nc)::value;
+            wg_shape([&](auto cc, auto dc, auto nc, auto bc) {
+                constexpr int C = decltype(cc)::value, DA = decltype(dc)::value, NP = decltype(nc)::value,
+                              NB = decltype(bc)::value;
                 dim3 g((unsigned)((int64_t)NT * wg_blocks(D, C)), 1u, (unsigned)z2);
-                launch_k(k_wg_ex_down<F, E, C, DA, NP>, g, wg_threads<C, NP>(), wg_smem<F, E>(), stream, t2, tiles,
-                         ntiles, ord, (const uint8_t *)xb2, (const uint8_t *)xf2, nrun2, Y, D, I, p2, slab2);
+                launch_k(k_wg_ex_down<F, E, C, DA, NP, NB>, g, wg_threads<C, NP>(), wg_smem<F, E, NB>(), stream, t2,
+                         tiles, ntiles, off, ord, (const uint8_t *)xb2, (const uint8_t *)xf2, nrun2, Y, D, I, p2,
+                         slab2);
             });
         }
     if (!wg)
@@ -465,26 +500,27 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
  * agree: experts_run). */
 template <int F, int E>
 static void launch_tc_tile(const dsv4_experts_args *a, const wdev *t1, const wdev *t2, const wdev *t3, int tile, int NT,
-                           const int *tiles, const int *ntiles, const int *ord, float *G, float *U, float *Y)
+                           const int *tiles, const int *ntiles, const int *off, const int *ord, float *G, float *U,
+                           float *Y)
 {
     if constexpr (F == DSV4_WF_FP8)
         if (tc_kind(&a->w1[0]) == TC_FP8_32) {
             if (tile <= 8)
-                launch_tc_experts<TC_FP8_32, 1, E>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+                launch_tc_experts<TC_FP8_32, 1, E>(a, t1, t2, t3, NT, tiles, ntiles, off, ord, G, U, Y);
             else
-                launch_tc_experts<TC_FP8_32, TC_TN / 8, E>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+                launch_tc_experts<TC_FP8_32, TC_TN / 8, E>(a, t1, t2, t3, NT, tiles, ntiles, off, ord, G, U, Y);
             return;
         }
     if (tile <= 8)
-        launch_tc_experts<F, 1, E>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+        launch_tc_experts<F, 1, E>(a, t1, t2, t3, NT, tiles, ntiles, off, ord, G, U, Y);
     else
-        launch_tc_experts<F, TC_TN / 8, E>(a, t1, t2, t3, NT, tiles, ntiles, ord, G, U, Y);
+        launch_tc_experts<F, TC_TN / 8, E>(a, t1, t2, t3, NT, tiles, ntiles, off, ord, G, U, Y);
 }
 
 template <int F>
 static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wdev *t2, const wdev *t3, bool vec1,
-                           bool vec2, bool tc, int tile, int NT, const int *tiles, const int *ntiles, const int *ord, float *G,
-                           float *U, float *Y)
+                           bool vec2, bool tc, int tile, int NT, const int *tiles, const int *ntiles, const int *off,
+                           const int *ord, float *G, float *U, float *Y)
 {
     const dsv4_weight *w1 = &a->w1[0], *w2 = &a->w2[0];
     if constexpr (F == DSV4_WF_BF16 || F == DSV4_WF_FP8 || F == DSV4_WF_FP4) {
@@ -492,10 +528,10 @@ static void launch_experts(const dsv4_experts_args *a, const wdev *t1, const wde
             /* REF quantizes x and h of FP8 and FP4 experts (experts_run, ex_ref_h): bf16 values */
             if constexpr (F != DSV4_WF_BF16)
                 if (a->ref) {
-                    launch_tc_tile<F, TC_X1>(a, t1, t2, t3, tile, NT, tiles, ntiles, ord, G, U, Y);
+                    launch_tc_tile<F, TC_X1>(a, t1, t2, t3, tile, NT, tiles, ntiles, off, ord, G, U, Y);
                     return;
                 }
-            launch_tc_tile<F, TC_X3>(a, t1, t2, t3, tile, NT, tiles, ntiles, ord, G, U, Y);
+            launch_tc_tile<F, TC_X3>(a, t1, t2, t3, tile, NT, tiles, ntiles, off, ord, G, U, Y);
             return;
         }
     }
@@ -730,11 +766,11 @@ static void experts_run(const dsv4_experts_args *a)
             t3 = st[2];
             prof_split("experts: staging");
             switch (a->w1[0].form) {
-            case DSV4_WF_F32: launch_experts<DSV4_WF_F32>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
-            case DSV4_WF_BF16: launch_experts<DSV4_WF_BF16>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
-            case DSV4_WF_F16: launch_experts<DSV4_WF_F16>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
-            case DSV4_WF_FP8: launch_experts<DSV4_WF_FP8>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
-            default: launch_experts<DSV4_WF_FP4>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, ord, G, U, Y); break;
+            case DSV4_WF_F32: launch_experts<DSV4_WF_F32>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, off, ord, G, U, Y); break;
+            case DSV4_WF_BF16: launch_experts<DSV4_WF_BF16>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, off, ord, G, U, Y); break;
+            case DSV4_WF_F16: launch_experts<DSV4_WF_F16>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, off, ord, G, U, Y); break;
+            case DSV4_WF_FP8: launch_experts<DSV4_WF_FP8>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, off, ord, G, U, Y); break;
+            default: launch_experts<DSV4_WF_FP4>(a, t1, t2, t3, vec1, vec2, tc, tile, (int)NT, tiles, ntiles, off, ord, G, U, Y); break;
             }
             if (a->ref && launched("experts"))
                 round_bf16_launch(Y, RK * D);

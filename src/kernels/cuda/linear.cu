@@ -81,16 +81,16 @@ __global__ void __launch_bounds__(wg_stage_threads<F>()) k_wg_stage(dense_map m,
     }
 }
 
-template <int F, int E, int C, int DA, int NP>
+template <int F, int E, int C, int DA, int NP, int NB>
 __global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C)
     k_wg_linear(wdev w, int64_t r0, int nr, dense_map m, int T, const uint8_t *xb, const uint8_t *xf, int nrun,
                 float *part)
 {
     PDL_WAIT();
-    const wg_tblocks L = {m, T, (int)blockIdx.y, (int)gridDim.y, nrun, (int64_t)nrun * wg_tile_bytes<F, E>(), nr,
-                          xb, xf, part};
-    wg_rows<F, E, wg_tblocks, C, DA, NP>(w, r0, nr, L, (int)blockIdx.x, nr, (int64_t)T * nr, (int)blockIdx.z,
-                                         (int)gridDim.z);
+    const wg_tblocks<NB> L = {m, T, (int)blockIdx.y, (int)gridDim.y, nrun, (int64_t)nrun * wg_tile_bytes<F, E>(), nr,
+                              xb, xf, part};
+    wg_rows<F, E, wg_tblocks<NB>, C, DA, NP, NB>(w, r0, nr, L, (int)blockIdx.x, nr, (int64_t)T * nr, (int)blockIdx.z,
+                                             (int)gridDim.z);
 }
 
 template <int F, int NT>
@@ -211,28 +211,29 @@ bool dsv4cu::wg_use(int F, int T)
     return mode == 2 && F != DSV4_WF_BF16 && T > TC_TN;
 }
 
-template <int F, int E, int C, int DA, int NP>
+template <int F, int E, int C, int DA, int NP, int NB>
 static void launch_wg_rows(lin_jobs &J, int T, int Z, float *part, const dense_map &m, const uint8_t *xb,
                            const uint8_t *xf, int nrun, cudaStream_t st)
 {
-    const size_t smem = wg_smem<F, E>();
+    const size_t smem = wg_smem<F, E, NB>();
     static bool attr = false;
     if (!attr) {
-        cudaFuncSetAttribute(k_wg_linear<F, E, C, DA, NP>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaFuncSetAttribute(k_wg_linear<F, E, C, DA, NP, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         attr = true;
     }
-    /* token blocks a block walks through one ring: one, or DSV4_CUDA_WG_P=n (an experiment) */
-    const int rbs = wg_blocks(J.nr, C), tbs = (int)cdiv(T, WG_N);
+    /* groups of NB token blocks a block walks through one ring: one, or DSV4_CUDA_WG_P=n (an
+     * experiment) */
+    const int rbs = wg_blocks(J.nr, C), tgs = (int)cdiv(cdiv(T, WG_N), NB);
     static int walk = -1;
     if (walk < 0) {
         const char *e = getenv("DSV4_CUDA_WG_P");
         walk = e ? atoi(e) : 1;
         walk = walk < 1 ? 1 : walk;
     }
-    const int Y = (int)cdiv(tbs, walk);
+    const int Y = (int)cdiv(tgs, walk);
     dim3 grid((unsigned)rbs, (unsigned)Y, (unsigned)Z);
-    launch_k(k_wg_linear<F, E, C, DA, NP>, grid, wg_threads<C, NP>(), smem, st, J.w[0], J.r0[0], J.nr, m, T, xb, xf,
-             nrun, part);
+    launch_k(k_wg_linear<F, E, C, DA, NP, NB>, grid, wg_threads<C, NP>(), smem, st, J.w[0], J.r0[0], J.nr, m, T, xb,
+             xf, nrun, part);
 }
 
 int dsv4cu::wg_variant(void)
@@ -240,7 +241,7 @@ int dsv4cu::wg_variant(void)
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("DSV4_CUDA_WG_V");
-        v = e && e[0] >= '0' && e[0] <= '3' && !e[1] ? e[0] - '0' : 0;
+        v = e && e[0] >= '0' && e[0] <= '4' && !e[1] ? e[0] - '0' : 0;
     }
     return v;
 }
@@ -259,9 +260,9 @@ static bool launch_wg(lin_jobs &J, int T, int Z, float *part, cudaStream_t st)
     uint8_t *xf = xb + bytes;
     dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};
     launch_k(k_wg_stage<F, E>, dim3(1u, (unsigned)nrun, (unsigned)tbs), wg_stage_threads<F>(), 0, st, m, T, k, nrun, xb, xf);
-    wg_shape([&](auto c, auto da, auto np) {
-        launch_wg_rows<F, E, decltype(c)::value, decltype(da)::value, decltype(np)::value>(J, T, Z, part, m, xb, xf,
-                                                                                           nrun, st);
+    wg_shape([&](auto c, auto da, auto np, auto nb) {
+        launch_wg_rows<F, E, decltype(c)::value, decltype(da)::value, decltype(np)::value, decltype(nb)::value>(
+            J, T, Z, part, m, xb, xf, nrun, st);
     });
     return true;
 }

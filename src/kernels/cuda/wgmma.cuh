@@ -22,7 +22,8 @@
  * decodes them as tc_rows does (DA: run c + 1's while run c's MMAs run). A run's MMAs are waited
  * for before its fold (ptxas serializes the MMAs when a fold reads one run's partial sums while
  * the next run's are in flight), so an SM's warpgroups are what keep the tensor cores busy while
- * one folds. A block may walk several token blocks (items) through one ring.
+ * one folds. A block may walk several items through one ring, and an item may be NB token blocks
+ * whose MMA chains share each run's decoded weights.
  *
  * Registers. An SM sub-partition holds 16K registers and a block's warps are spread over the
  * four: a producer warp beside eight consumer warps puts three warps on one, which caps a thread
@@ -58,11 +59,24 @@ __host__ __device__ constexpr int wg_tile_bytes()
     return E * tcf<F>::G * 32 * WG_N;
 }
 
-/* Dynamic shared memory of a wg_rows block: WG_NS stages, then 2 WG_NS mbarriers. */
-template <int F, int E>
+/* Stages in the ring of a pass over NB token blocks: WG_NS, or 3 where WG_NS stages and the
+ * slices' totals would pass the 227 KB a block may have (FP8 with three terms, NB = 2). */
+template <int F, int E, int NB>
+__host__ __device__ constexpr int wg_ns()
+{
+    return (size_t)WG_NS * NB * wg_tile_bytes<F, E>() + (NB > 1 ? (size_t)NB * (WG_N / 2) * 256 * 4 : 0) + 16 * WG_NS >
+                   227 * 1024
+               ? 3
+               : WG_NS;
+}
+
+/* Dynamic shared memory of a wg_rows block: the stages (NB tiles each), 2 mbarriers a stage,
+ * and for NB > 1 the slices' totals of each consumer thread (wg_rows). */
+template <int F, int E, int NB>
 __host__ __device__ constexpr size_t wg_smem()
 {
-    return (size_t)WG_NS * wg_tile_bytes<F, E>() + 16 * WG_NS;
+    return (size_t)wg_ns<F, E, NB>() * NB * wg_tile_bytes<F, E>() + 16 * wg_ns<F, E, NB>() +
+           (NB > 1 ? (size_t)NB * (WG_N / 2) * 256 * 4 : 0);
 }
 
 /* A shared-memory matrix descriptor for a canonical no-swizzle K-major operand at s. */
@@ -169,64 +183,78 @@ __host__ __device__ constexpr int wg_stage_threads()
     return WG_N * 4 * tcf<F>::G;
 }
 
-/* The items a block of wg_rows computes in turn, each at most WG_N tokens: item j's row map, its
- * tokens, its staged tiles and flags (wg_stage), and its split slabs (NULL unsplit). */
-template <class M>
-struct wg_one { /* one item (an experts' tile) */
+/* The items a block of wg_rows computes in turn, each NB token blocks or fewer (subs) of at
+ * most WG_N tokens that the pass computes with the same decoded weights: item j's block h has a
+ * row map, its tokens, its staged tiles and flags (wg_stage), and its split slabs (NULL
+ * unsplit). */
+template <class M, int NB>
+struct wg_tiles { /* an experts' tile, or NB tiles of one expert */
     typedef M map_t;
-    M m;
-    int T;
-    const uint8_t *xt, *xf;
+    M m[NB];
+    int T[NB], n;
+    const uint8_t *xt[NB], *xf[NB];
     float *pt;
     __device__ __forceinline__ int count() const { return 1; }
-    __device__ __forceinline__ M map(int) const { return m; }
-    __device__ __forceinline__ int tokens(int) const { return T; }
-    __device__ __forceinline__ const uint8_t *tiles(int) const { return xt; }
-    __device__ __forceinline__ const uint8_t *flags(int) const { return xf; }
-    __device__ __forceinline__ float *part(int) const { return pt; }
+    __device__ __forceinline__ int subs(int) const { return n; }
+    __device__ __forceinline__ M map(int, int h) const { return m[h]; }
+    __device__ __forceinline__ int tokens(int, int h) const { return T[h]; }
+    __device__ __forceinline__ const uint8_t *tiles(int, int h) const { return xt[h]; }
+    __device__ __forceinline__ const uint8_t *flags(int, int h) const { return xf[h]; }
+    __device__ __forceinline__ float *part(int, int) const { return pt; }
 };
-/* token blocks b0, b0 + step, ... of a dense x of T tokens staged per token block (a linear's;
- * tstride the bytes of a token block's tiles, nrun its runs; split slabs [T, nr] shifted with the
- * tokens) */
+/* groups of NB token blocks (item j: group b0 + j step) of a dense x of T tokens staged per
+ * token block (a linear's; tstride the bytes of a token block's tiles, nrun its runs; split
+ * slabs [T, nr] shifted with the tokens) */
+template <int NB>
 struct wg_tblocks {
     typedef dense_map map_t;
+    enum { nb = NB };
     dense_map m;
     int T, b0, step, nrun;
     int64_t tstride, nr;
     const uint8_t *xb, *xf;
     float *pt;
+    __device__ __forceinline__ int blocks() const { return (T + WG_N - 1) / WG_N; }
     __device__ __forceinline__ int count() const
     {
-        const int nb = (T + WG_N - 1) / WG_N;
-        return b0 < nb ? (nb - 1 - b0) / step + 1 : 0;
+        const int ng = (blocks() + nb - 1) / nb;
+        return b0 < ng ? (ng - 1 - b0) / step + 1 : 0;
     }
-    __device__ __forceinline__ int tb(int j) const { return b0 + j * step; }
-    __device__ __forceinline__ dense_map map(int j) const { return m.at(tb(j) * WG_N); }
-    __device__ __forceinline__ int tokens(int j) const { return min(WG_N, T - tb(j) * WG_N); }
-    __device__ __forceinline__ const uint8_t *tiles(int j) const { return xb + tb(j) * tstride; }
-    __device__ __forceinline__ const uint8_t *flags(int j) const { return xf + (int64_t)tb(j) * nrun; }
-    __device__ __forceinline__ float *part(int j) const { return pt ? pt + (int64_t)tb(j) * WG_N * nr : NULL; }
+    __device__ __forceinline__ int tb(int j, int h) const { return (b0 + j * step) * nb + h; }
+    __device__ __forceinline__ int subs(int j) const { return min(nb, blocks() - tb(j, 0)); }
+    __device__ __forceinline__ dense_map map(int j, int h) const { return m.at(tb(j, h) * WG_N); }
+    __device__ __forceinline__ int tokens(int j, int h) const { return min(WG_N, T - tb(j, h) * WG_N); }
+    __device__ __forceinline__ const uint8_t *tiles(int j, int h) const { return xb + tb(j, h) * tstride; }
+    __device__ __forceinline__ const uint8_t *flags(int j, int h) const { return xf + (int64_t)tb(j, h) * nrun; }
+    __device__ __forceinline__ float *part(int j, int h) const
+    {
+        return pt ? pt + (int64_t)tb(j, h) * WG_N * nr : NULL;
+    }
 };
 
 /* y[t, i] for rows i < nr (from r0) and the tokens t of each item of L in turn, as tc_rows<F,
- * TC_TN / 8, M, E> computes them, from x staged by wg_stage at L.tiles(j), with L.flags(j)[c]
- * whether run c has mid or lo terms (E = 3: a run without them takes only its hi MMAs, and only
- * its hi terms are copied, as tc_rows skips them): row block blk (C warpgroups of 64 rows), slice
- * group z of Z (L.part, pld, slab as in tc_rows). One ring runs through all the items, so the
- * copies and loads of the next item start before this one's sums are out. Dynamic shared
- * memory: wg_smem. */
-template <int F, int E, class It, int C, int DA, int NP>
+ * TC_TN / 8, M, E> computes them, from x staged by wg_stage at L.tiles(j, h), with L.flags(j,
+ * h)[c] whether run c has mid or lo terms (E = 3: a run without them in any of the item's token
+ * blocks takes only its hi MMAs, and only its hi terms are copied, as tc_rows skips them; one with
+ * them takes every term for each block, whose zero terms leave the sums as they are): row block
+ * blk (C warpgroups of 64 rows), slice group z of Z (L.part, pld, slab as in tc_rows). Each run's
+ * weights are decoded once for the item's NB token blocks, an MMA chain a block. One ring runs
+ * through all the items, so the copies and loads of the next item start before this one's sums
+ * are out. Dynamic shared memory: wg_smem. */
+template <int F, int E, class It, int C, int DA, int NP, int NB>
 __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const It &L, int blk, int64_t pld,
                                         int64_t slab, int z, int Z)
 {
     typedef typename It::map_t M;
     const int nit = L.count();
-    float *const part = L.part(0);
-    enum { G = tcf<F>::G, TB = wg_tile_bytes<F, E>(), NV = WG_N / 2 };
+    float *const part = L.part(0, 0);
+    enum { G = tcf<F>::G, TB = wg_tile_bytes<F, E>(), NV = WG_N / 2, NS = wg_ns<F, E, NB>(), SB = NB * TB };
     constexpr bool scaled = F != DSV4_WF_BF16;
     extern __shared__ __align__(128) uint8_t wsm[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wsm);
-    const uint32_t full = sbase + WG_NS * TB, empty = full + 8 * WG_NS;
+    const uint32_t full = sbase + NS * SB, empty = full + 8 * NS;
+    /* NB > 1: the slices' totals, [NB * NV][C * 128] (registers would not hold them) */
+    float *const tsm = (float *)(wsm + NS * SB + 16 * NS);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int S = w.tcs, k = (int)w.k, nrun = (k + 16 * G - 1) / (16 * G);
     if (part && z >= Z)
@@ -234,7 +262,7 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
     const int s_beg = part ? z * (S / Z) : 0, s_end = part ? (z + 1) * (S / Z) : S;
     const int c_beg = tc_slice(nrun, S, s_beg), c_end = tc_slice(nrun, S, s_end);
     if (threadIdx.x == 0) {
-        for (int i = 0; i < WG_NS; i++) {
+        for (int i = 0; i < NS; i++) {
             mb_init(full + 8 * i, 1);
             mb_init(empty + 8 * i, C * 4);
         }
@@ -242,16 +270,29 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
     }
     __syncthreads();
     const int nsteps = nit * (c_end - c_beg);
-    /* the copy of the block's run r (item pj, run pc) into its stage, once the run WG_NS before
+    /* item j's token blocks */
+    auto subs = [&](int j) { return NB == 1 ? 1 : L.subs(j); };
+    /* whether run c of item j has mid or lo terms in any of its token blocks */
+    auto wide = [&](int j, int c) -> uint32_t {
+        uint32_t f = 0;
+        if (E > 1)
+#pragma unroll
+            for (int h = 0; h < NB; h++)
+                if (h < subs(j))
+                    f |= __ldg(L.flags(j, h) + c);
+        return f;
+    };
+    /* the copy of the block's run r (item pj, run pc) into its stage, once the run NS before
      * it has left the stage; the counters then name run r + 1 */
     int pj = 0, pc = c_beg;
     auto produce = [&](int r) {
-        const int s = r % WG_NS;
-        if (r >= WG_NS)
-            mb_wait(empty + 8 * s, ((r / WG_NS) - 1) & 1);
-        const uint32_t bytes = E > 1 && !__ldg(L.flags(pj) + pc) ? TB / E : TB;
-        mb_expect(full + 8 * s, bytes);
-        bulk_copy(sbase + s * TB, L.tiles(pj) + (int64_t)pc * TB, bytes, full + 8 * s);
+        const int s = r % NS, nh = subs(pj);
+        if (r >= NS)
+            mb_wait(empty + 8 * s, ((r / NS) - 1) & 1);
+        const uint32_t bytes = E > 1 && !wide(pj, pc) ? TB / E : TB;
+        mb_expect(full + 8 * s, bytes * nh);
+        for (int h = 0; h < nh; h++)
+            bulk_copy(sbase + s * SB + h * TB, L.tiles(pj, h) + (int64_t)pc * TB, bytes, full + 8 * s);
         if (++pc == c_end) {
             pc = c_beg;
             pj++;
@@ -265,7 +306,7 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
             return;
         }
     } else if (threadIdx.x == 0) {
-        for (int r = 0; r < WG_NS - 1 && r < nsteps; r++)
+        for (int r = 0; r < NS - 1 && r < nsteps; r++)
             produce(r);
     }
     const int i0 = blk * (C * 64) + warp * 16;
@@ -291,7 +332,7 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
             asm volatile("prefetch.global.L2 [%0];" ::"l"(ca + cp * 4));
             asm volatile("prefetch.global.L2 [%0];" ::"l"(cb + cp * 4));
         }
-        q.wd = E > 1 && j < nit ? __ldg(L.flags(j) + c) : 0u;
+        q.wd = j < nit ? wide(j, c) : 0u;
         bool run = scaled && live && j < nit;
         q.xa = run ? tc_scale_raw(w, sa + (c >> w.kss)) : 0u;
         q.xb = run ? tc_scale_raw(w, sb + (c >> w.kss)) : 0u;
@@ -312,20 +353,35 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
         d.xb = q.xb;
         d.wd = q.wd;
     };
-    float acc[NV], tot[NV], p[NV];
+    /* per token block h: the run's partial sums p, the slice's sum acc, the earlier slices'
+     * total tot (NB > 1: in tsm) */
+    float acc[NB][NV], p[NB][NV], tot[NB == 1 ? NV : 1];
+    auto tot_at = [&](int h, int v) -> float & {
+        if constexpr (NB == 1)
+            return tot[v];
+        else
+            return tsm[(h * NV + v) * (C * 128) + threadIdx.x];
+    };
 #pragma unroll
-    for (int v = 0; v < NV; v++)
-        acc[v] = tot[v] = 0.0f;
+    for (int h = 0; h < NB; h++)
+#pragma unroll
+        for (int v = 0; v < NV; v++)
+            acc[h][v] = 0.0f;
     int slice = s_beg, next = tc_slice(nrun, S, s_beg + 1);
     int it = 0; /* the item computed */
     auto emit = [&](int sl) {
-        const M om = L.map(it).with_y(L.part(it) + sl * slab, pld);
-        const int T = L.tokens(it);
 #pragma unroll
-        for (int v = 0; v < NV; v++) {
-            int tk = 8 * (v >> 2) + 2 * t + (v & 1), i = i0 + g + ((v >> 1) & 1) * 8;
-            if (tk < T && i < nr)
-                om.put(tk, i, acc[v]);
+        for (int h = 0; h < NB; h++) {
+            if (h >= subs(it))
+                break;
+            const M om = L.map(it, h).with_y(L.part(it, h) + sl * slab, pld);
+            const int T = L.tokens(it, h);
+#pragma unroll
+            for (int v = 0; v < NV; v++) {
+                int tk = 8 * (v >> 2) + 2 * t + (v & 1), i = i0 + g + ((v >> 1) & 1) * 8;
+                if (tk < T && i < nr)
+                    om.put(tk, i, acc[h][v]);
+            }
         }
     };
     /* the item's sums out, and the next item's begun */
@@ -333,21 +389,27 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
         if (live) {
             if (part)
                 emit(slice);
-            else {
-                const M om = L.map(it);
-                const int T = L.tokens(it);
+            else
 #pragma unroll
-                for (int v = 0; v < NV; v++) {
-                    float y = slice ? tot[v] + acc[v] : acc[v];
-                    int tk = 8 * (v >> 2) + 2 * t + (v & 1), i = i0 + g + ((v >> 1) & 1) * 8;
-                    if (tk < T && i < nr)
-                        om.put(tk, i, y);
+                for (int h = 0; h < NB; h++) {
+                    if (h >= subs(it))
+                        break;
+                    const M om = L.map(it, h);
+                    const int T = L.tokens(it, h);
+#pragma unroll
+                    for (int v = 0; v < NV; v++) {
+                        float y = slice ? tot_at(h, v) + acc[h][v] : acc[h][v];
+                        int tk = 8 * (v >> 2) + 2 * t + (v & 1), i = i0 + g + ((v >> 1) & 1) * 8;
+                        if (tk < T && i < nr)
+                            om.put(tk, i, y);
+                    }
                 }
-            }
         }
 #pragma unroll
-        for (int v = 0; v < NV; v++)
-            acc[v] = tot[v] = 0.0f;
+        for (int h = 0; h < NB; h++)
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+                acc[h][v] = 0.0f;
         slice = s_beg;
         next = tc_slice(nrun, S, s_beg + 1);
         it++;
@@ -356,31 +418,43 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
         if (part)
             emit(slice);
 #pragma unroll
-        for (int v = 0; v < NV; v++) {
-            tot[v] = slice ? tot[v] + acc[v] : acc[v];
-            acc[v] = 0.0f;
-        }
+        for (int h = 0; h < NB; h++)
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+                tot_at(h, v) = slice ? tot_at(h, v) + acc[h][v] : acc[h][v];
+#pragma unroll
+        for (int h = 0; h < NB; h++)
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+                acc[h][v] = 0.0f;
         slice++;
         next = tc_slice(nrun, S, slice + 1);
     };
     /* the run's MMAs over EE terms (its mid and lo only where it has them) from stage s into p
-     * (BF16: into acc) */
+     * (BF16: into acc), for each of NB token blocks: where the item has fewer, the last chains
+     * read what the stage held before and their sums are not used (a branch around them made
+     * ptxas serialize the MMAs) */
     auto mmas = [&](dec &d, int s, auto ec) {
         constexpr int EE = decltype(ec)::value;
 #pragma unroll
-        for (int v = 0; v < NV; v++)
-            wg_pin(scaled ? p[v] : acc[v]);
+        for (int h = 0; h < NB; h++)
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+                wg_pin(scaled ? p[h][v] : acc[h][v]);
         wg_fence();
 #pragma unroll
-        for (int u = 0; u < G; u++)
+        for (int h = 0; h < NB; h++) {
 #pragma unroll
-            for (int e = 0; e < EE; e++) {
-                uint64_t ds = wg_desc(sbase + s * TB + (e * G + u) * 32 * WG_N);
-                if constexpr (scaled)
-                    wg_mma(p, d.a[u], ds, u | e);
-                else
-                    wg_mma(acc, d.a[u], ds, 1);
-            }
+            for (int u = 0; u < G; u++)
+#pragma unroll
+                for (int e = 0; e < EE; e++) {
+                    uint64_t ds = wg_desc(sbase + s * SB + h * TB + (e * G + u) * 32 * WG_N);
+                    if constexpr (scaled)
+                        wg_mma(p[h], d.a[u], ds, u | e);
+                    else
+                        wg_mma(acc[h], d.a[u], ds, 1);
+                }
+        }
         wg_commit();
     };
     /* run d's MMAs done: their operands pinned until here */
@@ -392,15 +466,19 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
             for (int j = 0; j < 4; j++)
                 wg_pin(d.a[u][j]);
 #pragma unroll
-        for (int v = 0; v < NV; v++)
-            wg_pin(scaled ? p[v] : acc[v]);
+        for (int h = 0; h < NB; h++)
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+                wg_pin(scaled ? p[h][v] : acc[h][v]);
     };
     auto fold = [&](const dec &d) {
         if constexpr (scaled) {
             const float s0 = tc_scale_of(w, d.xa), s1 = tc_scale_of(w, d.xb);
 #pragma unroll
-            for (int v = 0; v < NV; v++)
-                acc[v] = fmaf(p[v], (v >> 1) & 1 ? s1 : s0, acc[v]);
+            for (int h = 0; h < NB; h++)
+#pragma unroll
+                for (int v = 0; v < NV; v++)
+                    acc[h][v] = fmaf(p[h][v], (v >> 1) & 1 ? s1 : s0, acc[h][v]);
         }
     };
     /* One step a run, in one loop body, with the operands of the MMAs in flight pinned (wg_pin):
@@ -428,16 +506,16 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
     for (int i = 0, c = c_beg; i < nsteps; i++) {
         while (c == next)
             slice_end();
-        const int s = i % WG_NS;
-        /* NP: run i + WG_NS - 1 into the stage run i - 1 leaves */
-        if (NP && threadIdx.x == 0 && i + WG_NS - 1 < nsteps)
-            produce(i + WG_NS - 1);
+        const int s = i % NS;
+        /* NP: run i + NS - 1 into the stage run i - 1 leaves */
+        if (NP && threadIdx.x == 0 && i + NS - 1 < nsteps)
+            produce(i + NS - 1);
         if constexpr (!DA) { /* q0 holds run c, q1 the run after */
             decode(d0, q0);
             q0 = q1;
             load_next(q1);
         }
-        mb_wait(full + 8 * s, (i / WG_NS) & 1);
+        mb_wait(full + 8 * s, (i / NS) & 1);
         if (E > 1 && d0.wd)
             mmas(d0, s, std::integral_constant<int, E>());
         else
@@ -470,9 +548,10 @@ uint8_t *wg_buf(int which, size_t bytes);
 /* The block shape the host launches (DSV4_CUDA_WG_V; docs/cuda.md): 0 (the default) two consumer
  * warpgroups, the decode ahead (DA), no producer warp (NP); 1 the same with the producer warp;
  * 2 the producer warp without DA (the shape the pass first had); 3 one consumer warpgroup with
- * the producer warp and DA, two blocks an SM. */
+ * the producer warp and DA, two blocks an SM; 4 shape 0 over two token blocks a pass (NB = 2:
+ * each run's weights decoded once for 128 tokens). */
 int wg_variant(void);
-/* fn(C, DA, NP) called with the block shape wg_variant names, as integral constants. */
+/* fn(C, DA, NP, NB) called with the block shape wg_variant names, as integral constants. */
 template <class Fn>
 void wg_shape(Fn &&fn)
 {
@@ -480,10 +559,11 @@ void wg_shape(Fn &&fn)
     typedef std::integral_constant<int, 1> i1;
     typedef std::integral_constant<int, 2> i2;
     switch (wg_variant()) {
-    case 1: fn(i2(), i1(), i0()); break;
-    case 2: fn(i2(), i0(), i0()); break;
-    case 3: fn(i1(), i1(), i0()); break;
-    default: fn(i2(), i1(), i1()); break;
+    case 1: fn(i2(), i1(), i0(), i1()); break;
+    case 2: fn(i2(), i0(), i0(), i1()); break;
+    case 3: fn(i1(), i1(), i0(), i1()); break;
+    case 4: fn(i2(), i1(), i1(), i2()); break;
+    default: fn(i2(), i1(), i1(), i1()); break;
     }
 }
 
