@@ -25,7 +25,7 @@
 # STAGE_ALT (prebuilt-alt/): the linear kernels at two shapes with bf16 and fp32 x, and a 4-layer REF prefill.
 # `on_device.sh wg`: the many-token pass on wgmma against mma.sync's in one build (DSV4_CUDA_WG): the linear
 # kernels at T = 64..4096, the 4-layer REF prefill and its op profile.
-# `on_device.sh wgv`: the wgmma pass's block shapes (DSV4_CUDA_WG_V=0..4, and 0 walking 4 token blocks
+# `on_device.sh wgv`: the wgmma pass's block shapes (DSV4_CUDA_WG_V=0..6, and 0 walking 4 token blocks
 # a block, DSV4_CUDA_WG_P=4): the op test with each, then the linear kernels and the 4-layer REF prefill with each,
 # beside prebuilt-alt/ when staged (STAGE_ALT: a build of the pass before them, 8fb25ab).
 # Logs go to $OUT; the exit status is that of the correctness runs.
@@ -141,13 +141,13 @@ if [ "$mode" = wg ]; then
     exit 0
 fi
 if [ "$mode" = wgv ]; then
-    for cfg in "0 1" "1 1" "2 1" "3 1" "4 1" "0 3" "4 3"; do
+    for cfg in "0 1" "1 1" "2 1" "3 1" "4 1" "5 1" "6 1" "0 3" "4 3"; do
         set -- $cfg
         DSV4_CUDA_WG_V=$1 DSV4_CUDA_WG_P=$2 DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 timeout 200 $B/tests/cuda/test_cuda_ops \
             >"$OUT/ops_v$1p$2.log" 2>&1
         echo "op test, shape $1, walk $2: exit $? $(tail -n 1 "$OUT/ops_v$1p$2.log")"
     done
-    builds="0 1 2 3 4 0p"
+    builds="0 1 2 3 4 5 6 0p"
     [ -x prebuilt-alt/dsv4 ] && builds="alt $builds"
     for c in $builds; do
         b=$B; v=${c%p}; p=1
@@ -299,9 +299,9 @@ ok lanes-prod env DSV4_TEST_KV=production $B/tests/test_lanes
 ok ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ops
 # the many-token pass on wgmma for every kind (BF16 included), and on mma.sync for every kind
 ok ops-wg env DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 $B/tests/cuda/test_cuda_ops
-for v in 1 2 3 4; do ok ops-wg$v env DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 DSV4_CUDA_WG_V=$v $B/tests/cuda/test_cuda_ops; done
+for v in 0 1 2 3 5 6; do ok ops-wg$v env DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 DSV4_CUDA_WG_V=$v $B/tests/cuda/test_cuda_ops; done
 ok ops-walk env DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 DSV4_CUDA_WG_P=3 $B/tests/cuda/test_cuda_ops
-ok ops-walk4 env DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 DSV4_CUDA_WG_V=4 DSV4_CUDA_WG_P=3 $B/tests/cuda/test_cuda_ops
+ok ops-walk0 env DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 DSV4_CUDA_WG_V=0 DSV4_CUDA_WG_P=3 $B/tests/cuda/test_cuda_ops
 ok ops-mma env DSV4_CUDA_TC=1 DSV4_CUDA_WG=0 $B/tests/cuda/test_cuda_ops
 ok exl3ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_exl3
 ok ranks-ops-tc env DSV4_CUDA_TC=1 $B/tests/cuda/test_cuda_ranks

@@ -545,11 +545,11 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
  * (which 0 or 1) of at least `bytes`, NULL when they cannot grow. */
 bool wg_use(int F, int T);
 uint8_t *wg_buf(int which, size_t bytes);
-/* The block shape the host launches (DSV4_CUDA_WG_V; docs/cuda.md): 0 (the default) two consumer
- * warpgroups, the decode ahead (DA), no producer warp (NP); 1 the same with the producer warp;
- * 2 the producer warp without DA (the shape the pass first had); 3 one consumer warpgroup with
- * the producer warp and DA, two blocks an SM; 4 shape 0 over two token blocks a pass (NB = 2:
- * each run's weights decoded once for 128 tokens). */
+/* The block shape the host launches (DSV4_CUDA_WG_V; docs/cuda.md): 4 (the default) two consumer
+ * warpgroups, no producer warp (NP), the decode ahead (DA), two token blocks a pass (NB = 2: each
+ * run's weights decoded once for 128 tokens); 0 the same over one token block; 1 shape 0 with a
+ * producer warp; 2 the producer warp without DA (the shape the pass first had); 3 one consumer
+ * warpgroup with the producer warp and DA, two blocks an SM; 5 and 6 shapes 0 and 4 without DA. */
 int wg_variant(void);
 /* fn(C, DA, NP, NB) called with the block shape wg_variant names, as integral constants. */
 template <class Fn>
@@ -562,8 +562,10 @@ void wg_shape(Fn &&fn)
     case 1: fn(i2(), i1(), i0(), i1()); break;
     case 2: fn(i2(), i0(), i0(), i1()); break;
     case 3: fn(i1(), i1(), i0(), i1()); break;
-    case 4: fn(i2(), i1(), i1(), i2()); break;
-    default: fn(i2(), i1(), i1(), i1()); break;
+    case 0: fn(i2(), i1(), i1(), i1()); break;
+    case 5: fn(i2(), i0(), i1(), i1()); break;
+    case 6: fn(i2(), i0(), i1(), i2()); break;
+    default: fn(i2(), i1(), i1(), i2()); break;
     }
 }
 
