@@ -25,9 +25,9 @@
 # STAGE_ALT (prebuilt-alt/): the linear kernels at two shapes with bf16 and fp32 x, and a 4-layer REF prefill.
 # `on_device.sh wg`: the many-token pass on wgmma against mma.sync's in one build (DSV4_CUDA_WG): the linear
 # kernels at T = 64..4096, the 4-layer REF prefill and its op profile.
-# `on_device.sh wgv`: the wgmma pass's block shapes (DSV4_CUDA_WG_V=0..6, and 0 walking 4 token blocks
-# a block, DSV4_CUDA_WG_P=4): the op test with each, then the linear kernels and the 4-layer REF prefill with each,
-# beside prebuilt-alt/ when staged (STAGE_ALT: a build of the pass before them, 8fb25ab).
+# `on_device.sh wgv`: the wgmma pass's block shapes (DSV4_CUDA_WG_V=0..6): the op test with each (and with shapes
+# 0 and 4 walking 3 items a block, DSV4_CUDA_WG_P=3), then the linear kernels and the 4-layer REF prefill with each
+# (and with shape 0 walking 4), beside prebuilt-alt/ when staged (STAGE_ALT: a build of the pass before them, 8fb25ab).
 # Logs go to $OUT; the exit status is that of the correctness runs.
 set -u
 cd "$(dirname "$0")/../.."
