@@ -440,9 +440,8 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
         if (wg) {
             launch_k(k_wg_ex_stage<F, E>, dim3(1u, (unsigned)nrun1, (unsigned)NT), wg_stage_threads<F>(), 0, stream, tiles,
                      ntiles, ord, a->x, K, (int64_t)D, D, nrun1, xb1, xf1);
-            wg_shape([&](auto cc, auto dc, auto nc, auto bc) {
-                constexpr int C = decltype(cc)::value, DA = decltype(dc)::value, NP = decltype(nc)::value,
-                              NB = decltype(bc)::value;
+            wg_shape([&](auto sh) {
+                enum { C = decltype(sh)::C, DA = decltype(sh)::DA, NP = decltype(sh)::NP, NB = decltype(sh)::NB };
                 static bool attr = false;
                 if (!attr) {
                     cudaFuncSetAttribute(k_wg_ex_up<F, E, C, DA, NP, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -479,9 +478,8 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
         if (wg) {
             launch_k(k_wg_ex_stage<F, E>, dim3(1u, (unsigned)nrun2, (unsigned)NT), wg_stage_threads<F>(), 0, stream, tiles,
                      ntiles, ord, (const float *)G, 1, (int64_t)I, I, nrun2, xb2, xf2);
-            wg_shape([&](auto cc, auto dc, auto nc, auto bc) {
-                constexpr int C = decltype(cc)::value, DA = decltype(dc)::value, NP = decltype(nc)::value,
-                              NB = decltype(bc)::value;
+            wg_shape([&](auto sh) {
+                enum { C = decltype(sh)::C, DA = decltype(sh)::DA, NP = decltype(sh)::NP, NB = decltype(sh)::NB };
                 dim3 g((unsigned)((int64_t)NT * wg_blocks(D, C)), 1u, (unsigned)z2);
                 launch_k(k_wg_ex_down<F, E, C, DA, NP, NB>, g, wg_threads<C, NP>(), wg_smem<F, E, NB>(), stream, t2,
                          tiles, ntiles, off, ord, (const uint8_t *)xb2, (const uint8_t *)xf2, nrun2, Y, D, I, p2,

@@ -260,9 +260,9 @@ static bool launch_wg(lin_jobs &J, int T, int Z, float *part, cudaStream_t st)
     uint8_t *xf = xb + bytes;
     dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};
     launch_k(k_wg_stage<F, E>, dim3(1u, (unsigned)nrun, (unsigned)tbs), wg_stage_threads<F>(), 0, st, m, T, k, nrun, xb, xf);
-    wg_shape([&](auto c, auto da, auto np, auto nb) {
-        launch_wg_rows<F, E, decltype(c)::value, decltype(da)::value, decltype(np)::value, decltype(nb)::value>(
-            J, T, Z, part, m, xb, xf, nrun, st);
+    wg_shape([&](auto sh) {
+        typedef decltype(sh) S;
+        launch_wg_rows<F, E, S::C, S::DA, S::NP, S::NB>(J, T, Z, part, m, xb, xf, nrun, st);
     });
     return true;
 }

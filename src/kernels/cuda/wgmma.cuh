@@ -551,21 +551,23 @@ uint8_t *wg_buf(int which, size_t bytes);
  * producer warp; 2 the producer warp without DA (the shape the pass first had); 3 one consumer
  * warpgroup with the producer warp and DA, two blocks an SM; 5 and 6 shapes 0 and 4 without DA. */
 int wg_variant(void);
-/* fn(C, DA, NP, NB) called with the block shape wg_variant names, as integral constants. */
+/* A block shape as a type: C consumer warpgroups, DA, NP and NB as in wg_rows. */
+template <int C_, int DA_, int NP_, int NB_>
+struct wg_cfg {
+    enum { C = C_, DA = DA_, NP = NP_, NB = NB_ };
+};
+/* fn(wg_cfg<...>()) called with the block shape wg_variant names. */
 template <class Fn>
 void wg_shape(Fn &&fn)
 {
-    typedef std::integral_constant<int, 0> i0;
-    typedef std::integral_constant<int, 1> i1;
-    typedef std::integral_constant<int, 2> i2;
     switch (wg_variant()) {
-    case 1: fn(i2(), i1(), i0(), i1()); break;
-    case 2: fn(i2(), i0(), i0(), i1()); break;
-    case 3: fn(i1(), i1(), i0(), i1()); break;
-    case 0: fn(i2(), i1(), i1(), i1()); break;
-    case 5: fn(i2(), i0(), i1(), i1()); break;
-    case 6: fn(i2(), i0(), i1(), i2()); break;
-    default: fn(i2(), i1(), i1(), i2()); break;
+    case 0: fn(wg_cfg<2, 1, 1, 1>()); break;
+    case 1: fn(wg_cfg<2, 1, 0, 1>()); break;
+    case 2: fn(wg_cfg<2, 0, 0, 1>()); break;
+    case 3: fn(wg_cfg<1, 1, 0, 1>()); break;
+    case 5: fn(wg_cfg<2, 0, 1, 1>()); break;
+    case 6: fn(wg_cfg<2, 0, 1, 2>()); break;
+    default: fn(wg_cfg<2, 1, 1, 2>()); break;
     }
 }
 
