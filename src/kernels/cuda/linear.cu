@@ -241,7 +241,7 @@ int dsv4cu::wg_variant(void)
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("DSV4_CUDA_WG_V");
-        v = e && e[0] >= '0' && e[0] <= '6' && !e[1] ? e[0] - '0' : 4;
+        v = e && e[0] >= '4' && e[0] <= '6' && !e[1] ? e[0] - '0' : 4;
     }
     return v;
 }

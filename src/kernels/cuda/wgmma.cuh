@@ -561,10 +561,6 @@ template <class Fn>
 void wg_shape(Fn &&fn)
 {
     switch (wg_variant()) {
-    case 0: fn(wg_cfg<2, 1, 1, 1>()); break;
-    case 1: fn(wg_cfg<2, 1, 0, 1>()); break;
-    case 2: fn(wg_cfg<2, 0, 0, 1>()); break;
-    case 3: fn(wg_cfg<1, 1, 0, 1>()); break;
     case 5: fn(wg_cfg<2, 0, 1, 1>()); break;
     case 6: fn(wg_cfg<2, 0, 1, 2>()); break;
     default: fn(wg_cfg<2, 1, 1, 2>()); break;
