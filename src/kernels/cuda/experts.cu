@@ -322,14 +322,14 @@ __device__ __forceinline__ bool wg_ex_items(const int *tiles, const int *ntiles,
     return true;
 }
 
-template <int F, int E, int C, int DA, int NP, int NB>
-__global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C)
+template <int F, int E, int DA, int NB>
+__global__ void __launch_bounds__(WG_THREADS, 1)
     k_wg_ex_up(const wdev *t1, const wdev *t3, const int *tiles, const int *ntiles, const int *off, const int *ord,
                const uint8_t *xb, const uint8_t *xf, int nrun, float *G, float *U, int K, int D, int I, float *part,
                int64_t slab, int S1)
 {
     PDL_WAIT();
-    const int nrb = wg_blocks(I, C), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
+    const int nrb = wg_blocks(I), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
     int e, s0, n;
     wg_tiles<pair_map, NB> L;
     if (!ex_tile(tiles, ntiles, tl, e, s0, n) ||
@@ -337,24 +337,24 @@ __global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C)
                                part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, L))
         return;
     const wdev w = z ? t3[e] : t1[e];
-    wg_rows<F, E, wg_tiles<pair_map, NB>, C, DA, NP, NB>(w, 0, I, L, (int)(blockIdx.x % nrb), I, slab,
+    wg_rows<F, E, wg_tiles<pair_map, NB>, DA, NB>(w, 0, I, L, (int)(blockIdx.x % nrb), I, slab,
                                                      (int)(blockIdx.z >> 1), (int)(gridDim.z >> 1));
 }
 
-template <int F, int E, int C, int DA, int NP, int NB>
-__global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C)
+template <int F, int E, int DA, int NB>
+__global__ void __launch_bounds__(WG_THREADS, 1)
     k_wg_ex_down(const wdev *t2, const int *tiles, const int *ntiles, const int *off, const int *ord,
                  const uint8_t *xb, const uint8_t *xf, int nrun, float *Y, int D, int I, float *part, int64_t slab)
 {
     PDL_WAIT();
-    const int nrb = wg_blocks(D, C), tl = (int)(blockIdx.x / nrb);
+    const int nrb = wg_blocks(D), tl = (int)(blockIdx.x / nrb);
     int e, s0, n;
     wg_tiles<pair_map, NB> L;
     if (!ex_tile(tiles, ntiles, tl, e, s0, n) ||
         !wg_ex_items<F, E, NB>(tiles, ntiles, off, tl, e, s0, n, Y, 1, D, ord, xb, xf, nrun, part, L))
         return;
     const wdev w = t2[e];
-    wg_rows<F, E, wg_tiles<pair_map, NB>, C, DA, NP, NB>(w, 0, D, L, (int)(blockIdx.x % nrb), D, slab,
+    wg_rows<F, E, wg_tiles<pair_map, NB>, DA, NB>(w, 0, D, L, (int)(blockIdx.x % nrb), D, slab,
                                                      (int)blockIdx.z, (int)gridDim.z);
 }
 
@@ -441,17 +441,17 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
             launch_k(k_wg_ex_stage<F, E>, dim3(1u, (unsigned)nrun1, (unsigned)NT), wg_stage_threads<F>(), 0, stream, tiles,
                      ntiles, ord, a->x, K, (int64_t)D, D, nrun1, xb1, xf1);
             wg_shape([&](auto sh) {
-                enum { C = decltype(sh)::C, DA = decltype(sh)::DA, NP = decltype(sh)::NP, NB = decltype(sh)::NB };
+                enum { DA = decltype(sh)::DA, NB = decltype(sh)::NB };
                 static bool attr = false;
                 if (!attr) {
-                    cudaFuncSetAttribute(k_wg_ex_up<F, E, C, DA, NP, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                    cudaFuncSetAttribute(k_wg_ex_up<F, E, DA, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)wg_smem<F, E, NB>());
-                    cudaFuncSetAttribute(k_wg_ex_down<F, E, C, DA, NP, NB>,
+                    cudaFuncSetAttribute(k_wg_ex_down<F, E, DA, NB>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem<F, E, NB>());
                     attr = true;
                 }
-                dim3 g((unsigned)((int64_t)NT * wg_blocks(I, C)), 1u, 2u * (unsigned)z1);
-                launch_k(k_wg_ex_up<F, E, C, DA, NP, NB>, g, wg_threads<C, NP>(), wg_smem<F, E, NB>(), stream, t1, t3,
+                dim3 g((unsigned)((int64_t)NT * wg_blocks(I)), 1u, 2u * (unsigned)z1);
+                launch_k(k_wg_ex_up<F, E, DA, NB>, g, WG_THREADS, wg_smem<F, E, NB>(), stream, t1, t3,
                          tiles, ntiles, off, ord, (const uint8_t *)xb1, (const uint8_t *)xf1, nrun1, G, U, K, D, I, p1,
                          slab1, d1.tcs);
             });
@@ -479,9 +479,9 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
             launch_k(k_wg_ex_stage<F, E>, dim3(1u, (unsigned)nrun2, (unsigned)NT), wg_stage_threads<F>(), 0, stream, tiles,
                      ntiles, ord, (const float *)G, 1, (int64_t)I, I, nrun2, xb2, xf2);
             wg_shape([&](auto sh) {
-                enum { C = decltype(sh)::C, DA = decltype(sh)::DA, NP = decltype(sh)::NP, NB = decltype(sh)::NB };
-                dim3 g((unsigned)((int64_t)NT * wg_blocks(D, C)), 1u, (unsigned)z2);
-                launch_k(k_wg_ex_down<F, E, C, DA, NP, NB>, g, wg_threads<C, NP>(), wg_smem<F, E, NB>(), stream, t2,
+                enum { DA = decltype(sh)::DA, NB = decltype(sh)::NB };
+                dim3 g((unsigned)((int64_t)NT * wg_blocks(D)), 1u, (unsigned)z2);
+                launch_k(k_wg_ex_down<F, E, DA, NB>, g, WG_THREADS, wg_smem<F, E, NB>(), stream, t2,
                          tiles, ntiles, off, ord, (const uint8_t *)xb2, (const uint8_t *)xf2, nrun2, Y, D, I, p2,
                          slab2);
             });

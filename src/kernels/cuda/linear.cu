@@ -81,15 +81,15 @@ __global__ void __launch_bounds__(wg_stage_threads<F>()) k_wg_stage(dense_map m,
     }
 }
 
-template <int F, int E, int C, int DA, int NP, int NB>
-__global__ void __launch_bounds__(wg_threads<C, NP>(), 3 - C)
+template <int F, int E, int DA, int NB>
+__global__ void __launch_bounds__(WG_THREADS, 1)
     k_wg_linear(wdev w, int64_t r0, int nr, dense_map m, int T, const uint8_t *xb, const uint8_t *xf, int nrun,
                 float *part)
 {
     PDL_WAIT();
     const wg_tblocks<NB> L = {m, T, (int)blockIdx.y, (int)gridDim.y, nrun, (int64_t)nrun * wg_tile_bytes<F, E>(), nr,
                               xb, xf, part};
-    wg_rows<F, E, wg_tblocks<NB>, C, DA, NP, NB>(w, r0, nr, L, (int)blockIdx.x, nr, (int64_t)T * nr, (int)blockIdx.z,
+    wg_rows<F, E, wg_tblocks<NB>, DA, NB>(w, r0, nr, L, (int)blockIdx.x, nr, (int64_t)T * nr, (int)blockIdx.z,
                                              (int)gridDim.z);
 }
 
@@ -211,19 +211,19 @@ bool dsv4cu::wg_use(int F, int T)
     return mode == 2 && F != DSV4_WF_BF16 && T > TC_TN;
 }
 
-template <int F, int E, int C, int DA, int NP, int NB>
+template <int F, int E, int DA, int NB>
 static void launch_wg_rows(lin_jobs &J, int T, int Z, float *part, const dense_map &m, const uint8_t *xb,
                            const uint8_t *xf, int nrun, cudaStream_t st)
 {
     const size_t smem = wg_smem<F, E, NB>();
     static bool attr = false;
     if (!attr) {
-        cudaFuncSetAttribute(k_wg_linear<F, E, C, DA, NP, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        cudaFuncSetAttribute(k_wg_linear<F, E, DA, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
         attr = true;
     }
     /* groups of NB token blocks a block walks through one ring: one, or DSV4_CUDA_WG_P=n (an
      * experiment) */
-    const int rbs = wg_blocks(J.nr, C), tgs = (int)cdiv(cdiv(T, WG_N), NB);
+    const int rbs = wg_blocks(J.nr), tgs = (int)cdiv(cdiv(T, WG_N), NB);
     static int walk = -1;
     if (walk < 0) {
         const char *e = getenv("DSV4_CUDA_WG_P");
@@ -232,7 +232,7 @@ static void launch_wg_rows(lin_jobs &J, int T, int Z, float *part, const dense_m
     }
     const int Y = (int)cdiv(tgs, walk);
     dim3 grid((unsigned)rbs, (unsigned)Y, (unsigned)Z);
-    launch_k(k_wg_linear<F, E, C, DA, NP, NB>, grid, wg_threads<C, NP>(), smem, st, J.w[0], J.r0[0], J.nr, m, T, xb,
+    launch_k(k_wg_linear<F, E, DA, NB>, grid, WG_THREADS, smem, st, J.w[0], J.r0[0], J.nr, m, T, xb,
              xf, nrun, part);
 }
 
@@ -262,7 +262,7 @@ static bool launch_wg(lin_jobs &J, int T, int Z, float *part, cudaStream_t st)
     launch_k(k_wg_stage<F, E>, dim3(1u, (unsigned)nrun, (unsigned)tbs), wg_stage_threads<F>(), 0, st, m, T, k, nrun, xb, xf);
     wg_shape([&](auto sh) {
         typedef decltype(sh) S;
-        launch_wg_rows<F, E, S::C, S::DA, S::NP, S::NB>(J, T, Z, part, m, xb, xf, nrun, st);
+        launch_wg_rows<F, E, S::DA, S::NB>(J, T, Z, part, m, xb, xf, nrun, st);
     });
     return true;
 }

@@ -15,20 +15,19 @@
  * Layout. x is staged first (wg_stage) into bf16 tiles, one per (block of WG_N tokens, run),
  * each term and k-step a canonical no-swizzle K-major B operand of WG_N tokens by 16 k slots:
  * 8x8 core matrices of 128 bytes, the two k halves 128 bytes apart (LBO), token octets 256 apart
- * (SBO), slots in tc_rows's permutation. A block is C consumer warpgroups (64 weight rows each)
- * fed by a ring of WG_NS stages that bulk copies (cp.async.bulk, an mbarrier a stage for full
- * and one for empty) fill, issued by a producer warp or (NP) by the first consumer thread. Each
- * consumer thread loads its rows' chunks of a run from global memory itself, two runs ahead, and
+ * (SBO), slots in tc_rows's permutation. A block is WG_C warpgroups (64 weight rows each) fed
+ * by a ring of WG_NS stages that bulk copies (cp.async.bulk, an mbarrier a stage for full and
+ * one for empty) fill, issued by the block's first thread. Each thread loads its rows' chunks of a run from global memory itself, two runs ahead, and
  * decodes them as tc_rows does (DA: run c + 1's while run c's MMAs run). A run's MMAs are waited
  * for before its fold (ptxas serializes the MMAs when a fold reads one run's partial sums while
  * the next run's are in flight), so an SM's warpgroups are what keep the tensor cores busy while
  * one folds. A block may walk several items through one ring, and an item may be NB token blocks
  * whose MMA chains share each run's decoded weights.
  *
- * Registers. An SM sub-partition holds 16K registers and a block's warps are spread over the
- * four: a producer warp beside eight consumer warps puts three warps on one, which caps a thread
- * at 168 registers, and the pass spills there (tests/cuda/ptxas_report.sh lists each kernel's
- * registers, spills and any notice that ptxas serialized its MMAs). */
+ * Registers. An SM sub-partition holds 16K registers and a block's eight warps are spread over
+ * the four, so a thread may have 255 (a ninth, producer warp would cap it at 168, where the pass
+ * spills); tests/cuda/ptxas_report.sh lists each kernel's registers, spills and any notice that
+ * ptxas serialized its MMAs. */
 #ifndef DSV4_CUDA_WGMMA_CUH
 #define DSV4_CUDA_WGMMA_CUH
 
@@ -40,17 +39,11 @@ namespace dsv4cu {
 enum { WG_N = 64, WG_NS = 4 };
 /* Runs past the one loaded into registers whose chunks a thread asks the L2 for. */
 enum { WG_PF = 4 };
-/* A block's shape: C consumer warpgroups (64 rows each) and, unless NP, a producer warp that
- * issues the copies (NP: the first consumer thread issues them); DA whether a consumer decodes
- * run c + 1 while run c's MMAs run (else before its own). The builds the host chooses from are
- * listed by wg_variant. */
-template <int C, int NP>
-__host__ __device__ constexpr int wg_threads()
-{
-    return C * 128 + (NP ? 0 : 32);
-}
-/* Row blocks of C warpgroups over nr rows. */
-__host__ __device__ inline int wg_blocks(int64_t nr, int C) { return (int)((nr + C * 64 - 1) / (C * 64)); }
+/* A block: WG_C warpgroups of 64 weight rows each, whose first thread also issues the ring's
+ * copies (a producer warp beside them capped a thread at 168 registers, and spilled). */
+enum { WG_C = 2, WG_THREADS = WG_C * 128 };
+/* Row blocks over nr rows. */
+__host__ __device__ inline int wg_blocks(int64_t nr) { return (int)((nr + WG_C * 64 - 1) / (WG_C * 64)); }
 
 /* Bytes of one staged (token block, run) tile of kind F with E terms. */
 template <int F, int E>
@@ -237,11 +230,11 @@ struct wg_tblocks {
  * h)[c] whether run c has mid or lo terms (E = 3: a run without them in any of the item's token
  * blocks takes only its hi MMAs, and only its hi terms are copied, as tc_rows skips them; one with
  * them takes every term for each block, whose zero terms leave the sums as they are): row block
- * blk (C warpgroups of 64 rows), slice group z of Z (L.part, pld, slab as in tc_rows). Each run's
+ * blk (WG_C warpgroups of 64 rows), slice group z of Z (L.part, pld, slab as in tc_rows). Each run's
  * weights are decoded once for the item's NB token blocks, an MMA chain a block. One ring runs
  * through all the items, so the copies and loads of the next item start before this one's sums
  * are out. Dynamic shared memory: wg_smem. */
-template <int F, int E, class It, int C, int DA, int NP, int NB>
+template <int F, int E, class It, int DA, int NB>
 __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const It &L, int blk, int64_t pld,
                                         int64_t slab, int z, int Z)
 {
@@ -253,7 +246,7 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
     extern __shared__ __align__(128) uint8_t wsm[];
     const uint32_t sbase = (uint32_t)__cvta_generic_to_shared(wsm);
     const uint32_t full = sbase + NS * SB, empty = full + 8 * NS;
-    /* NB > 1: the slices' totals, [NB * NV][C * 128] (registers would not hold them) */
+    /* NB > 1: the slices' totals, [NB * NV][WG_THREADS] (registers would not hold them) */
     float *const tsm = (float *)(wsm + NS * SB + 16 * NS);
     const int warp = (int)threadIdx.x >> 5, lane = (int)threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const int S = w.tcs, k = (int)w.k, nrun = (k + 16 * G - 1) / (16 * G);
@@ -264,7 +257,7 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
     if (threadIdx.x == 0) {
         for (int i = 0; i < NS; i++) {
             mb_init(full + 8 * i, 1);
-            mb_init(empty + 8 * i, C * 4);
+            mb_init(empty + 8 * i, WG_C * 4);
         }
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
@@ -298,18 +291,11 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
             pj++;
         }
     };
-    if constexpr (!NP) {
-        if (warp == C * 4) { /* the producer */
-            if (lane == 0)
-                for (int r = 0; r < nsteps; r++)
-                    produce(r);
-            return;
-        }
-    } else if (threadIdx.x == 0) {
+    if (threadIdx.x == 0) {
         for (int r = 0; r < NS - 1 && r < nsteps; r++)
             produce(r);
     }
-    const int i0 = blk * (C * 64) + warp * 16;
+    const int i0 = blk * (WG_C * 64) + warp * 16;
     const bool live = i0 < nr;
     const int64_t ra = r0 + (i0 + g < nr ? i0 + g : 0), rb = r0 + (i0 + g + 8 < nr ? i0 + g + 8 : 0);
     typedef typename tcf<F>::CT CT;
@@ -360,7 +346,7 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
         if constexpr (NB == 1)
             return tot[v];
         else
-            return tsm[(h * NV + v) * (C * 128) + threadIdx.x];
+            return tsm[(h * NV + v) * WG_THREADS + threadIdx.x];
     };
 #pragma unroll
     for (int h = 0; h < NB; h++)
@@ -507,8 +493,8 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
         while (c == next)
             slice_end();
         const int s = i % NS;
-        /* NP: run i + NS - 1 into the stage run i - 1 leaves */
-        if (NP && threadIdx.x == 0 && i + NS - 1 < nsteps)
+        /* run i + NS - 1 into the stage run i - 1 leaves */
+        if (threadIdx.x == 0 && i + NS - 1 < nsteps)
             produce(i + NS - 1);
         if constexpr (!DA) { /* q0 holds run c, q1 the run after */
             decode(d0, q0);
@@ -545,25 +531,23 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
  * (which 0 or 1) of at least `bytes`, NULL when they cannot grow. */
 bool wg_use(int F, int T);
 uint8_t *wg_buf(int which, size_t bytes);
-/* The block shape the host launches (DSV4_CUDA_WG_V; docs/cuda.md): 4 (the default) two consumer
- * warpgroups, no producer warp (NP), the decode ahead (DA), two token blocks a pass (NB = 2: each
- * run's weights decoded once for 128 tokens); 0 the same over one token block; 1 shape 0 with a
- * producer warp; 2 the producer warp without DA (the shape the pass first had); 3 one consumer
- * warpgroup with the producer warp and DA, two blocks an SM; 5 and 6 shapes 0 and 4 without DA. */
+/* The block shape the host launches (DSV4_CUDA_WG_V; docs/cuda.md): 4 (the default) the decode
+ * ahead (DA), two token blocks a pass (NB = 2: each run's weights decoded once for 128 tokens);
+ * 5 one token block without DA; 6 shape 4 without DA. */
 int wg_variant(void);
-/* A block shape as a type: C consumer warpgroups, DA, NP and NB as in wg_rows. */
-template <int C_, int DA_, int NP_, int NB_>
+/* A block shape as a type: DA and NB as in wg_rows. */
+template <int DA_, int NB_>
 struct wg_cfg {
-    enum { C = C_, DA = DA_, NP = NP_, NB = NB_ };
+    enum { DA = DA_, NB = NB_ };
 };
 /* fn(wg_cfg<...>()) called with the block shape wg_variant names. */
 template <class Fn>
 void wg_shape(Fn &&fn)
 {
     switch (wg_variant()) {
-    case 5: fn(wg_cfg<2, 0, 1, 1>()); break;
-    case 6: fn(wg_cfg<2, 0, 1, 2>()); break;
-    default: fn(wg_cfg<2, 1, 1, 2>()); break;
+    case 5: fn(wg_cfg<0, 1>()); break;
+    case 6: fn(wg_cfg<0, 2>()); break;
+    default: fn(wg_cfg<1, 2>()); break;
     }
 }
 
