@@ -25,9 +25,9 @@
 # STAGE_ALT (prebuilt-alt/): the linear kernels at two shapes with bf16 and fp32 x, and a 4-layer REF prefill.
 # `on_device.sh wg`: the many-token pass on wgmma against mma.sync's in one build (DSV4_CUDA_WG): the linear
 # kernels at T = 64..4096, the 4-layer REF prefill and its op profile.
-# `on_device.sh wgv`: the wgmma pass's block shapes (DSV4_CUDA_WG_V=0..6): the op test with each (and with shapes
-# 0 and 4 walking 3 items a block, DSV4_CUDA_WG_P=3), then the linear kernels and the 4-layer REF prefill with each
-# (and with shape 0 walking 4), beside prebuilt-alt/ when staged (STAGE_ALT: a build of the pass before them, 8fb25ab).
+# `on_device.sh wgv`: the wgmma pass's block shapes (DSV4_CUDA_WG_V=4..6): the op test with each (and with shapes
+# 4 and 6 walking 3 items a block, DSV4_CUDA_WG_P=3), then the linear kernels and the 4-layer REF prefill with each,
+# beside prebuilt-alt/ when staged (STAGE_ALT: a build of the pass before them, 8fb25ab).
 # Logs go to $OUT; the exit status is that of the correctness runs.
 set -u
 cd "$(dirname "$0")/../.."
@@ -141,21 +141,20 @@ if [ "$mode" = wg ]; then
     exit 0
 fi
 if [ "$mode" = wgv ]; then
-    for cfg in "0 1" "1 1" "2 1" "3 1" "4 1" "5 1" "6 1" "0 3" "4 3"; do
+    for cfg in "4 1" "5 1" "6 1" "4 3" "6 3"; do
         set -- $cfg
         DSV4_CUDA_WG_V=$1 DSV4_CUDA_WG_P=$2 DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 timeout 200 $B/tests/cuda/test_cuda_ops \
             >"$OUT/ops_v$1p$2.log" 2>&1
         echo "op test, shape $1, walk $2: exit $? $(tail -n 1 "$OUT/ops_v$1p$2.log")"
     done
-    builds="0 1 2 3 4 5 6 0p"
+    builds="4 5 6"
     [ -x prebuilt-alt/dsv4 ] && builds="alt $builds"
     for c in $builds; do
-        b=$B; v=${c%p}; p=1
+        b=$B; v=$c
         [ "$c" = alt ] && b=prebuilt-alt
-        [ "$c" != "$v" ] && p=4
         for sh in "wq_b FP8" "wo_b FP8" "expert w1 FP4" "expert w2 FP4"; do
             for x in bf16 fp32; do
-                DSV4_CUDA_WG_V=$v DSV4_CUDA_WG_P=$p DSV4_CUDA_TC=1 BENCH_X=$x BENCH_ONLY="$sh" BENCH_T=512,4096 \
+                DSV4_CUDA_WG_V=$v DSV4_CUDA_TC=1 BENCH_X=$x BENCH_ONLY="$sh" BENCH_T=512,4096 \
                     BENCH_NO_T1=1 timeout 60 $b/tests/cuda/bench_cuda 2>&1 | grep '\[' | grep -v '^weight' |
                     sed "s/^/$c $x: /"
             done
@@ -163,10 +162,9 @@ if [ "$mode" = wgv ]; then
     done
     for round in 1 2; do
         for c in $builds; do
-            b=$B; v=${c%p}; p=1
+            b=$B; v=$c
             [ "$c" = alt ] && b=prebuilt-alt
-            [ "$c" != "$v" ] && p=4
-            DSV4_CUDA_WG_V=$v DSV4_CUDA_WG_P=$p DSV4_CUDA_TC=1 timeout 90 $b/dsv4 bench --synthetic v4-flash \
+            DSV4_CUDA_WG_V=$v DSV4_CUDA_TC=1 timeout 90 $b/dsv4 bench --synthetic v4-flash \
                 --device cuda --layers 4 --prefill 4096 --decode 2 --graphs on --numerics ref 2>&1 | grep 'prefill:' |
                 sed "s/^/round $round, $c: /"
         done
