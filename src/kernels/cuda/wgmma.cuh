@@ -17,12 +17,13 @@
  * 8x8 core matrices of 128 bytes, the two k halves 128 bytes apart (LBO), token octets 256 apart
  * (SBO), slots in tc_rows's permutation. A block is WG_C warpgroups (64 weight rows each) fed
  * by a ring of WG_NS stages that bulk copies (cp.async.bulk, an mbarrier a stage for full and
- * one for empty) fill, issued by the block's first thread. Each thread loads its rows' chunks of a run from global memory itself, two runs ahead, and
- * decodes them as tc_rows does (DA: run c + 1's while run c's MMAs run). A run's MMAs are waited
- * for before its fold (ptxas serializes the MMAs when a fold reads one run's partial sums while
- * the next run's are in flight), so an SM's warpgroups are what keep the tensor cores busy while
- * one folds. A block may walk several items through one ring, and an item may be NB token blocks
- * whose MMA chains share each run's decoded weights.
+ * one for empty) fill, issued by the block's first thread. Each thread loads its rows' chunks of
+ * a run from global memory itself, two runs ahead, and decodes them as tc_rows does (DA: run
+ * c + 1's while run c's MMAs run). A run's MMAs are waited for before its fold (ptxas
+ * serializes the MMAs when a fold reads one run's partial sums while the next run's are in
+ * flight), so an SM's warpgroups are what keep the tensor cores busy while one folds. A block
+ * may walk several items through one ring, and an item may be NB token blocks whose MMA chains
+ * share each run's decoded weights.
  *
  * Registers. An SM sub-partition holds 16K registers and a block's eight warps are spread over
  * the four, so a thread may have 255 (a ninth, producer warp would cap it at 168, where the pass
