@@ -25,9 +25,10 @@
 # STAGE_ALT (prebuilt-alt/): the linear kernels at two shapes with bf16 and fp32 x, and a 4-layer REF prefill.
 # `on_device.sh wg`: the many-token pass on wgmma against mma.sync's in one build (DSV4_CUDA_WG): the linear
 # kernels at T = 64..4096, the 4-layer REF prefill and its op profile.
-# `on_device.sh wgv`: the wgmma pass's block shapes (DSV4_CUDA_WG_V=4..6): the op test with each (and with shapes
-# 4 and 6 walking 3 items a block, DSV4_CUDA_WG_P=3), then the linear kernels and the 4-layer REF prefill with each,
-# beside prebuilt-alt/ when staged (STAGE_ALT: a build of the pass before them, 8fb25ab).
+# `on_device.sh wgv`: the wgmma pass's block shapes (DSV4_CUDA_WG_V=4..6): the linear kernels with bf16 x, the op
+# test with each (and with shapes 4 and 6 walking 3 items a block, DSV4_CUDA_WG_P=3), the linear kernels with fp32 x
+# and the 4-layer REF prefill, beside prebuilt-alt/ when staged (STAGE_ALT: a build of the pass before them, 8fb25ab);
+# `on_device.sh decode-ab`: exact batch-1 decode at 43 layers, this build beside prebuilt-alt/, timed and profiled.
 # Logs go to $OUT; the exit status is that of the correctness runs.
 set -u
 cd "$(dirname "$0")/../.."
@@ -141,33 +142,61 @@ if [ "$mode" = wg ]; then
     exit 0
 fi
 if [ "$mode" = wgv ]; then
-    for cfg in "4 1" "5 1" "6 1" "4 3" "6 3"; do
-        set -- $cfg
-        DSV4_CUDA_WG_V=$1 DSV4_CUDA_WG_P=$2 DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 timeout 200 $B/tests/cuda/test_cuda_ops \
-            >"$OUT/ops_v$1p$2.log" 2>&1
-        echo "op test, shape $1, walk $2: exit $? $(tail -n 1 "$OUT/ops_v$1p$2.log")"
-    done
+    # what decides first, each step skipped once the call's time is mostly spent (WGV_S seconds,
+    # 480 unless set): the linear kernels with REF's bf16 x, then the op tests, then fp32 x and
+    # the 4-layer REF prefill
     builds="4 5 6"
-    [ -x prebuilt-alt/dsv4 ] && builds="alt $builds"
-    for c in $builds; do
-        b=$B; v=$c
-        [ "$c" = alt ] && b=prebuilt-alt
-        for sh in "wq_b FP8" "wo_b FP8" "expert w1 FP4" "expert w2 FP4"; do
-            for x in bf16 fp32; do
-                DSV4_CUDA_WG_V=$v DSV4_CUDA_TC=1 BENCH_X=$x BENCH_ONLY="$sh" BENCH_T=512,4096 \
-                    BENCH_NO_T1=1 timeout 60 $b/tests/cuda/bench_cuda 2>&1 | grep '\[' | grep -v '^weight' |
-                    sed "s/^/$c $x: /"
+    [ -x prebuilt-alt/tests/cuda/bench_cuda ] && builds="alt $builds"
+    left() { [ $SECONDS -lt "${WGV_S:-480}" ] || { echo "== skipped at ${SECONDS} s: $1"; return 1; }; }
+    wgv_bench() { # x
+        for c in $builds; do
+            b=$B; v=$c
+            [ "$c" = alt ] && b=prebuilt-alt
+            for sh in "wq_b FP8" "wo_b FP8" "expert w1 FP4" "expert w2 FP4"; do
+                left "bench $c $1" || return 0
+                DSV4_CUDA_WG_V=$v DSV4_CUDA_TC=1 BENCH_X=$1 BENCH_ONLY="$sh" BENCH_T=512,4096 BENCH_NO_T1=1 timeout 60 \
+                    $b/tests/cuda/bench_cuda 2>&1 | grep '\[' | grep -v '^weight' | sed "s/^/$c $1: /"
             done
         done
+    }
+    wgv_bench bf16
+    for cfg in "4 1" "5 1" "6 1" "4 3" "6 3"; do
+        set -- $cfg
+        left "op test $1 $2" || break
+        DSV4_CUDA_WG_V=$1 DSV4_CUDA_WG_P=$2 DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 timeout 200 $B/tests/cuda/test_cuda_ops \
+            >"$OUT/ops_v$1p$2.log" 2>&1
+        echo "op test, shape $1, walk $2: exit $? $(tail -n 1 "$OUT/ops_v$1p$2.log") (at ${SECONDS} s)"
     done
+    wgv_bench fp32
+    [ -x prebuilt-alt/dsv4 ] && builds="alt 4 5 6"
     for round in 1 2; do
         for c in $builds; do
             b=$B; v=$c
             [ "$c" = alt ] && b=prebuilt-alt
+            left "prefill $c" || break
             DSV4_CUDA_WG_V=$v DSV4_CUDA_TC=1 timeout 90 $b/dsv4 bench --synthetic v4-flash \
                 --device cuda --layers 4 --prefill 4096 --decode 2 --graphs on --numerics ref 2>&1 | grep 'prefill:' |
                 sed "s/^/round $round, $c: /"
         done
+    done
+    exit 0
+fi
+if [ "$mode" = decode-ab ]; then
+    # exact batch-1 decode at 43 layers on the default kernels, this build (prebuilt/) beside
+    # prebuilt-alt/ (STAGE_ALT: an older build, e.g. 8fa966a, 11.28 ms on an H100), in alternating
+    # rounds, then each one's op profile (each op waited for), to find where the step's time went
+    [ -x prebuilt-alt/dsv4 ] || { echo "== no prebuilt-alt/: stage with STAGE_ALT=<build dir>"; exit 1; }
+    A="--synthetic v4-flash --device cuda --layers 43 --expert-layers 8 --numerics fp32"
+    for round in 1 2; do
+        for b in $B prebuilt-alt; do
+            echo "== round $round, $b"
+            timeout 120 $b/dsv4 bench $A --prefill 64 --decode 32 --lanes 1,8 --graphs on 2>&1 | grep -v 'loading\|building'
+        done
+    done
+    for b in $B prebuilt-alt; do
+        echo "== op profile, $b"
+        DSV4_CUDA_PROFILE=1 timeout 120 $b/dsv4 bench $A --prefill 64 --decode 8 --graphs off 2>&1 |
+            grep -v 'loading\|building' | tee "$OUT/prof_$(basename $b).txt"
     done
     exit 0
 fi

@@ -5,7 +5,7 @@
 # libraries the image lacks. The scripts, fixtures and models are the tree's own. On the device,
 # from the tree's root:
 #   tar -xJf .dev/run/prebuilt.tar.xz && bash tests/cuda/on_device.sh [mode]
-# STAGE_ALT=<build dir>: that build's dsv4 and bench_cuda go too, as prebuilt-alt/ (`on_device.sh ab`
+# STAGE_ALT=<build dir>: that build's dsv4 and (when built) bench_cuda go too, as prebuilt-alt/ (`on_device.sh ab`
 # times the two side by side; the one dictionary keeps the second copy small); more dirs, space
 # separated, go as prebuilt-alt2/, prebuilt-alt3/ ... STAGE_DIR: where the archive goes (.dev/run).
 # A run carries the tracked tree (about 62 MiB: the fixtures and models/mini) and these files within
@@ -40,7 +40,7 @@ for a in ${STAGE_ALT:-}; do
     if [ $n -gt 1 ]; then d=$d$n; fi
     mkdir -p "$S/$d/tests/cuda"
     install -s "$a/dsv4" "$S/$d/dsv4"
-    install -s "$a/tests/cuda/bench_cuda" "$S/$d/tests/cuda/bench_cuda"
+    if [ -f "$a/tests/cuda/bench_cuda" ]; then install -s "$a/tests/cuda/bench_cuda" "$S/$d/tests/cuda/bench_cuda"; fi
     alts="$alts $d"
     n=$((n + 1))
 done
