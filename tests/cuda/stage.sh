@@ -23,6 +23,8 @@ for f in dsv4 tests/test_backend_ops tests/test_v4_fixtures tests/test_v41_fixtu
     # bench_cuda (the linear kernels' timings, not a test) goes only when asked for with
     # STAGE_BENCH_CUDA=1: the run's 64 MiB hold the tree and little more
     [ "$f" = tests/cuda/bench_cuda ] && [ "${STAGE_BENCH_CUDA:-0}" != 1 ] && continue
+    # STAGE_CLI_ONLY=1: dsv4 alone (a timing of two builds, `on_device.sh decode-ab`, within the 64 MiB)
+    [ "$f" != dsv4 ] && [ "${STAGE_CLI_ONLY:-0}" = 1 ] && continue
     [ -f "$B/$f" ] && install -s "$B/$f" "$S/prebuilt/$f"
 done
 # every library the CLI links but those the image has: the C runtime's, the GnuTLS stack
