@@ -173,7 +173,7 @@ if [ "$mode" = wgv ]; then
         for c in $builds; do
             b=$B; v=$c
             [ "$c" = alt ] && b=prebuilt-alt
-            left "prefill $c" || break
+            left "prefill $c" || break 2
             DSV4_CUDA_WG_V=$v DSV4_CUDA_TC=1 timeout 90 $b/dsv4 bench --synthetic v4-flash \
                 --device cuda --layers 4 --prefill 4096 --decode 2 --graphs on --numerics ref 2>&1 | grep 'prefill:' |
                 sed "s/^/round $round, $c: /"
