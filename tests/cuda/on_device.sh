@@ -22,7 +22,8 @@
 # minute, for a session with little device time; the full list stays the gate); SUBSET="ops v4-tc ..." runs the
 # named runs of the list alone;
 # `on_device.sh ab`: two builds' timings side by side, this one (prebuilt/) and the one stage.sh packed from
-# STAGE_ALT (prebuilt-alt/): the linear kernels at two shapes with bf16 and fp32 x, and a 4-layer REF prefill.
+# STAGE_ALT (prebuilt-alt/): the linear kernels at two shapes with bf16 and fp32 x, and a 4-layer REF prefill;
+# first the other build's op test with the tensor cores when it was packed (STAGE_ALT_OPS=1), which sets the exit status.
 # `on_device.sh wg`: the many-token pass on wgmma against mma.sync's in one build (DSV4_CUDA_WG): the linear
 # kernels at T = 64..4096, the 4-layer REF prefill and its op profile.
 # `on_device.sh wgv`: the wgmma pass's block shapes (DSV4_CUDA_WG_V=4..6): the linear kernels with bf16 x, the op
@@ -100,13 +101,25 @@ if [ "$mode" = prod-bench ]; then
 fi
 if [ "$mode" = ab ]; then
     [ -x prebuilt-alt/dsv4 ] || { echo "== no prebuilt-alt/: stage with STAGE_ALT=<build dir>"; exit 1; }
+    # the other build's op test first, when staged (STAGE_ALT_OPS=1): its kernels' bits before its timings
+    r=0
+    if [ -x prebuilt-alt/tests/cuda/test_cuda_ops ]; then
+        for wg in 1 default; do
+            echo "== prebuilt-alt op test, tensor cores, DSV4_CUDA_WG=$wg"
+            env DSV4_CUDA_TC=1 $([ $wg = 1 ] && echo DSV4_CUDA_WG=1) timeout 200 prebuilt-alt/tests/cuda/test_cuda_ops \
+                >"$OUT/alt_ops_wg$wg.log" 2>&1
+            rc=$?
+            echo "exit $rc: $(tail -n 1 "$OUT/alt_ops_wg$wg.log")"
+            [ $rc = 0 ] || { r=1; grep -m 20 'FAIL\|NOT CAUGHT' "$OUT/alt_ops_wg$wg.log"; }
+        done
+    fi
     # rounds alternate the builds, so a drift of the machine shows as a spread within a build
     for round in 1 2; do
         for b in prebuilt prebuilt-alt; do
             echo "== round $round, $b"
             for sh in "wq_b FP8" "expert w1 FP4"; do
                 for x in fp32 bf16; do
-                    DSV4_CUDA_TC=1 BENCH_X=$x BENCH_ONLY="$sh" BENCH_T=512,4096 timeout 60 $b/tests/cuda/bench_cuda 2>&1 |
+                    DSV4_CUDA_TC=1 BENCH_X=$x BENCH_ONLY="$sh" BENCH_T=16,512,4096 timeout 60 $b/tests/cuda/bench_cuda 2>&1 |
                         grep '\[' | sed "s/^/x $x: /"
                 done
             done
@@ -114,7 +127,7 @@ if [ "$mode" = ab ]; then
                 --decode 4 --lanes 1,8 --graphs on --numerics ref 2>&1 | grep 'prefill:\|^decode'
         done
     done
-    exit 0
+    exit $r
 fi
 if [ "$mode" = wg ]; then
     # the many-token pass on wgmma (the default for FP8 and FP4) against mma.sync's (DSV4_CUDA_WG=0)

@@ -6,8 +6,9 @@
 # from the tree's root:
 #   tar -xJf .dev/run/prebuilt.tar.xz && bash tests/cuda/on_device.sh [mode]
 # STAGE_ALT=<build dir>: that build's dsv4 and (when built) bench_cuda go too, as prebuilt-alt/ (`on_device.sh ab`
-# times the two side by side; the one dictionary keeps the second copy small); more dirs, space
-# separated, go as prebuilt-alt2/, prebuilt-alt3/ ... STAGE_DIR: where the archive goes (.dev/run).
+# times the two side by side; the one dictionary keeps the second copy small), with its op test when
+# STAGE_ALT_OPS=1; more dirs, space separated, go as prebuilt-alt2/, prebuilt-alt3/ ... STAGE_DIR: where the
+# archive goes (.dev/run).
 # A run carries the tracked tree (about 62 MiB: the fixtures and models/mini) and these files within
 # 64 MiB counted in disk blocks, so the archive is checked against what the tree leaves.
 set -eu
@@ -23,8 +24,10 @@ for f in dsv4 tests/test_backend_ops tests/test_v4_fixtures tests/test_v41_fixtu
     # bench_cuda (the linear kernels' timings, not a test) goes only when asked for with
     # STAGE_BENCH_CUDA=1: the run's 64 MiB hold the tree and little more
     [ "$f" = tests/cuda/bench_cuda ] && [ "${STAGE_BENCH_CUDA:-0}" != 1 ] && continue
-    # STAGE_CLI_ONLY=1: dsv4 alone (a timing of two builds, `on_device.sh decode-ab`, within the 64 MiB)
+    # STAGE_CLI_ONLY=1: dsv4 alone (a timing of two builds, `on_device.sh decode-ab`, within the 64 MiB);
+    # STAGE_ONLY="<paths>": those alone (e.g. "dsv4 tests/cuda/bench_cuda" for `on_device.sh ab`)
     [ "$f" != dsv4 ] && [ "${STAGE_CLI_ONLY:-0}" = 1 ] && continue
+    [ -n "${STAGE_ONLY:-}" ] && ! printf ' %s ' "$STAGE_ONLY" | grep -q " $f " && continue
     [ -f "$B/$f" ] && install -s "$B/$f" "$S/prebuilt/$f"
 done
 # every library the CLI links but those the image has: the C runtime's, the GnuTLS stack
@@ -43,6 +46,8 @@ for a in ${STAGE_ALT:-}; do
     mkdir -p "$S/$d/tests/cuda"
     install -s "$a/dsv4" "$S/$d/dsv4"
     if [ -f "$a/tests/cuda/bench_cuda" ]; then install -s "$a/tests/cuda/bench_cuda" "$S/$d/tests/cuda/bench_cuda"; fi
+    # STAGE_ALT_OPS=1: its op test too (`on_device.sh ab` runs it first)
+    if [ "${STAGE_ALT_OPS:-0}" = 1 ]; then install -s "$a/tests/cuda/test_cuda_ops" "$S/$d/tests/cuda/test_cuda_ops"; fi
     alts="$alts $d"
     n=$((n + 1))
 done
