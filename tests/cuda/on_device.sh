@@ -26,7 +26,7 @@
 # first the other build's op test with the tensor cores when it was packed (STAGE_ALT_OPS=1), which sets the exit status.
 # `on_device.sh wg`: the many-token pass on wgmma against mma.sync's in one build (DSV4_CUDA_WG): the linear
 # kernels at T = 64..4096, the 4-layer REF prefill and its op profile.
-# `on_device.sh wgv`: the wgmma pass's block shapes (DSV4_CUDA_WG_V=4..6): the linear kernels with bf16 x, the op
+# `on_device.sh wgv`: the wgmma pass's block shapes (DSV4_CUDA_WG_V=4..6, or WGV_SHAPES="..."): the linear kernels with bf16 x, the op
 # test with each (and with shapes 4 and 6 walking 3 items a block, DSV4_CUDA_WG_P=3), the linear kernels with fp32 x
 # and the 4-layer REF prefill, beside prebuilt-alt/ when staged (STAGE_ALT: a build of the pass before them, 8fb25ab);
 # `on_device.sh decode-ab`: exact batch-1 decode at 43 layers, this build beside prebuilt-alt/, timed and profiled.
@@ -158,7 +158,8 @@ if [ "$mode" = wgv ]; then
     # what decides first, each step skipped once the call's time is mostly spent (WGV_S seconds,
     # 480 unless set): the linear kernels with REF's bf16 x, then the op tests, then fp32 x and
     # the 4-layer REF prefill
-    builds="4 5 6"
+    shapes=${WGV_SHAPES:-4 5 6} # the shapes a candidate build adds are named here
+    builds=$shapes
     [ -x prebuilt-alt/tests/cuda/bench_cuda ] && builds="alt $builds"
     left() { [ $SECONDS -lt "${WGV_S:-480}" ] || { echo "== skipped at ${SECONDS} s: $1"; return 1; }; }
     wgv_bench() { # x
@@ -173,7 +174,10 @@ if [ "$mode" = wgv ]; then
         done
     }
     wgv_bench bf16
-    for cfg in "4 1" "5 1" "6 1" "4 3" "6 3"; do
+    cfgs=""
+    for v in $shapes; do cfgs="$cfgs $v:1"; done
+    for cfg in $cfgs 4:3 6:3; do
+        cfg=${cfg/:/ }
         set -- $cfg
         left "op test $1 $2" || break
         DSV4_CUDA_WG_V=$1 DSV4_CUDA_WG_P=$2 DSV4_CUDA_TC=1 DSV4_CUDA_WG=1 timeout 200 $B/tests/cuda/test_cuda_ops \
@@ -181,7 +185,7 @@ if [ "$mode" = wgv ]; then
         echo "op test, shape $1, walk $2: exit $? $(tail -n 1 "$OUT/ops_v$1p$2.log") (at ${SECONDS} s)"
     done
     wgv_bench fp32
-    [ -x prebuilt-alt/dsv4 ] && builds="alt 4 5 6"
+    [ -x prebuilt-alt/dsv4 ] && builds="alt $shapes"
     for round in 1 2; do
         for c in $builds; do
             b=$B; v=$c
