@@ -293,35 +293,24 @@ __global__ void __launch_bounds__(wg_stage_threads<F>()) k_wg_ex_stage(const int
  * below). */
 enum { EX_TC_TILE = TC_TN, EX_TC_BUSY = 16 };
 
-/* Tile tl's expert, first pair and pairs; past the tile count expert 0 with no pairs. A block
- * without a tile runs no item rather than exiting: after an exit on loaded values ptxas
- * serialized the FP4 pass's MMAs (C7513). */
-__device__ __forceinline__ void wg_ex_tile(const int *tiles, int nt, int tl, int &e, int &s0, int &n)
-{
-    const bool in = tl < nt;
-    e = in ? __ldg(tiles + 3 * tl) : 0;
-    s0 = in ? __ldg(tiles + 3 * tl + 1) : 0;
-    n = in ? __ldg(tiles + 3 * tl + 2) : 0;
-}
-
 /* A wgmma block's items: tile tl of expert e (first pair s0, n pairs), and with NB = 2 the
  * expert's next tile beside it (its tiles paired from the first, off[e] the expert's first
- * pair). None (L.n = 0) past the tile count and for the second tile of a pair. Returns e. */
+ * pair). Whether the block has them: false for the second tile of a pair. */
 template <int F, int E, int NB>
-__device__ __forceinline__ int wg_ex_items(const int *tiles, const int *ntiles, const int *off, int tl,
-                                           const float *y, int xdiv, int64_t ldy, const int *ord, const uint8_t *xb,
-                                           const uint8_t *xf, int nrun, float *part, wg_tiles<pair_map, NB> &L)
+__device__ __forceinline__ bool wg_ex_items(const int *tiles, const int *ntiles, const int *off, int tl, int e,
+                                            int s0, int n, const float *y, int xdiv, int64_t ldy, const int *ord,
+                                            const uint8_t *xb, const uint8_t *xf, int nrun, float *part,
+                                            wg_tiles<pair_map, NB> &L)
 {
     static_assert(EX_TC_TILE == WG_N, "a tile is one token block of the pass");
-    const int nt = __ldg(ntiles);
-    int e, s0, n, e1 = -1, s1 = 0, n1 = 0;
-    wg_ex_tile(tiles, nt, tl, e, s0, n);
-    bool second = false;
-    if constexpr (NB > 1) {
-        wg_ex_tile(tiles, nt, tl + 1, e1, s1, n1);
-        second = ((s0 - __ldg(off + e)) / WG_N) & 1;
+    int e1 = -1, s1 = 0, n1 = 0;
+    if (NB > 1) {
+        if (((s0 - __ldg(off + e)) / WG_N) & 1)
+            return false;
+        if (!ex_tile(tiles, ntiles, tl + 1, e1, s1, n1))
+            e1 = -1;
     }
-    L.n = n == 0 || second ? 0 : NB > 1 && n1 > 0 && e1 == e ? 2 : 1;
+    L.n = e1 == e ? 2 : 1;
     L.pt = part;
 #pragma unroll
     for (int h = 0; h < NB; h++) {
@@ -330,7 +319,7 @@ __device__ __forceinline__ int wg_ex_items(const int *tiles, const int *ntiles, 
         L.xt[h] = xb + (int64_t)(tl + h) * nrun * wg_tile_bytes<F, E>();
         L.xf[h] = xf + (int64_t)(tl + h) * nrun;
     }
-    return e;
+    return true;
 }
 
 template <int F, int E, int DA, int NB>
@@ -341,9 +330,12 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 {
     PDL_WAIT();
     const int nrb = wg_blocks(I), tl = (int)(blockIdx.x / nrb), z = blockIdx.z & 1;
-    wg_tiles<pair_map, NB> L; /* none past the tiles (wg_ex_tile) */
-    const int e = wg_ex_items<F, E, NB>(tiles, ntiles, off, tl, z ? U : G, K, I, ord, xb, xf, nrun,
-                                        part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, L);
+    int e, s0, n;
+    wg_tiles<pair_map, NB> L;
+    if (!ex_tile(tiles, ntiles, tl, e, s0, n) ||
+        !wg_ex_items<F, E, NB>(tiles, ntiles, off, tl, e, s0, n, z ? U : G, K, I, ord, xb, xf, nrun,
+                               part ? part + (z ? (int64_t)S1 * slab : 0) : NULL, L))
+        return;
     const wdev w = z ? t3[e] : t1[e];
     wg_rows<F, E, wg_tiles<pair_map, NB>, DA, NB>(w, 0, I, L, (int)(blockIdx.x % nrb), I, slab,
                                                      (int)(blockIdx.z >> 1), (int)(gridDim.z >> 1));
@@ -356,8 +348,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
 {
     PDL_WAIT();
     const int nrb = wg_blocks(D), tl = (int)(blockIdx.x / nrb);
+    int e, s0, n;
     wg_tiles<pair_map, NB> L;
-    const int e = wg_ex_items<F, E, NB>(tiles, ntiles, off, tl, Y, 1, D, ord, xb, xf, nrun, part, L);
+    if (!ex_tile(tiles, ntiles, tl, e, s0, n) ||
+        !wg_ex_items<F, E, NB>(tiles, ntiles, off, tl, e, s0, n, Y, 1, D, ord, xb, xf, nrun, part, L))
+        return;
     const wdev w = t2[e];
     wg_rows<F, E, wg_tiles<pair_map, NB>, DA, NB>(w, 0, D, L, (int)(blockIdx.x % nrb), D, slab,
                                                      (int)blockIdx.z, (int)gridDim.z);
@@ -451,13 +446,15 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
                 if (!attr) {
                     cudaFuncSetAttribute(k_wg_ex_up<F, E, DA, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)wg_smem<F, E, NB>());
+                    cudaFuncSetAttribute(k_wg_ex_down<F, E, DA, NB>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)wg_smem<F, E, NB>());
                     attr = true;
                 }
                 dim3 g((unsigned)((int64_t)NT * wg_blocks(I)), 1u, 2u * (unsigned)z1);
                 launch_k(k_wg_ex_up<F, E, DA, NB>, g, WG_THREADS, wg_smem<F, E, NB>(), stream, t1, t3,
                          tiles, ntiles, off, ord, (const uint8_t *)xb1, (const uint8_t *)xf1, nrun1, G, U, K, D, I, p1,
                          slab1, d1.tcs);
-            }, nrun1, d1.tcs);
+            });
         }
     if (!wg)
         launch_k(k_tc_ex_up<F, NTT, E>, g1, threads, 0, stream, t1, t3, tiles, ntiles, ord, a->x, G, U, K, D, I, p1, slab1,
@@ -483,17 +480,11 @@ static void launch_tc_experts(const dsv4_experts_args *a, const wdev *t1, const 
                      ntiles, ord, (const float *)G, 1, (int64_t)I, I, nrun2, xb2, xf2);
             wg_shape([&](auto sh) {
                 enum { DA = decltype(sh)::DA, NB = decltype(sh)::NB };
-                static bool attr = false; /* w2's shape may differ from w1's (wg_shape) */
-                if (!attr) {
-                    cudaFuncSetAttribute(k_wg_ex_down<F, E, DA, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         (int)wg_smem<F, E, NB>());
-                    attr = true;
-                }
                 dim3 g((unsigned)((int64_t)NT * wg_blocks(D)), 1u, (unsigned)z2);
                 launch_k(k_wg_ex_down<F, E, DA, NB>, g, WG_THREADS, wg_smem<F, E, NB>(), stream, t2,
                          tiles, ntiles, off, ord, (const uint8_t *)xb2, (const uint8_t *)xf2, nrun2, Y, D, I, p2,
                          slab2);
-            }, nrun2, d2.tcs);
+            });
         }
     if (!wg)
         launch_k(k_tc_ex_down<F, NTT, E>, g2, threads, 0, stream, t2, tiles, ntiles, ord, G, Y, D, I, p2, slab2);

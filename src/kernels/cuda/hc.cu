@@ -20,65 +20,29 @@ using namespace dsv4cu;
 enum { HC_MAXN = 5, HC_MAXM = (2 + HC_MAXN) * HC_MAXN };
 static_assert(HC_MAXN * HC_MAXN <= 32, "k_hc_pre holds the comb matrix in one warp");
 
-/* Elements of X's row a span of k_hc_mix covers (a thread HC_SPAN / NB of them), and rows a
- * block takes: fn's span is read once for HC_R rows. */
-enum { HC_SPAN = 2048, HC_U = 8, HC_R = 8, HC_PER = HC_SPAN / NB };
+/* Elements of X's row a block of k_hc_mix sums: the mixes of one row are spread over
+ * (nm + 1) * cdiv(nd, HC_SPAN) blocks (a single block per row left the site latency-bound). */
+enum { HC_SPAN = 2048, HC_U = 8 };
 
 /* Partial sums of the site's dot products over span sp of row t: part[t][j][sp] = fn_j . X_t
- * for j < nm, X_t . X_t for j = nm. A block takes rows t0 .. t0 + HC_R - 1 (those < T), span sp
- * and the jb mixes j0 .. (all of them for a prompt; one for a few rows, which then spread over
- * (nm + 1) blocks as a single row's did); block b is (j group, span, row tile) with the j group
- * varying fastest. Each sum is block_sum's: a thread's elements (sp HC_SPAN + tid + u NB) by
- * fma in order from zero, each warp's tree (warp_sum), the warps in index order; so a row's
- * sums do not depend on T, on the rows beside it or on jb. */
-__global__ void __launch_bounds__(NB) k_hc_mix(const float *X, int T, int64_t nd, const float *fn, int nm, int nsp, int jb,
-                                               float *part)
+ * for j < nm, X_t . X_t for j = nm; fixed order per shape. Block b is (j, sp, t) with j
+ * varying fastest, then sp: the nm + 1 blocks that read one span of X_t run together, so the
+ * span comes from memory once and from the L2 for the others (fn, a few MB, stays there). */
+__global__ void __launch_bounds__(NB) k_hc_mix(const float *X, int64_t nd, const float *fn, int nm, int nsp, float *part)
 {
     PDL_WAIT();
-    __shared__ float sh[HC_MAXM + 1][HC_R][NW];
-    const int ng = (nm + 1 + jb - 1) / jb;
-    const int64_t b = blockIdx.x;
-    const int jg = (int)(b % ng), sp = (int)(b / ng % nsp), t0 = (int)(b / ng / nsp) * HC_R;
-    const int j0 = jg * jb, j1 = min(j0 + jb, nm + 1);
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5;
-    const int64_t i0 = (int64_t)sp * HC_SPAN + threadIdx.x, i1 = min((int64_t)(sp + 1) * HC_SPAN, nd);
-    float x[HC_R][HC_PER];
-#pragma unroll
-    for (int r = 0; r < HC_R; r++)
-#pragma unroll
-        for (int u = 0; u < HC_PER; u++) {
-            const int64_t i = i0 + u * NB;
-            x[r][u] = t0 + r < T && i < i1 ? X[(int64_t)(t0 + r) * nd + i] : 0.0f;
-        }
-    for (int j = j0; j < j1; j++) {
-        float f[HC_PER];
-#pragma unroll
-        for (int u = 0; u < HC_PER; u++) {
-            const int64_t i = i0 + u * NB;
-            f[u] = j < nm && i < i1 ? fn[(int64_t)j * nd + i] : 0.0f;
-        }
-#pragma unroll
-        for (int r = 0; r < HC_R; r++) {
-            float a = 0.0f;
-#pragma unroll
-            for (int u = 0; u < HC_PER; u++)
-                if (i0 + u * NB < i1)
-                    a = fmaf(j < nm ? f[u] : x[r][u], x[r][u], a);
-            a = warp_sum(a);
-            if (lane == 0)
-                sh[j - j0][r][wid] = a;
-        }
-    }
-    __syncthreads();
-    for (int q = threadIdx.x; q < (j1 - j0) * HC_R; q += NB) {
-        const int jj = q / HC_R, r = q % HC_R;
-        if (t0 + r >= T)
-            continue;
-        float s = sh[jj][r][0];
-        for (int w = 1; w < NW; w++)
-            s += sh[jj][r][w];
-        part[((int64_t)(t0 + r) * (nm + 1) + j0 + jj) * nsp + sp] = s;
-    }
+    __shared__ float sh[NW + 1];
+    int64_t b = blockIdx.x;
+    int j = (int)(b % (nm + 1)), sp = (int)(b / (nm + 1) % nsp);
+    int64_t t = b / (nm + 1) / nsp;
+    const float *x = X + t * nd, *f = j < nm ? fn + j * nd : x;
+    int64_t i0 = (int64_t)sp * HC_SPAN, i1 = i0 + HC_SPAN < nd ? i0 + HC_SPAN : nd;
+    float a = 0.0f;
+    for (int64_t i = i0 + threadIdx.x; i < i1; i += NB)
+        a = fmaf(f[i], x[i], a);
+    a = block_sum<NW>(a, sh);
+    if (threadIdx.x == 0)
+        part[((int64_t)t * (nm + 1) + j) * nsp + sp] = a;
 }
 
 /* One Sinkhorn half-step on comb element v of an N x N matrix held one element a lane (lanes
@@ -253,10 +217,7 @@ void dsv4cu::cu_hc_pre(const float *X, int T, int n, int D, const float *fn, con
     bool ran = part && poison_out(pre, bp) && poison_out(h, bh) &&
                (!post || (poison_out(post, bp) && poison_out(comb, bc)));
     if (ran) {
-        /* a prompt's blocks take every mix of HC_R rows (fn's span read once for them); a few rows
-         * spread their mixes over blocks, one each */
-        const int jb = T >= 64 ? nm + 1 : 1, ng = (nm + 1 + jb - 1) / jb;
-        launch_k(k_hc_mix, dim3((unsigned)(cdiv(T, HC_R) * nsp * ng)), NB, 0, stream, X, T, nd, dfn, nm, nsp, jb, part);
+        launch_k(k_hc_mix, dim3((unsigned)((int64_t)T * (nm + 1) * nsp)), NB, 0, stream, X, nd, dfn, nm, nsp, part);
         prof_split("hc_pre: mixes");
         launch_k(k_hc_pre, T, NB, 0, stream, X, n, D, part, nsp, db, ds, iters, hc_eps, norm_eps, pre, post, comb, h, dhw);
         if (dhw && D > NB * RMS_V && launched("hc_pre"))

@@ -241,7 +241,7 @@ int dsv4cu::wg_variant(void)
     static int v = -1;
     if (v < 0) {
         const char *e = getenv("DSV4_CUDA_WG_V");
-        v = e && e[0] >= '4' && e[0] <= '7' && !e[1] ? e[0] - '0' : 4;
+        v = e && e[0] >= '4' && e[0] <= '6' && !e[1] ? e[0] - '0' : 4;
     }
     return v;
 }
@@ -260,12 +260,10 @@ static bool launch_wg(lin_jobs &J, int T, int Z, float *part, cudaStream_t st)
     uint8_t *xf = xb + bytes;
     dense_map m = {J.x[0], J.y[0], J.ldx, J.ldy, J.rb};
     launch_k(k_wg_stage<F, E>, dim3(1u, (unsigned)nrun, (unsigned)tbs), wg_stage_threads<F>(), 0, st, m, T, k, nrun, xb, xf);
-    wg_shape(
-        [&](auto sh) {
-            typedef decltype(sh) S;
-            launch_wg_rows<F, E, S::DA, S::NB>(J, T, Z, part, m, xb, xf, nrun, st);
-        },
-        nrun, J.w[0].tcs);
+    wg_shape([&](auto sh) {
+        typedef decltype(sh) S;
+        launch_wg_rows<F, E, S::DA, S::NB>(J, T, Z, part, m, xb, xf, nrun, st);
+    });
     return true;
 }
 
@@ -335,9 +333,8 @@ bool dsv4cu::tc_family(const char *fam)
 }
 
 /* Whether a weight takes the tensor-core path: the mode has the linears (DSV4_CUDA_TC=1), a
- * form exact in bf16, rows whose thread chunks (4 G elements) tile them, and for a scaled form
- * e8m0 scales (which the decode applies, mma.cuh) and a power-of-two number of whole runs a
- * scale block. */
+ * form exact in bf16, rows whose thread chunks (4 G elements) tile them, and a power-of-two
+ * number of whole runs a scale block. */
 bool dsv4cu::tc_ok(const dsv4_weight *w)
 {
     if (!tc_family("linear"))
@@ -349,9 +346,7 @@ bool dsv4cu::tc_ok(const dsv4_weight *w)
     if (w->k <= 0 || w->k % (4 * G) || w->k > INT32_MAX / 2)
         return false;
     int rps = w->bk > 0 ? w->bk / (16 * G) : 0;
-    /* scaled forms: e8m0 scales, which the decode applies exactly (tc_scale2) */
-    return w->form == DSV4_WF_BF16 || (w->scale && w->scale_e8m0 && w->bk > 0 && w->bk % (16 * G) == 0 &&
-                                       !(rps & (rps - 1)) && w->bn > 0);
+    return w->form == DSV4_WF_BF16 || (w->scale && w->bk > 0 && w->bk % (16 * G) == 0 && !(rps & (rps - 1)) && w->bn > 0);
 }
 
 /* n-tiles of 8 tokens a pass for T tokens (each gives a token the same bits). */

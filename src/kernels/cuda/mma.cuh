@@ -2,11 +2,8 @@
  * mma.sync with fp32 accumulation, exact to fp32 rounding (below). Shared by the linear and
  * expert kernels, for every row count. C++ only.
  *
- * Exactness. Every BF16, e4m3 and e2m1 value is a bf16 value, and so is a scaled weight, an e4m3
- * or e2m1 value times its block's e8m0 scale (a power of two), wherever that product is a normal
- * bf16 value: for scale bytes 10..246 with e4m3 and 2..252 with e2m1 (scales 2^-117 .. 2^119 at
- * the least, far wider than trained weights need). So the decode applies the scale (tc_decode)
- * and the weight side is exact. An fp32 activation x is split into three bf16 terms by truncation: hi = x with its low 16 bits
+ * Exactness. Every BF16, e4m3 and e2m1 value is a bf16 value, so the weight side is exact. An
+ * fp32 activation x is split into three bf16 terms by truncation: hi = x with its low 16 bits
  * cleared, r = x - hi (exact in fp32, at most 16 significant bits), mid = r truncated the same
  * way, lo = r - mid (at most 8 significant bits, so a bf16 value). x = hi + mid + lo exactly,
  * each product w * term is exact in the fp32 accumulator's input, and the sum is an fp32 sum.
@@ -79,19 +76,9 @@ template <> struct tcf<TC_FP8_32> { typedef uint2 CT; enum { G = 2 }; };
 /* The storage form a tensor-core kind reads. */
 __host__ __device__ constexpr int tc_form(int F) { return F == TC_FP8_32 ? (int)DSV4_WF_FP8 : F; }
 
-/* bf16x2 a b, each half rounded to nearest: exact where b is a power of two and the products
- * are normal bf16 values (a scaled weight, tc_scale2). */
-__device__ __forceinline__ uint32_t bmul2(uint32_t a, uint32_t b)
-{
-    uint32_t d;
-    asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
-    return d;
-}
-
-/* Step u's four elements of a chunk as two bf16 pairs, (0, 1) and (2, 3), times the run's block
- * scale sc (a bf16 pair, tc_scale2; BF16 has none). */
+/* Step u's four elements of a chunk as two bf16 pairs: (0, 1) and (2, 3). */
 template <int F>
-__device__ __forceinline__ void tc_decode(const typename tcf<F>::CT &c, int u, uint32_t sc, uint32_t &p01, uint32_t &p23)
+__device__ __forceinline__ void tc_decode(const typename tcf<F>::CT &c, int u, uint32_t &p01, uint32_t &p23)
 {
     if constexpr (F == DSV4_WF_BF16) {
         const uint32_t w[4] = {c.x, c.y, c.z, c.w};
@@ -105,8 +92,8 @@ __device__ __forceinline__ void tc_decode(const typename tcf<F>::CT &c, int u, u
             const uint32_t w[4] = {c.x, c.y, c.z, c.w};
             e4m3x4(w[u], v);
         }
-        p01 = bmul2(hi_pair(__float_as_uint(v[0]), __float_as_uint(v[1])), sc);
-        p23 = bmul2(hi_pair(__float_as_uint(v[2]), __float_as_uint(v[3])), sc);
+        p01 = hi_pair(__float_as_uint(v[0]), __float_as_uint(v[1]));
+        p23 = hi_pair(__float_as_uint(v[2]), __float_as_uint(v[3]));
     } else {
         /* the e2m1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6 as bf16 bits, their low and high bytes
          * looked up for the four nibbles at once (each nibble's magnitude selects a byte), then
@@ -117,8 +104,8 @@ __device__ __forceinline__ void tc_decode(const typename tcf<F>::CT &c, int u, u
          * the mask clears */
         uint32_t h = c >> (16 * u), sel = h & 0x7777u, sg = h & 0x8888u;
         uint32_t lo = __byte_perm(0xC0800000u, 0xC0804000u, sel), hi = __byte_perm(0x3F3F3F00u, 0x40404040u, sel);
-        p01 = bmul2(__byte_perm(lo, hi, 0x5140) | ((sg * 0x01001000u) & 0x80008000u), sc);
-        p23 = bmul2(__byte_perm(lo, hi, 0x7362) | ((sg * 0x00010010u) & 0x80008000u), sc);
+        p01 = __byte_perm(lo, hi, 0x5140) | ((sg * 0x01001000u) & 0x80008000u);
+        p23 = __byte_perm(lo, hi, 0x7362) | ((sg * 0x00010010u) & 0x80008000u);
     }
 }
 
@@ -132,6 +119,8 @@ __device__ __forceinline__ const uint8_t *tc_row(const wdev &w, int64_t r)
 /* A block: TC_TW warps, warp wid owning the 16-row group blk * TC_TW + wid, over up to 8 NT
  * tokens a pass (NT = 1, 2 for few tokens, TC_TN / 8 for many). TC_SMAX bounds tcs. */
 enum { TC_TW = 8, TC_TN = 64, TC_SMAX = 64 };
+/* Runs of a scaled form whose chains a tile issues interleaved (tc_rows). */
+enum { TC_IL = 2 };
 
 /* k-steps a k-tile (a whole number of runs): few-token passes take longer tiles, so that a warp
  * keeps about 2 KB of weights in flight while it computes the tile before. Few-token passes
@@ -173,12 +162,14 @@ __device__ __forceinline__ uint32_t tc_scale_raw(const wdev &w, int64_t i)
 {
     return w.e8m0 ? (uint32_t)__ldg((const uint8_t *)w.s + i) : __float_as_uint(__ldg((const float *)w.s + i));
 }
-/* The scale a raw value stands for as a bf16 pair: e8m0 b is 2^(b - 127) (b = 0 the subnormal
- * 2^-127, 255 NaN); an fp32 scale (a power of two, tc_ok) is its high half. */
-__device__ __forceinline__ uint32_t tc_scale2(const wdev &w, uint32_t b)
+/* The scale a raw value stands for, without branches: e8m0 b is 2^(b - 127) (b = 0 the subnormal
+ * 2^-127, 255 NaN). */
+__device__ __forceinline__ float tc_scale_of(const wdev &w, uint32_t b)
 {
-    uint32_t h = !w.e8m0 ? b >> 16 : b == 255 ? 0x7fc0u : b ? b << 7 : 0x0040u;
-    return h | h << 16;
+    if (!w.e8m0)
+        return __uint_as_float(b);
+    uint32_t v = b ? b << 23 : 0x00400000u;
+    return __uint_as_float(b == 255 ? 0x7fc00000u : v);
 }
 
 /* The first scale index of weight row r (add the k block). */
@@ -188,22 +179,35 @@ __device__ __forceinline__ int64_t tc_srow(const wdev &w, int64_t r)
     return tc_form(F) == DSV4_WF_FP8 ? (int64_t)((uint32_t)r / (uint32_t)w.bn) * w.sk : r * w.sk;
 }
 
-/* One run of one n-tile, its G k-steps' weight fragments a[u] decoded (scaled): acc += W_run
- * x_run, every product chained into acc (the E terms of each k-step in turn, the k-steps in
- * order). */
+/* One run of one n-tile, its G k-steps' weight fragments a[u] decoded: acc += W_run x_run.
+ * BF16 chains every product into acc; a scaled form sums the run from zero (the E terms of
+ * each k-step in turn, the k-steps in order) and adds it with one fma by each row's block scale
+ * (s0 for row g, s1 for row g + 8). */
 template <int F, int E, class XF>
-__device__ __forceinline__ void tc_run(float acc[4], const uint32_t (*a)[4], const XF &xfrag, bool x3)
+__device__ __forceinline__ void tc_run(float acc[4], const uint32_t (*a)[4], const XF &xfrag, float s0, float s1, bool x3)
 {
     enum { G = tcf<F>::G };
+    auto chain = [&](float d[4]) {
 #pragma unroll
-    for (int u = 0; u < G; u++)
+        for (int u = 0; u < G; u++)
 #pragma unroll
-        for (int e = 0; e < E; e++) {
-            if (e && !x3) /* the tile's mid and lo terms are all zero */
-                break;
-            uint2 b = xfrag(u, e);
-            mma_bf16(acc, a[u], b.x, b.y, acc);
-        }
+            for (int e = 0; e < E; e++) {
+                if (e && !x3) /* the tile's mid and lo terms are all zero */
+                    break;
+                uint2 b = xfrag(u, e);
+                mma_bf16(d, a[u], b.x, b.y, d);
+            }
+    };
+    if constexpr (F == DSV4_WF_BF16) {
+        chain(acc);
+    } else {
+        float p[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        chain(p);
+        acc[0] = fmaf(p[0], s0, acc[0]);
+        acc[1] = fmaf(p[1], s0, acc[1]);
+        acc[2] = fmaf(p[2], s1, acc[2]);
+        acc[3] = fmaf(p[3], s1, acc[3]);
+    }
 }
 
 /* One k-tile's weights in a thread's registers: its two rows' chunks of each run (zero where
@@ -217,8 +221,8 @@ struct tc_tile {
 
 /* y[t, i] = sum_k W[r0 + i, k] x[t, k] for rows i < nr and tokens t < T of a row map M
  * (linear.cuh), computed for weight row i of a 16-row group and token t as
- *   y = P_0 + P_1 + ... + P_{S-1}, added left to right, where P_s is run slice s (tc_slice):
- *   one MMA chain from -0 over its runs in order, each run's k-steps by tc_run.
+ *   y = P_0 + P_1 + ... + P_{S-1}, added left to right, where P_s is run slice s (tc_slice)
+ *   summed from zero over its runs in order, each run added by tc_run.
  * S = tcs is fixed by the weight's shape. Unsplit (part == NULL, Z = 1), a warp walks every
  * slice and folds each into the total at its end; split into Z groups (Z a power of two <= S;
  * the 64-token pass takes Z = S only),
@@ -249,6 +253,10 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
            XV = (XN + TC_TW * 32 - 1) / (TC_TW * 32), XB = tc_xbufs<NT>(), PF = tc_prefetch<NT>() };
     static_assert(KS % G == 0 && (XN % (TC_TW * 32) == 0 || XV == 1), "a k-tile is whole runs, staged evenly");
     const bool scaled = F != DSV4_WF_BF16;
+    /* few-token passes of a scaled form interleave runs (below); the 64-token pass's n-tiles are
+     * independent chains already */
+    constexpr int IL = scaled && NT <= 2 ? TC_IL : 1;
+    static_assert(RT % IL == 0, "a tile is whole groups of interleaved runs");
     __shared__ uint2 xs[XB][E][NT][KS][32];
     __shared__ float4 xr[PF ? XV : 1][TC_TW * 32];
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
@@ -319,16 +327,12 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                 }
             }
         };
-        /* a slice's chain starts from -0, which every sum leaves as it is (+0 + -0 = +0): the
-         * wgmma pass starts it with no addend (scale-d 0), and the two must agree bit for bit */
         float tot[NT][4], acc[NT][4];
 #pragma unroll
         for (int j = 0; j < NT; j++)
 #pragma unroll
-            for (int q = 0; q < 4; q++) {
-                tot[j][q] = 0.0f;
-                acc[j][q] = -0.0f;
-            }
+            for (int q = 0; q < 4; q++)
+                tot[j][q] = acc[j][q] = 0.0f;
         /* slice s's partial into its slab (split) */
         auto emit = [&](int sl) {
             const M om = m.with_y(part + sl * slab, pld);
@@ -351,7 +355,7 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
 #pragma unroll
                 for (int q = 0; q < 4; q++) {
                     tot[j][q] = slice ? tot[j][q] + acc[j][q] : acc[j][q];
-                    acc[j][q] = -0.0f;
+                    acc[j][q] = 0.0f;
                 }
             slice++;
             next = tc_slice(nrun, S, slice + 1);
@@ -398,7 +402,58 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
             TL nx;
             if (more)
                 load(nx, c0 + RT);
-            if (live)
+            /* A scaled form's runs are independent chains until each is added to the total, so
+             * a tile inside the block's runs and inside one slice issues them TC_IL at a time,
+             * interleaved (MMA latency hidden behind the other chains); each run's own sequence
+             * of operations, and the order the runs reach the total, are the loop's below. */
+            const bool whole = IL > 1 && live && c0 >= c_beg && c0 + RT <= c_end;
+            while (whole && c0 == next) /* a slice ends where the tile starts */
+                slice_end();
+            if (whole && next >= c0 + RT) {
+#pragma unroll
+                for (int v0 = 0; v0 < RT; v0 += IL) {
+                    uint32_t a[IL][G][4];
+                    float p[IL][NT][4];
+#pragma unroll
+                    for (int h = 0; h < IL; h++) {
+#pragma unroll
+                        for (int u = 0; u < G; u++) {
+                            tc_decode<F>(cur.qa[v0 + h], u, a[h][u][0], a[h][u][2]);
+                            tc_decode<F>(cur.qb[v0 + h], u, a[h][u][1], a[h][u][3]);
+                        }
+#pragma unroll
+                        for (int j = 0; j < NT; j++)
+#pragma unroll
+                            for (int q = 0; q < 4; q++)
+                                p[h][j][q] = 0.0f;
+                    }
+#pragma unroll
+                    for (int u = 0; u < G; u++)
+#pragma unroll
+                        for (int e = 0; e < E; e++) {
+                            if (e && !x3)
+                                break;
+#pragma unroll
+                            for (int j = 0; j < NT; j++)
+#pragma unroll
+                                for (int h = 0; h < IL; h++) {
+                                    uint2 b = xs[buf][e][j][(v0 + h) * G + u][lane];
+                                    mma_bf16(p[h][j], a[h][u], b.x, b.y, p[h][j]);
+                                }
+                        }
+#pragma unroll
+                    for (int h = 0; h < IL; h++) {
+                        const float s0 = tc_scale_of(w, cur.sa[v0 + h]), s1 = tc_scale_of(w, cur.sb[v0 + h]);
+#pragma unroll
+                        for (int j = 0; j < NT; j++) {
+                            acc[j][0] = fmaf(p[h][j][0], s0, acc[j][0]);
+                            acc[j][1] = fmaf(p[h][j][1], s0, acc[j][1]);
+                            acc[j][2] = fmaf(p[h][j][2], s1, acc[j][2]);
+                            acc[j][3] = fmaf(p[h][j][3], s1, acc[j][3]);
+                        }
+                    }
+                }
+            } else if (live)
 #pragma unroll
                 for (int v = 0; v < RT; v++) {
                     int c = c0 + v;
@@ -408,18 +463,18 @@ __device__ __forceinline__ void tc_rows(const wdev &w, int64_t r0, int nr, const
                         continue;
                     while (c == next)
                         slice_end();
-                    const uint32_t s0 = scaled ? tc_scale2(w, cur.sa[v]) : 0u, s1 = scaled ? tc_scale2(w, cur.sb[v]) : 0u;
+                    const float s0 = scaled ? tc_scale_of(w, cur.sa[v]) : 1.0f, s1 = scaled ? tc_scale_of(w, cur.sb[v]) : 1.0f;
                     uint32_t a[G][4];
 #pragma unroll
                     for (int u = 0; u < G; u++) {
-                        tc_decode<F>(cur.qa[v], u, s0, a[u][0], a[u][2]);
-                        tc_decode<F>(cur.qb[v], u, s1, a[u][1], a[u][3]);
+                        tc_decode<F>(cur.qa[v], u, a[u][0], a[u][2]);
+                        tc_decode<F>(cur.qb[v], u, a[u][1], a[u][3]);
                     }
 #pragma unroll
                     for (int j = 0; j < NT; j++) {
                         if (8 * j >= T - t0) /* an n-tile past the pass's last token (a partial tile) */
                             break;
-                        tc_run<F, E>(acc[j], a, [&](int u, int e) { return xs[buf][e][j][v * G + u][lane]; }, x3);
+                        tc_run<F, E>(acc[j], a, [&](int u, int e) { return xs[buf][e][j][v * G + u][lane]; }, s0, s1, x3);
                     }
                 }
             if (more)

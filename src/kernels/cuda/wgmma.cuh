@@ -2,11 +2,11 @@
  * sm_90a), the same sums as tc_rows (mma.cuh) bit for bit. C++ only.
  *
  * Why the same bits. tc_rows computes each 16-row group's products as m16n8k16 MMAs whose k
- * slots hold a fixed permutation of a run's elements (its weights scaled as decoded), one chain
- * a slice from -0 over the slice's runs and their k-steps (E terms each). Here a warpgroup's four
- * warps are four 16-row groups, and m64nNk16 with A in registers takes each warp's A fragment in
- * m16n8k16's layout, its D in m16n8k16's D layout per 8 tokens; a slice's first MMA has no
- * addend (scale-d 0), which -0 is to every sum. So each k-step and slice here is tc_rows's
+ * slots hold a fixed permutation of a run's elements, chained from zero over a run's k-steps
+ * (E terms each) and entered into the slice's sum with one fma by the run's block scale (BF16:
+ * chained into the slice's sum directly). Here a warpgroup's four warps are four 16-row groups,
+ * and m64nNk16 with A in registers takes each warp's A fragment in m16n8k16's layout, its D in
+ * m16n8k16's D layout per 8 tokens. So each k-step, run, fold and slice here is tc_rows's
  * operation on the same values, provided the two instructions compute one output element (a dot
  * product of 16 pairs plus the accumulator) alike. Measured so (docs/bench.md), and checked by
  * test_cuda_ops's invariance runs: rows of T <= 16 (mma.sync) against the same rows on this pass
@@ -19,10 +19,11 @@
  * by a ring of WG_NS stages that bulk copies (cp.async.bulk, an mbarrier a stage for full and
  * one for empty) fill, issued by the block's first thread. Each thread loads its rows' chunks of
  * a run from global memory itself, two runs ahead, and decodes them as tc_rows does (DA: run
- * c + 1's while run c's MMAs run). A run's MMAs are waited for before its stage is released and
- * its A fragments reused, so an SM's two warpgroups are what keep the tensor cores busy across
- * that wait. A block may walk several items through one ring, and an item may be NB token blocks
- * whose MMA chains share each run's decoded weights.
+ * c + 1's while run c's MMAs run). A run's MMAs are waited for before its fold (ptxas
+ * serializes the MMAs when a fold reads one run's partial sums while the next run's are in
+ * flight), so an SM's warpgroups are what keep the tensor cores busy while one folds. A block
+ * may walk several items through one ring, and an item may be NB token blocks whose MMA chains
+ * share each run's decoded weights.
  *
  * Registers. An SM sub-partition holds 16K registers and a block's eight warps are spread over
  * the four, so a thread may have 255 (a ninth, producer warp would cap it at 168, where the pass
@@ -187,7 +188,7 @@ struct wg_tiles { /* an experts' tile, or NB tiles of one expert */
     int T[NB], n;
     const uint8_t *xt[NB], *xf[NB];
     float *pt;
-    __device__ __forceinline__ int count() const { return n > 0; } /* n = 0: the block has no item */
+    __device__ __forceinline__ int count() const { return 1; }
     __device__ __forceinline__ int subs(int) const { return n; }
     __device__ __forceinline__ M map(int, int h) const { return m[h]; }
     __device__ __forceinline__ int tokens(int, int h) const { return T[h]; }
@@ -330,18 +331,18 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
         uint32_t xa, xb, wd;
     };
     auto decode = [&](dec &d, const raw &q) {
-        const uint32_t s0 = scaled ? tc_scale2(w, q.xa) : 0u, s1 = scaled ? tc_scale2(w, q.xb) : 0u;
 #pragma unroll
         for (int u = 0; u < G; u++) {
-            tc_decode<F>(q.qa, u, s0, d.a[u][0], d.a[u][2]);
-            tc_decode<F>(q.qb, u, s1, d.a[u][1], d.a[u][3]);
+            tc_decode<F>(q.qa, u, d.a[u][0], d.a[u][2]);
+            tc_decode<F>(q.qb, u, d.a[u][1], d.a[u][3]);
         }
         d.xa = q.xa;
         d.xb = q.xb;
         d.wd = q.wd;
     };
-    /* per token block h: the slice's chain acc, the slices' total tot (NB > 1: in tsm) */
-    float acc[NB][NV], tot[NB == 1 ? NV : 1];
+    /* per token block h: the run's partial sums p, the slice's sum acc, the earlier slices'
+     * total tot (NB > 1: in tsm) */
+    float acc[NB][NV], p[NB][NV], tot[NB == 1 ? NV : 1];
     auto tot_at = [&](int h, int v) -> float & {
         if constexpr (NB == 1)
             return tot[v];
@@ -353,43 +354,80 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
 #pragma unroll
         for (int v = 0; v < NV; v++)
             acc[h][v] = 0.0f;
-    /* Slice sl's sums (acc) into the totals, or, split, to be written as they are. Unconditional
-     * at the end of the slice's loop, and acc is restarted by the next slice's first MMAs (scale-d
-     * 0), not by stores: ptxas serializes the warpgroup's MMAs where their sums are touched under a
-     * branch it cannot prove uniform (the experts' items come from memory), or written by other
-     * instructions between MMAs; so the stores below read the totals, not acc. */
-    auto slice_done = [&](int sl) {
-#pragma unroll
-        for (int h = 0; h < NB; h++)
-#pragma unroll
-            for (int v = 0; v < NV; v++)
-                tot_at(h, v) = part || sl == s_beg ? acc[h][v] : tot_at(h, v) + acc[h][v];
-    };
-    /* item it's totals out: to its map, or (split) to slice sl's slab */
-    auto emit = [&](int it, int sl) {
+    int slice = s_beg, next = tc_slice(nrun, S, s_beg + 1);
+    int it = 0; /* the item computed */
+    auto emit = [&](int sl) {
 #pragma unroll
         for (int h = 0; h < NB; h++) {
-            const M om = part ? L.map(it, h).with_y(L.part(it, h) + sl * slab, pld) : L.map(it, h);
-            const int T = h < subs(it) ? L.tokens(it, h) : 0;
+            if (h >= subs(it))
+                break;
+            const M om = L.map(it, h).with_y(L.part(it, h) + sl * slab, pld);
+            const int T = L.tokens(it, h);
 #pragma unroll
             for (int v = 0; v < NV; v++) {
                 int tk = 8 * (v >> 2) + 2 * t + (v & 1), i = i0 + g + ((v >> 1) & 1) * 8;
                 if (tk < T && i < nr)
-                    om.put(tk, i, tot_at(h, v));
+                    om.put(tk, i, acc[h][v]);
             }
         }
     };
-    /* the run's MMAs over EE terms (its mid and lo only where it has them) from stage s into
-     * acc (fresh: the slice's first run), for each of NB token blocks: where the item has fewer, the last chains
+    /* the item's sums out, and the next item's begun */
+    auto item_end = [&]() {
+        if (live) {
+            if (part)
+                emit(slice);
+            else
+#pragma unroll
+                for (int h = 0; h < NB; h++) {
+                    if (h >= subs(it))
+                        break;
+                    const M om = L.map(it, h);
+                    const int T = L.tokens(it, h);
+#pragma unroll
+                    for (int v = 0; v < NV; v++) {
+                        float y = slice ? tot_at(h, v) + acc[h][v] : acc[h][v];
+                        int tk = 8 * (v >> 2) + 2 * t + (v & 1), i = i0 + g + ((v >> 1) & 1) * 8;
+                        if (tk < T && i < nr)
+                            om.put(tk, i, y);
+                    }
+                }
+        }
+#pragma unroll
+        for (int h = 0; h < NB; h++)
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+                acc[h][v] = 0.0f;
+        slice = s_beg;
+        next = tc_slice(nrun, S, s_beg + 1);
+        it++;
+    };
+    auto slice_end = [&]() {
+        if (part)
+            emit(slice);
+#pragma unroll
+        for (int h = 0; h < NB; h++)
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+                tot_at(h, v) = slice ? tot_at(h, v) + acc[h][v] : acc[h][v];
+#pragma unroll
+        for (int h = 0; h < NB; h++)
+#pragma unroll
+            for (int v = 0; v < NV; v++)
+                acc[h][v] = 0.0f;
+        slice++;
+        next = tc_slice(nrun, S, slice + 1);
+    };
+    /* the run's MMAs over EE terms (its mid and lo only where it has them) from stage s into p
+     * (BF16: into acc), for each of NB token blocks: where the item has fewer, the last chains
      * read what the stage held before and their sums are not used (a branch around them made
      * ptxas serialize the MMAs) */
-    auto mmas = [&](dec &d, int s, bool fresh, auto ec) {
+    auto mmas = [&](dec &d, int s, auto ec) {
         constexpr int EE = decltype(ec)::value;
 #pragma unroll
         for (int h = 0; h < NB; h++)
 #pragma unroll
             for (int v = 0; v < NV; v++)
-                wg_pin(acc[h][v]);
+                wg_pin(scaled ? p[h][v] : acc[h][v]);
         wg_fence();
 #pragma unroll
         for (int h = 0; h < NB; h++) {
@@ -398,35 +436,45 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
 #pragma unroll
                 for (int e = 0; e < EE; e++) {
                     uint64_t ds = wg_desc(sbase + s * SB + h * TB + (e * G + u) * 32 * WG_N);
-                    wg_mma(acc[h], d.a[u], ds, !(fresh && u == 0 && e == 0));
+                    if constexpr (scaled)
+                        wg_mma(p[h], d.a[u], ds, u | e);
+                    else
+                        wg_mma(acc[h], d.a[u], ds, 1);
                 }
         }
         wg_commit();
     };
-    /* d's A fragments pinned until here: the MMAs that read them are done */
-    auto pin_a = [&](dec &d) {
+    /* run d's MMAs done: their operands pinned until here */
+    auto done = [&](dec &d) {
+        wg_wait<0>();
 #pragma unroll
         for (int u = 0; u < G; u++)
 #pragma unroll
             for (int j = 0; j < 4; j++)
                 wg_pin(d.a[u][j]);
-    };
-    /* run d's MMAs done: their operands pinned until here */
-    auto done = [&](dec &d) {
-        wg_wait<0>();
-        pin_a(d);
 #pragma unroll
         for (int h = 0; h < NB; h++)
 #pragma unroll
             for (int v = 0; v < NV; v++)
-                wg_pin(acc[h][v]);
+                wg_pin(scaled ? p[h][v] : acc[h][v]);
+    };
+    auto fold = [&](const dec &d) {
+        if constexpr (scaled) {
+            const float s0 = tc_scale_of(w, d.xa), s1 = tc_scale_of(w, d.xb);
+#pragma unroll
+            for (int h = 0; h < NB; h++)
+#pragma unroll
+                for (int v = 0; v < NV; v++)
+                    acc[h][v] = fmaf(p[h][v], (v >> 1) & 1 ? s1 : s0, acc[h][v]);
+        }
     };
     /* One step a run, in one loop body, with the operands of the MMAs in flight pinned (wg_pin):
      * without the pins, and with two steps a loop body under a branch for an odd count, ptxas
-     * serialized the FP4 builds' MMAs (C7520). Run c of item it, the i-th run of the block's:
-     * its stage awaited, its MMAs into the slice's chain, and when they are done its stage
-     * released. The raw run two ahead (lj, lc: the next item's past the last) is loaded as soon
-     * as its registers are free. */
+     * serialized the FP4 builds' MMAs (C7520). Run c of item it, the i-th run of
+     * the block's: a slice ending before it first; then its stage awaited, its MMAs, and when
+     * they are done its stage released and p folded into the slice's sum; the item's sums out
+     * after its last run. The raw run two ahead (lj, lc: the next item's past the last) is
+     * loaded as soon as its registers are free. */
     raw q0, q1;
     dec d0;
     int lj = 0, lc = c_beg;
@@ -441,83 +489,39 @@ __device__ __forceinline__ void wg_rows(const wdev &w, int64_t r0, int nr, const
     load_next(q1);
     if constexpr (DA)
         decode(d0, q0); /* d0 holds run c, q1 the run after */
-    /* DA = 2: one run's MMAs stay in flight across the next run's issue. Run c's MMAs from dx,
-     * then the wait for all but those (wg_wait<1>): the run before is done, so its stage is
-     * released (held: that stage, -1 when none is) and its A fragments dy take run c + 1's
-     * decode. The ring's next copy is issued after the release, into the stage it frees. */
-    [[maybe_unused]] dec d1x;
-    [[maybe_unused]] int held = -1;
-    auto step2 = [&](dec &dx, dec &dy, int c, int cb, int i) {
+#pragma unroll 1
+    for (int i = 0, c = c_beg; i < nsteps; i++) {
+        while (c == next)
+            slice_end();
         const int s = i % NS;
-        mb_wait(full + 8 * s, (i / NS) & 1);
-        if (E > 1 && dx.wd)
-            mmas(dx, s, c == cb, std::integral_constant<int, E>());
-        else
-            mmas(dx, s, c == cb, std::integral_constant<int, 1>());
-        wg_wait<1>();
-        pin_a(dy);
-        if (held >= 0 && lane == 0)
-            mb_arrive(empty + 8 * held);
-        held = s;
+        /* run i + NS - 1 into the stage run i - 1 leaves */
         if (threadIdx.x == 0 && i + NS - 1 < nsteps)
             produce(i + NS - 1);
-        decode(dy, q1);
-        load_next(q1);
-    };
-    /* items, their slices, the slices' runs: slice and item ends are the loops' ends (see
-     * slice_done); i counts the block's runs through the ring */
-    int i = 0;
-#pragma unroll 1
-    for (int it = 0; it < nit; it++) {
-#pragma unroll 1
-        for (int sl = s_beg; sl < s_end; sl++) {
-            const int cb = tc_slice(nrun, S, sl), ce = tc_slice(nrun, S, sl + 1);
-            if constexpr (DA == 2) {
-                /* two runs a body: a slice's runs are even in number (wg_shape) */
-#pragma unroll 1
-                for (int c = cb; c < ce; c += 2, i += 2) {
-                    step2(d0, d1x, c, cb, i);
-                    step2(d1x, d0, c + 1, cb, i + 1);
-                }
-                done(d1x); /* the slice's last MMAs (from d1x) waited for, d0 holds the next run */
-                if (held >= 0 && lane == 0)
-                    mb_arrive(empty + 8 * held);
-                held = -1;
-            } else
-#pragma unroll 1
-            for (int c = cb; c < ce; c++, i++) {
-                const int s = i % NS;
-                /* run i + NS - 1 into the stage run i - 1 leaves */
-                if (threadIdx.x == 0 && i + NS - 1 < nsteps)
-                    produce(i + NS - 1);
-                if constexpr (!DA) { /* q0 holds run c, q1 the run after */
-                    decode(d0, q0);
-                    q0 = q1;
-                    load_next(q1);
-                }
-                mb_wait(full + 8 * s, (i / NS) & 1);
-                const bool fresh = c == cb;
-                if (E > 1 && d0.wd)
-                    mmas(d0, s, fresh, std::integral_constant<int, E>());
-                else
-                    mmas(d0, s, fresh, std::integral_constant<int, 1>());
-                [[maybe_unused]] dec d1;
-                if constexpr (DA) {
-                    decode(d1, q1);
-                    load_next(q1);
-                }
-                done(d0);
-                if (lane == 0)
-                    mb_arrive(empty + 8 * s);
-                if constexpr (DA)
-                    d0 = d1;
-            }
-            slice_done(sl);
-            if (live && part)
-                emit(it, sl);
+        if constexpr (!DA) { /* q0 holds run c, q1 the run after */
+            decode(d0, q0);
+            q0 = q1;
+            load_next(q1);
         }
-        if (live && !part)
-            emit(it, 0);
+        mb_wait(full + 8 * s, (i / NS) & 1);
+        if (E > 1 && d0.wd)
+            mmas(d0, s, std::integral_constant<int, E>());
+        else
+            mmas(d0, s, std::integral_constant<int, 1>());
+        [[maybe_unused]] dec d1;
+        if constexpr (DA) {
+            decode(d1, q1);
+            load_next(q1);
+        }
+        done(d0);
+        if (lane == 0)
+            mb_arrive(empty + 8 * s);
+        fold(d0);
+        if constexpr (DA)
+            d0 = d1;
+        if (++c == c_end) {
+            item_end();
+            c = c_beg;
+        }
     }
 }
 
@@ -530,29 +534,20 @@ bool wg_use(int F, int T);
 uint8_t *wg_buf(int which, size_t bytes);
 /* The block shape the host launches (DSV4_CUDA_WG_V; docs/cuda.md): 4 (the default) the decode
  * ahead (DA), two token blocks a pass (NB = 2: each run's weights decoded once for 128 tokens);
- * 5 one token block without DA; 6 shape 4 without DA; 7 shape 4 with a run's MMAs in flight
- * across the next run's issue (DA = 2), where a weight's slices hold even run counts. */
+ * 5 one token block without DA; 6 shape 4 without DA. */
 int wg_variant(void);
 /* A block shape as a type: DA and NB as in wg_rows. */
 template <int DA_, int NB_>
 struct wg_cfg {
     enum { DA = DA_, NB = NB_ };
 };
-/* fn(wg_cfg<...>()) called with the block shape wg_variant names, for a weight of nrun runs in S
- * slices (shape 7 takes slices of even run counts; others take shape 4: the same bits). */
+/* fn(wg_cfg<...>()) called with the block shape wg_variant names. */
 template <class Fn>
-void wg_shape(Fn &&fn, int nrun, int S)
+void wg_shape(Fn &&fn)
 {
     switch (wg_variant()) {
     case 5: fn(wg_cfg<0, 1>()); break;
     case 6: fn(wg_cfg<0, 2>()); break;
-    case 7:
-        if (S > 0 && nrun % (2 * S) == 0) {
-            fn(wg_cfg<2, 2>());
-            break;
-        }
-        fn(wg_cfg<1, 2>());
-        break;
     default: fn(wg_cfg<1, 2>()); break;
     }
 }
