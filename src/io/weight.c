@@ -36,6 +36,36 @@ void dsv4_weight_release(dsv4_weight *w)
     if (w->form == DSV4_WF_EXL3)
         dsv4_exl3_free((dsv4_exl3 *)w->exl3);
     w->exl3 = NULL;
+    free(w->owned);
+    w->owned = NULL;
+}
+
+int dsv4_weight_scales_e8m0(dsv4_weight *w)
+{
+    if ((w->form != DSV4_WF_FP8 && w->form != DSV4_WF_FP4) || !w->scale || w->scale_e8m0 || w->owned || w->bn <= 0 ||
+        w->bk <= 0)
+        return 0;
+    size_t n = w->form == DSV4_WF_FP8 ? (size_t)cdiv(w->n, w->bn) * (size_t)cdiv(w->k, w->bk) : (size_t)w->n * (size_t)(w->k / w->bk);
+    uint8_t *b = malloc(n ? n : 1);
+    if (!b)
+        return 0;
+    const uint8_t *f = w->scale;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, f + 4 * i, 4);
+        uint32_t e = u >> 23 & 0xff;
+        /* a positive power of two: no mantissa bits, no sign, a normal exponent; its exponent
+         * field is the e8m0 byte of the same value */
+        if ((u & 0x807fffffu) || e == 0 || e == 255) {
+            free(b);
+            return 0;
+        }
+        b[i] = (uint8_t)e;
+    }
+    w->scale = b;
+    w->scale_e8m0 = 1;
+    w->owned = b;
+    return 1;
 }
 
 int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k, const int fp8_block[2],

@@ -30,6 +30,7 @@ typedef struct dsv4_weight {
     int bn, bk;
     const dsv4_exl3 *exl3;
     size_t bytes;           /* stored bytes, scales included */
+    void *owned;            /* scales made at load (dsv4_weight_scales_e8m0), freed by dsv4_weight_release */
 } dsv4_weight;
 
 /* Binds `prefix`.weight (+ .scale) of logical shape [n, k], or, when `prefix`.trellis exists, the
@@ -40,8 +41,15 @@ typedef struct dsv4_weight {
 int dsv4_weight_bind(const dsv4_st *st, const char *prefix, int64_t n, int64_t k, const int fp8_block[2],
                      dsv4_weight *out, dsv4_err *err);
 
-/* Frees what a binding owns (the EXL3 record); a no-op for the other forms. */
+/* Frees what a binding owns (the EXL3 record, scales made at load). */
 void dsv4_weight_release(dsv4_weight *w);
+
+/* An FP8 or FP4 weight's fp32 scales, when every one is a power of two 2^-126 .. 2^127, replaced by
+ * an e8m0 copy the weight owns: the same values in a quarter of the bytes, so every kernel reads
+ * one scale form (the CUDA tensor-core path decodes with e8m0 scales). Returns whether it did;
+ * other scales (not powers of two, zero, subnormal, inf, NaN), other forms or no memory leave the
+ * weight as bound. */
+int dsv4_weight_scales_e8m0(dsv4_weight *w);
 
 /* Reads a small tensor (norm weights, biases, hc params: F32/BF16/F16) into a new fp32
  * array, checking its element count. */

@@ -33,6 +33,7 @@ static void bw(binder *b, dsv4_weight *w, int64_t n, int64_t k, const char *fmt,
     va_end(ap);
     b->rc = dsv4_weight_bind(b->m->st, name, n, k, b->m->cfg.fp8_block, w, b->err);
     if (!b->rc) {
+        dsv4_weight_scales_e8m0(w); /* power-of-two fp32 scales as e8m0: the same values */
         b->m->weight_bytes += w->bytes;
         dsv4_progress_step(&b->prog, 1);
     }

@@ -5,7 +5,8 @@
  * control here is a reference with one scale block changed, which must be caught. Each case also
  * checks that a row computed alone (T = 1) equals the same row in the batch, bit for bit; the
  * batches of more than 128 inputs over ragged row counts cross the CPU kernel's input tiles and
- * the ends of its 16-row panels and 4-row groups. */
+ * the ends of its 16-row panels and 4-row groups. First, fp32 power-of-two block scales made e8m0
+ * at load (dsv4_weight_scales_e8m0) give the linear the same bits. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -106,8 +107,52 @@ static void one(dsv4_wform form, int64_t n, int64_t k, int bn, int bk, int e8m0,
     free(d), free(s), free(x), free(y);
 }
 
+/* dsv4_weight_scales_e8m0: fp32 scales that are powers of two become an owned e8m0 copy of the
+ * same values (the linear's bits unchanged); any other scale leaves the weight as bound. */
+static void scales_e8m0(dsv4_wform form)
+{
+    enum { N = 64, K = 256, T = 3 };
+    const int fp8 = form == DSV4_WF_FP8, bn = fp8 ? 32 : 1, bk = fp8 ? 64 : 32;
+    const int ns = fp8 ? (N / 32) * (K / 64) : N * (K / 32);
+    uint8_t *d = malloc((size_t)N * K);
+    for (int i = 0; i < N * K; i++)
+        do
+            d[i] = (uint8_t)rnd();
+        while (fp8 && (d[i] & 0x7f) == 0x7f);
+    float *s = malloc((size_t)ns * sizeof(float)), x[T * K], y[T * N], y2[T * N];
+    for (int i = 0; i < ns; i++)
+        s[i] = ldexpf(1.0f, (int)(rnd() % 15) - 7);
+    for (int i = 0; i < T * K; i++)
+        x[i] = frand();
+    dsv4_weight w = {.name = "pow2", .form = form, .n = N, .k = K, .bn = bn, .bk = bk, .data = d, .scale = s};
+    dsv4_backend_cpu()->linear(&w, 0, N, x, T, K, y, N);
+    int did = dsv4_weight_scales_e8m0(&w);
+    int same = did && w.scale_e8m0 && w.owned == w.scale;
+    for (int i = 0; same && i < ns; i++)
+        same = ldexpf(1.0f, ((const uint8_t *)w.scale)[i] - 127) == s[i];
+    CHECK(same, "%s power-of-two fp32 scales: converted %d, e8m0 %d, values kept %d", dsv4_wform_name(form), did,
+          w.scale_e8m0, same);
+    dsv4_backend_cpu()->linear(&w, 0, N, x, T, K, y2, N);
+    CHECK(!memcmp(y, y2, sizeof y), "%s power-of-two fp32 scales: the linear's bits changed with their e8m0 copy",
+          dsv4_wform_name(form));
+    dsv4_weight_release(&w);
+    CHECK(w.owned == NULL, "release frees the e8m0 copy");
+    const float odd[] = {0.75f, -0.5f, 0.0f, INFINITY, 1e-40f};
+    for (int c = 0; c < 5; c++) {
+        s[ns - 1] = odd[c];
+        dsv4_weight v = {.name = "odd", .form = form, .n = N, .k = K, .bn = bn, .bk = bk, .data = d, .scale = s};
+        CHECK(!dsv4_weight_scales_e8m0(&v) && v.scale == s && !v.scale_e8m0 && !v.owned,
+              "%s: a scale of %g is not a power of two in e8m0's range: the weight stays as bound", dsv4_wform_name(form),
+              (double)odd[c]);
+    }
+    printf("  %s fp32 power-of-two scales as e8m0: same values, same bits\n", dsv4_wform_name(form));
+    free(d), free(s);
+}
+
 int main(void)
 {
+    scales_e8m0(DSV4_WF_FP8);
+    scales_e8m0(DSV4_WF_FP4);
     one(DSV4_WF_FP8, 70, 100, 64, 64, 0, 0, 70, 5);
     one(DSV4_WF_FP8, 70, 100, 64, 64, 1, 3, 66, 2);
     one(DSV4_WF_FP8, 130, 300, 128, 128, 1, 0, 130, 3);
